@@ -1,0 +1,1 @@
+"""Constrained decoding: JSON schema, regex and EBNF grammars compiled into per-step token masks."""
