@@ -1,0 +1,107 @@
+"""Consistency checks of a RadixCache and its allocator, run by tests and debug builds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from radix_cache.allocator import PADDING_PAGE, SlotsLike, as_slot_array
+from radix_cache.node import child_key
+
+if TYPE_CHECKING:
+    from radix_cache.tree import RadixCache
+
+
+class CacheInvariantError(AssertionError):
+    """The radix cache or its slot accounting is inconsistent: a bug, never a user error."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise CacheInvariantError(message)
+
+
+def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) -> None:
+    """See ``RadixCache.check_invariants``."""
+    page_size = cache.page_size
+    for namespace, root in cache._roots.items():
+        _require(
+            root.key.size == 0 and root.lock_ref == 1 and root.parent is None,
+            f"root of namespace {namespace!r} is damaged: {root!r}",
+        )
+    nodes = list(cache._iter_nodes())
+    queued = {id(node) for node in cache._queue.live_nodes()}
+    evictable = protected = 0
+    for node in nodes:
+        size = node.key.size
+        _require(
+            size > 0 and size == node.slots.size and size % page_size == 0,
+            f"{node!r} has {size} tokens and {node.slots.size} slots (page_size {page_size})",
+        )
+        _require(not node.evicted, f"evicted {node!r} is still in the tree")
+        parent = node.parent
+        _require(
+            parent is not None and parent.children.get(child_key(node.key, page_size)) is node,
+            f"{node!r} is not filed under its first page in its parent",
+        )
+        child_locks = sum(child.lock_ref for child in node.children.values())
+        _require(
+            node.lock_ref >= child_locks,
+            f"{node!r} has lock_ref {node.lock_ref} < {child_locks} held by its children",
+        )
+        if node.lock_ref:
+            protected += size
+        else:
+            evictable += size
+            if not node.children:
+                _require(id(node) in queued, f"evictable leaf {node!r} is not queued: it leaks")
+    _require(
+        (evictable, protected) == (cache.evictable_size(), cache.protected_size()),
+        f"tree holds evictable={evictable}, protected={protected} but the cache reports "
+        f"{cache.evictable_size()}, {cache.protected_size()}",
+    )
+    _require(len(nodes) == cache.stats().nodes, f"{len(nodes)} nodes but stats count differs")
+
+    allocator = cache.allocator
+    owned = np.concatenate([n.slots for n in nodes] + [np.empty(0, dtype=np.int32)])
+    owned = owned.astype(np.int64)  # (cached tokens,)
+    _require(np.unique(owned).size == owned.size, "a slot is owned by two tree nodes")
+    if owned.size:
+        _require(
+            owned.min() >= page_size * (PADDING_PAGE + 1) and owned.max() < allocator.num_slots,
+            "the tree owns a slot of the padding page or outside the pool",
+        )
+        _require(not allocator.is_free(owned).any(), "the tree owns a slot whose page is free")
+    if page_size > 1 and owned.size:
+        pages = owned.reshape(-1, page_size)
+        _require(
+            not np.any(pages[:, 0] % page_size) and not np.any(np.diff(pages, axis=1) != 1),
+            "a tree node holds slots that are not whole pages in order",
+        )
+
+    private_count = _private_slot_count(cache, owned, private_slots)
+    free = allocator.available()
+    _require(
+        free + evictable + protected + private_count == allocator.capacity,
+        f"slot leak: free {free} + evictable {evictable} + protected {protected} + private "
+        f"{private_count} != capacity {allocator.capacity}",
+    )
+
+
+def _private_slot_count(
+    cache: RadixCache, owned: np.ndarray, private_slots: int | SlotsLike
+) -> int:
+    if isinstance(private_slots, int):
+        return private_slots
+    page_size = cache.page_size
+    private_pages = np.unique(as_slot_array(private_slots) // page_size)
+    _require(
+        not cache.allocator.is_free(private_pages * page_size).any(),
+        "a request holds a slot whose page is free",
+    )
+    _require(
+        np.intersect1d(private_pages, owned // page_size).size == 0,
+        "a request's private slot lies in a page the tree owns",
+    )
+    return private_pages.size * page_size

@@ -1,0 +1,108 @@
+"""Radix tree nodes and the vectorised token-run operations on their keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+# Token ids and slot indices are stored as int32 inside the tree: 8 bytes per cached token.
+KEY_DTYPE = np.int32
+
+TokensLike = torch.Tensor | np.ndarray | Sequence[int]
+
+
+def as_token_array(token_ids: TokensLike) -> np.ndarray:
+    """1-D int32 array of token ids given as a list[int], numpy array or CPU LongTensor.
+
+    Precondition: ids fit in int32 (every real vocabulary does). May return a view of the input.
+    """
+    if isinstance(token_ids, torch.Tensor):
+        token_ids = token_ids.detach().cpu().numpy()
+    elif isinstance(token_ids, list):
+        return np.fromiter(token_ids, dtype=KEY_DTYPE, count=len(token_ids))
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=KEY_DTYPE)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
+    return arr.astype(KEY_DTYPE, copy=False)
+
+
+def child_key(tokens: np.ndarray, page_size: int) -> bytes:
+    """Dict key under which a run starting with ``tokens`` hangs off its parent: its first page.
+
+    Precondition: ``tokens.size >= page_size``.
+    """
+    return tokens[:page_size].tobytes()
+
+
+def common_prefix_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, rounded down to whole pages."""
+    n = min(a.size, b.size)
+    differs = a[:n] != b[:n]  # (n,) bool
+    first = int(differs.argmax())
+    k = first if n and differs[first] else n
+    return k - k % page_size
+
+
+class TreeNode:
+    """One run of tokens in the radix tree and the KV slots that hold them.
+
+    ``key`` holds the run's token ids and ``slots`` their KV slot indices (both int32, same
+    length, a positive multiple of page_size; a root has an empty run). ``lock_ref`` counts the
+    locks taken on this node or any descendant: a node with ``lock_ref > 0`` is protected, one
+    with ``lock_ref == 0`` is evictable (and so is its whole subtree). ``last_access``,
+    ``hit_count`` and ``created_at`` are logical-clock readings that eviction policies rank by.
+    ``heap_stamp`` identifies the node's live entry in the eviction queue (0: none).
+    """
+
+    __slots__ = (
+        "key",
+        "slots",
+        "parent",
+        "children",
+        "lock_ref",
+        "last_access",
+        "hit_count",
+        "created_at",
+        "heap_stamp",
+        "evicted",
+    )
+
+    def __init__(self, key: np.ndarray, slots: np.ndarray, parent: TreeNode | None) -> None:
+        self.key = key
+        self.slots = slots
+        self.parent = parent
+        self.children: dict[bytes, TreeNode] = {}
+        self.lock_ref = 0
+        self.last_access = 0
+        self.hit_count = 0
+        self.created_at = 0
+        self.heap_stamp = 0
+        self.evicted = False
+
+    @classmethod
+    def new_root(cls) -> TreeNode:
+        """A root: empty run, permanently locked so it is never evicted."""
+        root = cls(np.empty(0, dtype=KEY_DTYPE), np.empty(0, dtype=KEY_DTYPE), None)
+        root.lock_ref = 1
+        return root
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None and not self.evicted
+
+    @property
+    def is_evictable_leaf(self) -> bool:
+        return self.lock_ref == 0 and not self.children and not self.evicted
+
+    def __repr__(self) -> str:
+        head = self.key[:4].tolist()
+        return (
+            f"TreeNode(len={self.key.size}, key={head}{'...' if self.key.size > 4 else ''}, "
+            f"lock_ref={self.lock_ref}, children={len(self.children)})"
+        )

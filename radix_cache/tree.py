@@ -1,0 +1,315 @@
+"""RadixCache: a radix tree over token ids whose nodes own the KV slots of their token runs."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radix_cache.allocator import KVSlotAllocator, SlotsLike, as_slot_array
+from radix_cache.eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
+from radix_cache.invariants import check_cache_invariants
+from radix_cache.node import (
+    KEY_DTYPE,
+    TokensLike,
+    TreeNode,
+    as_token_array,
+    child_key,
+    common_prefix_len,
+)
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """The longest cached prefix of a query.
+
+    ``slots``: int64 tensor of shape ``(length,)``, the KV slots of the prefix, in order.
+    ``node``: the deepest node of the prefix (a root when ``length == 0``); lock it to pin the
+    prefix while a request uses those slots.
+    """
+
+    slots: torch.Tensor
+    length: int
+    node: TreeNode
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters since construction or the last ``reset()``; sizes are in tokens."""
+
+    hit_tokens: int  # sum of match_prefix lengths
+    queried_tokens: int  # sum of match_prefix query lengths
+    cached_tokens: int  # evictable + protected
+    evictable_tokens: int
+    protected_tokens: int
+    evicted_tokens: int
+    nodes: int  # excluding roots
+
+
+class RadixCache:
+    """Prefix cache of KV slots keyed by token ids, with lock refs and pluggable eviction.
+
+    Every non-root node owns the slots of its token run: the tree returns them to ``allocator``
+    only when it evicts the node (or on ``reset``). Slots returned by ``match_prefix`` stay
+    owned by the tree; lock the match's node for as long as they are in use. Each namespace
+    (adapter id, cache salt, ...) has its own root, so namespaces never share entries.
+
+    With ``page_size > 1`` everything in the tree is whole pages: matches are rounded down to
+    page boundaries and a partial trailing page is never inserted.
+    Not thread-safe: one scheduler thread owns the cache.
+    """
+
+    def __init__(
+        self,
+        allocator: KVSlotAllocator,
+        page_size: int | None = None,
+        policy: str | EvictionPolicy = "lru",
+    ) -> None:
+        """``page_size`` defaults to the allocator's and must equal it if given."""
+        if page_size is not None and page_size != allocator.page_size:
+            raise ValueError(
+                f"page_size {page_size} differs from the allocator's {allocator.page_size}"
+            )
+        self.allocator = allocator
+        self.page_size = allocator.page_size
+        self.policy = make_eviction_policy(policy) if isinstance(policy, str) else policy
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._roots: dict[Hashable, TreeNode] = {}
+        self._queue = EvictionQueue(self.policy)
+        self._clock = 0
+        self._evictable = 0
+        self._protected = 0
+        self._num_nodes = 0
+        self._hit_tokens = 0
+        self._queried_tokens = 0
+        self._evicted_tokens = 0
+
+    def match_prefix(self, token_ids: TokensLike, namespace: Hashable = None) -> MatchResult:
+        """Find the longest cached, page-aligned prefix of ``token_ids`` in ``namespace``.
+
+        Splits the last node when the prefix ends inside it (so ``node`` covers exactly the
+        prefix) and refreshes access time and hit count along the path. Cost: one dict lookup
+        and one vectorised comparison per node on the path.
+        """
+        key = as_token_array(token_ids)
+        self._clock += 1
+        node, length, path_slots = self._root(namespace), 0, []
+        while length + self.page_size <= key.size:
+            child = node.children.get(child_key(key[length:], self.page_size))
+            if child is None:
+                break
+            k = common_prefix_len(child.key, key[length:], self.page_size)
+            if k < child.key.size:
+                child = self._split(child, k)
+            self._touch(child)
+            path_slots.append(child.slots)
+            node, length = child, length + k
+        self._hit_tokens += length
+        self._queried_tokens += key.size
+        slots = np.concatenate(path_slots) if path_slots else np.empty(0, dtype=KEY_DTYPE)
+        return MatchResult(torch.from_numpy(slots.astype(np.int64)), length, node)
+
+    def insert(self, token_ids: TokensLike, slots: SlotsLike, namespace: Hashable = None) -> int:
+        """Cache ``slots`` as the KV of ``token_ids``; return how many leading tokens were
+        already cached (a multiple of page_size).
+
+        ``slots`` must have the same length as ``token_ids``. Only the page-aligned part
+        ``[0, len - len % page_size)`` is inserted; the caller keeps the partial trailing page.
+        Ownership: slots in ``[returned, aligned_len)`` now belong to the tree; the caller's
+        slots in ``[0, returned)`` are either the tree's own (from a match) or duplicates the
+        caller must free. With page_size > 1, token ``i`` must sit at offset ``i % page_size``
+        of a page, pages in order.
+        """
+        key, values = as_token_array(token_ids), as_slot_array(slots)
+        if key.size != values.size:
+            raise ValueError(f"{key.size} token ids but {values.size} slots")
+        aligned = key.size - key.size % self.page_size
+        key, values = key[:aligned], values[:aligned]
+        self._check_page_layout(values)
+        self._clock += 1
+        node, length = self._root(namespace), 0
+        while length < aligned:
+            child = node.children.get(child_key(key[length:], self.page_size))
+            if child is None:
+                self._add_leaf(node, key[length:].copy(), values[length:])
+                break
+            k = common_prefix_len(child.key, key[length:], self.page_size)
+            if k < child.key.size:
+                child = self._split(child, k)
+            self._touch(child)
+            node, length = child, length + k
+        return length
+
+    def lock(self, node: TreeNode) -> None:
+        """Pin ``node`` and its ancestors: their slots are not evicted until ``unlock(node)``.
+
+        Locks nest (one per request). Locking a root is a no-op. O(depth).
+        """
+        if node.evicted:
+            raise ValueError(f"cannot lock evicted {node!r}; call match_prefix again")
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable -= node.key.size
+                self._protected += node.key.size
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        """Release one ``lock(node)``. Still balanced if ``node`` was split meanwhile: a split
+        puts a new parent above ``node`` that inherits its lock count. O(depth)."""
+        if node.evicted or (node.parent is not None and node.lock_ref == 0):
+            raise ValueError(f"unlock of {node!r} without a matching lock")
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protected -= node.key.size
+                self._evictable += node.key.size
+                if not node.children:
+                    self._queue.push(node)
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` tokens, or every evictable token if fewer exist, by
+        evicting whole unlocked leaves in policy order (a parent that loses its last child
+        becomes a candidate in turn). Returns the number of tokens freed."""
+        freed_slots: list[np.ndarray] = []
+        freed = 0
+        while freed < num_tokens:
+            leaf = self._queue.pop()
+            if leaf is None:
+                break
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[child_key(leaf.key, self.page_size)]
+            leaf.parent, leaf.evicted = None, True
+            freed_slots.append(leaf.slots)
+            freed += leaf.key.size
+            self._num_nodes -= 1
+            if parent.is_evictable_leaf:
+                self._queue.push(parent)
+        if freed_slots:
+            self.allocator.free(np.concatenate(freed_slots))
+        self._evictable -= freed
+        self._evicted_tokens += freed
+        return freed
+
+    def evictable_size(self) -> int:
+        """Cached tokens in unlocked nodes (what ``evict`` can free)."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """Cached tokens on locked paths."""
+        return self._protected
+
+    def total_size(self) -> int:
+        """All cached tokens."""
+        return self._evictable + self._protected
+
+    def reset(self) -> None:
+        """Evict everything and zero the stats. Raises RuntimeError while any lock is held."""
+        if self._protected:
+            raise RuntimeError(f"reset() while {self._protected} tokens are locked by requests")
+        owned = [node.slots for node in self._iter_nodes()]
+        if owned:
+            self.allocator.free(np.concatenate(owned))
+        self._init_state()
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            hit_tokens=self._hit_tokens,
+            queried_tokens=self._queried_tokens,
+            cached_tokens=self.total_size(),
+            evictable_tokens=self._evictable,
+            protected_tokens=self._protected,
+            evicted_tokens=self._evicted_tokens,
+            nodes=self._num_nodes,
+        )
+
+    def check_invariants(self, private_slots: int | SlotsLike = 0) -> None:
+        """Raise CacheInvariantError unless the tree and the pool are consistent.
+
+        ``private_slots``: what running requests hold outside the tree, as a slot count (whole
+        pages: pages * page_size) or as the slots themselves (then also checked to be
+        allocated and disjoint from the tree). Checks free + evictable + protected + private ==
+        allocator.capacity, no slot owned twice, sizes and lock counts consistent, and every
+        evictable leaf queued for eviction. O(cached tokens); for tests and debug runs.
+        """
+        check_cache_invariants(self, private_slots)
+
+    def nbytes(self) -> int:
+        """Approximate host memory of the tree: nodes, child dicts, key/slot arrays, queue."""
+        total = sys.getsizeof(self._roots) + sys.getsizeof(self._queue._heap)
+        total += len(self._queue) * 120  # entry tuple, priority tuple, stamp int
+        for node in self._iter_nodes(include_roots=True):
+            total += sys.getsizeof(node) + sys.getsizeof(node.children)
+            total += sys.getsizeof(node.key) + sys.getsizeof(node.slots)  # arrays own their data
+            total += sum(sys.getsizeof(k) for k in node.children)
+        return total
+
+    def _root(self, namespace: Hashable) -> TreeNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = TreeNode.new_root()
+        return root
+
+    def _iter_nodes(self, include_roots: bool = False) -> Iterator[TreeNode]:
+        stack = list(self._roots.values())
+        if include_roots:
+            yield from stack
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                yield child
+                stack.append(child)
+
+    def _touch(self, node: TreeNode) -> None:
+        node.last_access = self._clock
+        node.hit_count += 1
+        if node.is_evictable_leaf:
+            self._queue.push(node)
+            if len(self._queue) > 2 * self._num_nodes + 1024:
+                self._queue.rebuild(n for n in self._iter_nodes() if n.is_evictable_leaf)
+
+    def _add_leaf(self, parent: TreeNode, key: np.ndarray, slots: np.ndarray) -> None:
+        if self.allocator.is_free(slots).any():
+            raise ValueError("insert() got slots that are not allocated (freed or never alloc'd)")
+        leaf = TreeNode(key, slots.astype(KEY_DTYPE), parent)
+        leaf.created_at = self._clock
+        parent.children[child_key(key, self.page_size)] = leaf
+        self._num_nodes += 1
+        self._evictable += key.size
+        self._touch(leaf)
+
+    def _split(self, node: TreeNode, k: int) -> TreeNode:
+        """Cut ``node`` after its first ``k`` tokens; return the new parent holding them.
+
+        ``node`` keeps its identity (so locks and match results naming it stay valid) and its
+        tail; the new parent inherits its lock count and clock values, so sizes don't change.
+        """
+        parent = node.parent
+        assert parent is not None and 0 < k < node.key.size
+        head = TreeNode(node.key[:k].copy(), node.slots[:k].copy(), parent)
+        head.lock_ref = node.lock_ref
+        head.last_access, head.hit_count = node.last_access, node.hit_count
+        head.created_at = node.created_at
+        node.key, node.slots = node.key[k:].copy(), node.slots[k:].copy()
+        node.parent = head
+        head.children[child_key(node.key, self.page_size)] = node
+        parent.children[child_key(head.key, self.page_size)] = head
+        self._num_nodes += 1
+        return head
+
+    def _check_page_layout(self, slots: np.ndarray) -> None:
+        if self.page_size == 1 or slots.size == 0:
+            return
+        pages = slots.reshape(-1, self.page_size)  # (num_pages, page_size)
+        if np.any(pages[:, 0] % self.page_size) or np.any(np.diff(pages, axis=1) != 1):
+            raise ValueError(
+                "with page_size > 1 each page of inserted slots must be one whole KV page in "
+                "order (token i at offset i % page_size)"
+            )
