@@ -1,0 +1,24 @@
+"""Kernels: torch reference implementations and triton kernels behind one dispatch point."""
+
+from kernels import reference  # noqa: F401  (registers the torch implementations)
+from kernels.dispatch import BACKENDS, kernel_backend, set_kernel_backend
+from kernels.ops import (
+    apply_rotary_emb,
+    decode_attention,
+    extend_attention,
+    fused_add_rms_norm,
+    rms_norm,
+    silu_and_mul,
+)
+
+__all__ = [
+    "BACKENDS",
+    "apply_rotary_emb",
+    "decode_attention",
+    "extend_attention",
+    "fused_add_rms_norm",
+    "kernel_backend",
+    "rms_norm",
+    "set_kernel_backend",
+    "silu_and_mul",
+]

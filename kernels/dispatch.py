@@ -1,0 +1,69 @@
+"""The one place that picks an implementation for each op: triton on CUDA, torch elsewhere.
+
+Implementations register under ``(op, backend)``. ``set_kernel_backend`` forces a backend
+("torch" or "triton"); "auto" picks triton for CUDA tensors when triton has the op and imports,
+the torch reference otherwise. A triton import failure never breaks the CPU path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "triton")
+_impls: dict[str, dict[str, Callable[..., Any]]] = {}
+_forced = "auto"
+_triton_state: dict[str, Any] = {"loaded": False, "error": None}
+
+
+def register(op: str, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: make ``fn`` the ``backend`` implementation of ``op``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _impls.setdefault(op, {})[backend] = fn
+        return fn
+
+    return wrap
+
+
+def set_kernel_backend(name: str) -> None:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    global _forced
+    _forced = name
+    if name == "triton":
+        _load_triton(required=True)
+
+
+def kernel_backend() -> str:
+    return _forced
+
+
+def resolve(op: str, device: torch.device) -> Callable[..., Any]:
+    """The implementation of ``op`` for tensors on ``device`` under the current backend choice."""
+    want_triton = _forced == "triton" or (_forced == "auto" and device.type == "cuda")
+    if want_triton and _load_triton(required=_forced == "triton"):
+        impl = _impls[op].get("triton")
+        if impl is not None:
+            return impl
+    return _impls[op]["torch"]
+
+
+def _load_triton(required: bool) -> bool:
+    """Import the triton implementations once; report failure instead of raising unless required."""
+    if not _triton_state["loaded"]:
+        _triton_state["loaded"] = True
+        try:
+            importlib.import_module("kernels.triton")
+        except Exception as exc:  # triton missing or broken: the torch path must keep working
+            _triton_state["error"] = exc
+            logger.warning("triton kernels unavailable, using the torch reference: %s", exc)
+    if _triton_state["error"] is not None and required:
+        raise RuntimeError(f"kernel backend 'triton' requested but unavailable: {_triton_state['error']}")
+    return _triton_state["error"] is None

@@ -1,0 +1,74 @@
+"""The ops the runtime calls. Each forwards to the implementation ``dispatch.resolve`` picks."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.dispatch import resolve
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Causal attention of a packed batch of new tokens over their cached prefix and themselves.
+
+    q: [T, H, D], the new tokens of B requests packed back to back (T = sum(extend_lens)).
+    k_buffer, v_buffer: [S, Hkv, D] one layer's KV pool; H must be a multiple of Hkv (GQA).
+    req_to_token: [R, C] int; row ``req_pool_indices[b]`` holds request b's slots by position.
+    seq_lens, extend_lens: [B] int; request b's prefix length is seq_lens[b] - extend_lens[b].
+    Precondition: the new tokens' K/V are already written at their slots.
+    Returns [T, H, Dv].
+    """
+    return resolve("extend_attention", q.device)(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens, sm_scale
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """One new token per request attending to all seq_lens[b] tokens of its sequence.
+
+    q: [B, H, D]; other arguments as in ``extend_attention`` (the new token's K/V already
+    written, and counted in seq_lens). Returns [B, H, Dv].
+    """
+    return resolve("decode_attention", q.device)(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in float32 and cast back to x's dtype before scaling."""
+    return resolve("rms_norm", x.device)(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual)."""
+    return resolve("fused_add_rms_norm", x.device)(x, residual, weight, eps)
+
+
+def apply_rotary_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, H, D] and k [T, Hkv, D] by cos/sin [T, D] (rotate-half layout, float32)."""
+    return resolve("apply_rotary_emb", q.device)(q, k, cos, sin)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [T, 2I] holding gate then up; returns silu(gate) * up, [T, I]."""
+    return resolve("silu_and_mul", x.device)(x)

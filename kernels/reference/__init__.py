@@ -1,0 +1,3 @@
+"""Torch reference implementations: the CPU path and the oracle for the triton kernels."""
+
+from kernels.reference import attention, elementwise  # noqa: F401  (registers the ops)

@@ -1,0 +1,61 @@
+"""Paged attention in plain torch: K/V are read from the pool through the request-to-slot table."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.dispatch import register
+
+
+@register("extend_attention", "torch")
+def extend_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
+    start = 0
+    for row, seq_len, ext in zip(
+        req_pool_indices.tolist(), seq_lens.tolist(), extend_lens.tolist(), strict=True
+    ):
+        prefix = seq_len - ext
+        slots = req_to_token[row, :seq_len]
+        k = k_buffer[slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq_len, D]
+        v = v_buffer[slots].transpose(0, 1).unsqueeze(0)
+        qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
+        if prefix == 0:
+            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=sm_scale, enable_gqa=True)
+        else:
+            # Query j sits at absolute position prefix + j and sees keys 0 .. prefix + j.
+            mask = torch.ones(ext, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True)
+        out[start : start + ext] = o[0].transpose(0, 1)
+        start += ext
+    return out
+
+
+@register("decode_attention", "torch")
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    max_len = int(seq_lens.max())
+    slots = req_to_token[req_pool_indices, :max_len]  # [B, L]; entries past seq_len are masked
+    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
+    k = k_buffer[slots].transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_buffer[slots].transpose(1, 2)
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], scale=sm_scale, enable_gqa=True
+    )  # [B, H, 1, D]
+    return o.squeeze(2)
