@@ -1,0 +1,1 @@
+"""Arbor runtime: models, KV memory, scheduler, engine and server."""

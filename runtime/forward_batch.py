@@ -1,0 +1,92 @@
+"""The packed description of one model forward: which tokens, where their KV goes, what to attend.
+
+Requests are packed back to back without padding. An EXTEND batch runs any number of new tokens
+per request (prefill, chunked prefill, a prefix's extension, or 1 token for a decode mixed in);
+a DECODE batch runs exactly one new token per request and takes the faster decode kernel.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from runtime.memory_pool import KVPool, ReqToTokenPool
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"
+    DECODE = "decode"
+
+
+@dataclass
+class ForwardBatch:
+    """Tensors on the model's device; ``*_cpu`` lists mirror them for host-side bookkeeping."""
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute position of each new token
+    out_cache_loc: torch.Tensor  # [T] int64, the slot each new token's K/V is written to
+    req_pool_indices: torch.Tensor  # [B] int64, rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int64, tokens per request after this forward
+    extend_lens: torch.Tensor  # [B] int64, new tokens per request
+    logit_indices: torch.Tensor  # [N] int64, rows of the packed tokens to compute logits for
+    seq_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    kv_pool: KVPool
+    req_to_token_pool: ReqToTokenPool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def req_to_token(self) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token
+
+    @classmethod
+    def build(
+        cls,
+        rows: list[int],
+        prefix_lens: list[int],
+        new_token_ids: list[list[int]],
+        kv_pool: KVPool,
+        req_to_token_pool: ReqToTokenPool,
+        logits: str = "last",
+    ) -> ForwardBatch:
+        """Pack requests for one forward.
+
+        rows[b]: request b's req_to_token row, already holding the slots of its prefix_lens[b]
+        cached tokens and of its new tokens (positions prefix .. prefix + len(new) - 1).
+        logits: "last" computes logits for each request's last new token, "all" for every new
+        token (prompt logprobs). A batch where every request adds one token runs as DECODE.
+        """
+        device = req_to_token_pool.req_to_token.device
+        extend_lens = [len(ids) for ids in new_token_ids]
+        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
+        if min(extend_lens, default=0) < 1:
+            raise ValueError("every request in a forward batch needs at least one new token")
+        positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix_lens, seq_lens, strict=True)])
+        table = req_to_token_pool.req_to_token
+        row_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        out_cache_loc = table[
+            row_t.repeat_interleave(torch.tensor(extend_lens, device=device)), positions.to(device)
+        ]
+        ends = torch.tensor(extend_lens).cumsum(0)
+        logit_indices = torch.arange(int(ends[-1])) if logits == "all" else ends - 1
+        mode = ForwardMode.DECODE if max(extend_lens) == 1 else ForwardMode.EXTEND
+        return cls(
+            mode=mode,
+            input_ids=torch.tensor([t for ids in new_token_ids for t in ids], device=device),
+            positions=positions.to(device),
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=row_t,
+            seq_lens=torch.tensor(seq_lens, device=device),
+            extend_lens=torch.tensor(extend_lens, device=device),
+            logit_indices=logit_indices.to(device),
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=extend_lens,
+            kv_pool=kv_pool,
+            req_to_token_pool=req_to_token_pool,
+        )

@@ -1,0 +1,36 @@
+"""Self-attention over the paged KV pool: write the new K/V, then attend through the table."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+from runtime.forward_batch import ForwardBatch, ForwardMode
+
+
+class PagedAttention(torch.nn.Module):
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, Hkv, D] (already rotated). Returns [T, H * D]."""
+        pool = batch.kv_pool
+        pool.write(self.layer_id, batch.out_cache_loc, k, v)
+        k_buffer, v_buffer = pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id]
+        if batch.mode is ForwardMode.DECODE:
+            out = kernels.decode_attention(
+                q, k_buffer, v_buffer, batch.req_to_token, batch.req_pool_indices,
+                batch.seq_lens, self.scale,
+            )
+        else:
+            out = kernels.extend_attention(
+                q, k_buffer, v_buffer, batch.req_to_token, batch.req_pool_indices,
+                batch.seq_lens, batch.extend_lens, self.scale,
+            )
+        return out.reshape(q.shape[0], -1)

@@ -1,0 +1,70 @@
+"""KV memory: per-layer K/V buffers over token slots, and the request-to-slot table.
+
+Slots are token-granular indices into the buffers; pages of ``page_size`` consecutive slots
+are the allocation unit (the allocator lives in ``radix_cache``). Attention reads a request's
+KV through its row of the request-to-slot table, so KV never moves once written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    """K and V buffers, each ``[num_slots, num_kv_heads, head_dim]`` per layer."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_slots = num_slots
+        self.num_layers = num_layers
+        # Zero-filled: decode attention reads padding slots under a mask, and 0 * garbage could
+        # be NaN, 0 * 0 cannot.
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v: [T, Hkv, D] at slots: [T]."""
+        self.k_buffers[layer][slots] = k
+        self.v_buffers[layer][slots] = v
+
+    @property
+    def bytes(self) -> int:
+        per_buffer = self.k_buffers[0].numel() * self.k_buffers[0].element_size()
+        return 2 * self.num_layers * per_buffer
+
+
+class ReqToTokenPool:
+    """Rows of slot indices, one row per running request, indexed by position in the sequence."""
+
+    def __init__(self, max_requests: int, max_context_len: int, device: torch.device) -> None:
+        self.max_context_len = max_context_len
+        # Zero-filled so padded reads always index a real slot.
+        self.req_to_token = torch.zeros(
+            (max_requests, max_context_len), dtype=torch.int64, device=device
+        )
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+
+    def alloc(self) -> int | None:
+        """A free row index, or None when every row is in use."""
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def available(self) -> int:
+        return len(self._free_rows)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Record that positions [start, start + len(slots)) of row's sequence live at slots."""
+        end = start + slots.numel()
+        if end > self.max_context_len:
+            raise ValueError(f"sequence of {end} tokens exceeds context length {self.max_context_len}")
+        self.req_to_token[row, start:end] = slots

@@ -1,0 +1,125 @@
+"""What the runtime needs to know about a checkpoint, read from its Hugging Face folder."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3)."""
+
+    model_path: str
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    checkpoint_dtype: torch.dtype
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V over all layers for one token, in the checkpoint dtype."""
+        elem = torch.tensor([], dtype=self.checkpoint_dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path) -> ModelConfig:
+        path = Path(model_path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{config_file} not found: is {path} a Hugging Face model folder?")
+        raw = json.loads(config_file.read_text())
+        archs = raw.get("architectures") or []
+        if not archs:
+            raise ValueError(f"{config_file} names no 'architectures'")
+        window = raw.get("sliding_window")
+        max_pos = raw.get("max_position_embeddings", 4096)
+        # Qwen configs carry a window with use_sliding_window false; a window at least as long
+        # as the context is full attention.
+        if window and raw.get("use_sliding_window", True) and window < max_pos:
+            raise ValueError(
+                f"{path}: sliding-window attention (sliding_window={window}) is not supported"
+            )
+        rope = _rope_parameters(raw)
+        heads = raw["num_attention_heads"]
+        return cls(
+            model_path=str(path),
+            architecture=archs[0],
+            model_type=raw.get("model_type", ""),
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            intermediate_size=raw["intermediate_size"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.pop("rope_theta", 10000.0)),
+            rope_scaling=rope if rope.get("rope_type", "default") != "default" else None,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            attention_bias=raw.get("attention_bias", False),
+            mlp_bias=raw.get("mlp_bias", False),
+            checkpoint_dtype=_DTYPES.get(raw.get("dtype") or raw.get("torch_dtype"), torch.float32),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=_eos_ids(path, raw),
+        )
+
+
+def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
+    """Merge transformers 5's ``rope_parameters`` with older top-level ``rope_theta/rope_scaling``."""
+    rope: dict[str, Any] = {}
+    if "rope_theta" in raw:
+        rope["rope_theta"] = raw["rope_theta"]
+    if raw.get("rope_scaling"):
+        rope.update(raw["rope_scaling"])
+    if raw.get("rope_parameters"):
+        rope.update(raw["rope_parameters"])
+    if "type" in rope and "rope_type" not in rope:  # very old configs
+        rope["rope_type"] = rope.pop("type")
+    return rope
+
+
+def _eos_ids(path: Path, raw: dict[str, Any]) -> tuple[int, ...]:
+    """EOS ids from config.json and generation_config.json (chat models list several there)."""
+    ids: list[int] = []
+    sources = [raw]
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        sources.append(json.loads(gen_file.read_text()))
+    for source in sources:
+        eos = source.get("eos_token_id")
+        for token in eos if isinstance(eos, list) else [eos]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is float32 on CPU (bf16 matmuls are slower there) and bfloat16 on GPU."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]

@@ -1,0 +1,203 @@
+"""The Llama-family decoder: Llama and Mistral as is, Qwen2 with q/k/v bias, Qwen3 with q/k norm."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from runtime.forward_batch import ForwardBatch
+from runtime.layers.attention import PagedAttention
+from runtime.layers.basic import Embedding, Linear, RMSNorm
+from runtime.layers.rotary import RotaryEmbedding
+from runtime.model_config import ModelConfig
+from runtime.models.registry import register_model
+
+# Checkpoint tensor name -> (our stacked parameter, shard within it).
+_STACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class LlamaAttention(torch.nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, qkv_bias: bool, o_bias: bool, qk_norm: bool,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(
+            config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, qkv_bias, dtype
+        )
+        self.o_proj = Linear(q_size, config.hidden_size, o_bias, dtype)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
+        self.attn = PagedAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim)
+        self._split = [q_size, kv_size, kv_size]
+
+    def forward(
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self._split, dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = kernels.apply_rotary_emb(q, k, *cos_sin)
+        return self.o_proj(self.attn(q, k, v, batch))
+
+
+class LlamaMLP(torch.nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = Linear(
+            config.hidden_size, {"gate": inter, "up": inter}, config.mlp_bias, dtype
+        )
+        self.down_proj = Linear(inter, config.hidden_size, config.mlp_bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, **attn_kw: bool):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, **attn_kw)
+        self.mlp = LlamaMLP(config, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm block with the residual add fused into the next norm: returns (x, residual)
+        such that x + residual is the block's output."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos_sin, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(torch.nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, **attn_kw: bool) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.layers = torch.nn.ModuleList(
+            LlamaDecoderLayer(config, i, dtype, **attn_kw) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Returns the final normed hidden states of every new token, [T, hidden]."""
+        x = self.embed_tokens(batch.input_ids)
+        cos_sin = self.rotary(batch.positions)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, cos_sin, batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+@register_model("LlamaForCausalLM", "MistralForCausalLM")
+class LlamaForCausalLM(torch.nn.Module):
+    """Loads Hugging Face checkpoints of this family; q/k/v and gate/up are stacked on load."""
+
+    qk_norm = False
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        qkv_bias, o_bias = self.projection_biases(config)
+        self.model = LlamaModel(
+            config, dtype, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm
+        )
+        self.lm_head = (
+            None if config.tie_word_embeddings
+            else Linear(config.hidden_size, config.vocab_size, False, dtype)
+        )
+
+    @staticmethod
+    def projection_biases(config: ModelConfig) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias)."""
+        return config.attention_bias, config.attention_bias
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices``."""
+        hidden = self.model(batch)[batch.logit_indices]
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) into the parameters; raise naming any
+        tensor that has no parameter or parameter left unfilled."""
+        params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        pending = set()
+        for pname in params:
+            owner = modules[pname.rsplit(".", 1)[0]]
+            shards = owner.shard_offsets if isinstance(owner, Linear) else {"": None}
+            pending |= {(pname, shard) for shard in shards}
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name.startswith("lm_head.") and self.lm_head is None:
+                continue  # tied checkpoints may still carry a copy of the embedding
+            module_name, param_kind = name.rsplit(".", 1)
+            parent, _, leaf = module_name.rpartition(".")
+            shard = ""
+            if leaf in _STACKED:
+                leaf, shard = _STACKED[leaf]
+                module_name = f"{parent}.{leaf}"
+            param_name = f"{module_name}.{param_kind}"
+            target = params.get(param_name)
+            if target is None:
+                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
+            if shard:
+                offset, size = modules[module_name].shard_offsets[shard]
+                target = target.data[offset : offset + size]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(target.shape)}"
+                )
+            target.data.copy_(tensor)
+            pending.discard((param_name, shard))
+        if pending:
+            missing = sorted(f"{m}[{s}]" if s else m for m, s in pending)
+            raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:8])}")
+
+
+@register_model("Qwen2ForCausalLM")
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: q/k/v projections always carry a bias; o_proj never does."""
+
+    @staticmethod
+    def projection_biases(config: ModelConfig) -> tuple[bool, bool]:
+        return True, False
+
+
+@register_model("Qwen3ForCausalLM")
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: per-head RMSNorm on q and k before the rotary embedding."""
+
+    qk_norm = True
