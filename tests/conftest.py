@@ -1,0 +1,28 @@
+"""Shared fixtures: the locally built test models (cached under ~/.cache/arbor/models)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """The tiny llama-architecture test model (tokenizer adds BOS, untied head, llama3 rope)."""
+    from runtime.test_model import cached_test_model
+
+    return cached_test_model("tiny", "llama")
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
+def tiny_arch_model_path(request: pytest.FixtureRequest) -> Path:
+    """The tiny test model in each supported architecture."""
+    from runtime.test_model import cached_test_model
+
+    return cached_test_model("tiny", request.param)

@@ -1,0 +1,53 @@
+"""The test-model builder: deterministic, loadable offline, with the tokens chat needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from runtime.test_model import make_test_model
+
+
+def test_same_seed_same_folder_other_seed_other_weights(tmp_path: Path):
+    a = make_test_model(tmp_path / "a", "tiny", "qwen2", seed=3)
+    b = make_test_model(tmp_path / "b", "tiny", "qwen2", seed=3)
+    c = make_test_model(tmp_path / "c", "tiny", "qwen2", seed=4)
+    assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
+    wa, wb, wc = (load_file(p / "model.safetensors") for p in (a, b, c))
+    assert all((wa[n] == wb[n]).all() for n in wa)
+    assert not (wa["model.embed_tokens.weight"] == wc["model.embed_tokens.weight"]).all()
+
+
+def test_tokenizer_special_tokens_and_chat_template(tiny_arch_model_path: Path):
+    tok = AutoTokenizer.from_pretrained(tiny_arch_model_path)
+    assert tok.eos_token == "<|endoftext|>" and tok.pad_token == "<|pad|>"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert tok.convert_tokens_to_ids("<|im_start|>") in ids
+    assert tok.decode(ids) == text  # byte-level BPE round-trips exactly
+
+
+def test_tool_calls_render_in_the_template(tiny_model_path: Path):
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "sunny"},
+    ]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert "get_weather" in text.split("<|im_end|>")[0]  # tools listed in the system turn
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in text
+    assert "<|im_start|>tool\nsunny<|im_end|>" in text
+
+
+def test_config_records_the_preset(tiny_arch_model_path: Path):
+    meta = json.loads((tiny_arch_model_path / "arbor_test_model.json").read_text())
+    config = json.loads((tiny_arch_model_path / "config.json").read_text())
+    assert meta["preset"] == "tiny" and config["vocab_size"] == 4096
