@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# torch==2.13.0 goes in first (a CPU build on disk); every later pip call is constrained to it,
+# so no dependency can pull a CUDA build of torch.
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.arbor-installed
+
+.PHONY: install demo test lint model bench clean
+
+install: $(STAMP) model
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/arbor make-test-model --preset tiny --arch llama
+
+demo: install
+	$(VENV)/bin/arbor demo
+
+test: install
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info
