@@ -60,7 +60,9 @@ def _hf_prefill(model: torch.nn.Module, ids: list[int]) -> float:
 
 
 def _hf_decode(model: torch.nn.Module, batch: int, prompt_len: int, steps: int) -> float:
-    prompts = torch.tensor([[(7 * i + j) % 1000 + 10 for j in range(prompt_len)] for i in range(batch)])
+    prompts = torch.tensor(
+        [[(7 * i + j) % 1000 + 10 for j in range(prompt_len)] for i in range(batch)]
+    )
 
     def run(decode: bool) -> None:
         with torch.no_grad():

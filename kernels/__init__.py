@@ -4,21 +4,25 @@ from kernels import reference  # noqa: F401  (registers the torch implementation
 from kernels.dispatch import BACKENDS, kernel_backend, set_kernel_backend
 from kernels.ops import (
     apply_rotary_emb,
+    apply_token_bitmask,
     decode_attention,
     extend_attention,
     fused_add_rms_norm,
     rms_norm,
+    sample_from_probs,
     silu_and_mul,
 )
 
 __all__ = [
     "BACKENDS",
     "apply_rotary_emb",
+    "apply_token_bitmask",
     "decode_attention",
     "extend_attention",
     "fused_add_rms_norm",
     "kernel_backend",
     "rms_norm",
+    "sample_from_probs",
     "set_kernel_backend",
     "silu_and_mul",
 ]

@@ -60,10 +60,12 @@ def _load_triton(required: bool) -> bool:
     if not _triton_state["loaded"]:
         _triton_state["loaded"] = True
         try:
-            importlib.import_module("kernels.triton")
+            importlib.import_module("kernels.triton_ops")
         except Exception as exc:  # triton missing or broken: the torch path must keep working
             _triton_state["error"] = exc
             logger.warning("triton kernels unavailable, using the torch reference: %s", exc)
     if _triton_state["error"] is not None and required:
-        raise RuntimeError(f"kernel backend 'triton' requested but unavailable: {_triton_state['error']}")
+        raise RuntimeError(
+            f"kernel backend 'triton' requested but unavailable: {_triton_state['error']}"
+        )
     return _triton_state["error"] is None

@@ -72,3 +72,35 @@ def apply_rotary_emb(
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x: [T, 2I] holding gate then up; returns silu(gate) * up, [T, I]."""
     return resolve("silu_and_mul", x.device)(x)
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
+) -> None:
+    """In place: logits[row, t] = -inf for every token t not allowed by the row's bitmask.
+
+    logits: [B, V] float. bitmask: [N, W] int32, token t allowed iff bit t % 32 of word t // 32
+    is set (xgrammar's layout); tokens past 32 * W are disallowed. indices: [N] int64 rows of
+    logits the bitmask rows apply to (None: N == B, row i to row i). Other rows are untouched.
+    """
+    resolve("apply_token_bitmask", logits.device)(logits, bitmask, indices)
+
+
+def sample_from_probs(
+    probs: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row from probs [B, V] float32 (rows sum to 1), after filtering.
+
+    Filters, in order, on each row: top_k [B] int64 (<= 0 or >= V: off) keeps tokens at least
+    as probable as the k-th most probable; top_p [B] float32 (1.0: off) keeps the most probable
+    tokens whose mass (of the top-k mass) first reaches top_p; min_p [B] float32 (0: off) keeps
+    tokens with prob >= min_p * max prob. Ties with the last kept value are kept. The draw for
+    a row depends only on (seeds[b], offsets[b]) [B] int64, never on the other rows.
+    Returns [B] int64 token ids.
+    """
+    return resolve("sample_from_probs", probs.device)(probs, top_k, top_p, min_p, seeds, offsets)

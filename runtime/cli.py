@@ -13,7 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     make = commands.add_parser(
-        "make-test-model", help="build a Hugging Face folder with a trained tokenizer and random weights"
+        "make-test-model",
+        help="build a Hugging Face folder with a trained tokenizer and random weights",
     )
     make.add_argument("--out", help="folder to write (default: the shared cache, reused if built)")
     make.add_argument("--preset", default="tiny", choices=sorted(PRESETS))

@@ -67,7 +67,9 @@ class ForwardBatch:
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens, strict=True)]
         if min(extend_lens, default=0) < 1:
             raise ValueError("every request in a forward batch needs at least one new token")
-        positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix_lens, seq_lens, strict=True)])
+        positions = torch.cat(
+            [torch.arange(p, s) for p, s in zip(prefix_lens, seq_lens, strict=True)]
+        )
         table = req_to_token_pool.req_to_token
         row_t = torch.tensor(rows, dtype=torch.int64, device=device)
         out_cache_loc = table[

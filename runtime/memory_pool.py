@@ -66,5 +66,7 @@ class ReqToTokenPool:
         """Record that positions [start, start + len(slots)) of row's sequence live at slots."""
         end = start + slots.numel()
         if end > self.max_context_len:
-            raise ValueError(f"sequence of {end} tokens exceeds context length {self.max_context_len}")
+            raise ValueError(
+                f"sequence of {end} tokens exceeds context length {self.max_context_len}"
+            )
         self.req_to_token[row, start:end] = slots

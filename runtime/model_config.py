@@ -48,7 +48,9 @@ class ModelConfig:
         path = Path(model_path)
         config_file = path / "config.json"
         if not config_file.is_file():
-            raise FileNotFoundError(f"{config_file} not found: is {path} a Hugging Face model folder?")
+            raise FileNotFoundError(
+                f"{config_file} not found: is {path} a Hugging Face model folder?"
+            )
         raw = json.loads(config_file.read_text())
         archs = raw.get("architectures") or []
         if not archs:
@@ -88,7 +90,7 @@ class ModelConfig:
 
 
 def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
-    """Merge transformers 5's ``rope_parameters`` with older top-level ``rope_theta/rope_scaling``."""
+    """Merge transformers 5's ``rope_parameters`` with 4.x top-level ``rope_theta/rope_scaling``."""
     rope: dict[str, Any] = {}
     if "rope_theta" in raw:
         rope["rope_theta"] = raw["rope_theta"]

@@ -22,7 +22,9 @@ def checkpoint_files(model_path: str | Path) -> list[Path]:
         return [path / name for name in names]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path} (other formats are not supported)")
+        raise FileNotFoundError(
+            f"no *.safetensors weights in {path} (other formats are not supported)"
+        )
     return files
 
 

@@ -38,8 +38,12 @@ class ModelRunner:
         self.max_requests = max_requests
         self.kv_slots = kv_slots or self._default_kv_slots(mem_fraction)
         self.kv_pool = KVPool(
-            self.kv_slots, self.config.num_layers, self.config.num_kv_heads,
-            self.config.head_dim, self.dtype, self.device,
+            self.kv_slots,
+            self.config.num_layers,
+            self.config.num_kv_heads,
+            self.config.head_dim,
+            self.dtype,
+            self.device,
         )
         self.req_to_token_pool = ReqToTokenPool(max_requests, self.context_len, self.device)
 
@@ -54,7 +58,10 @@ class ModelRunner:
             return self.model(batch)
 
     def build_batch(
-        self, rows: list[int], prefix_lens: list[int], new_token_ids: list[list[int]],
+        self,
+        rows: list[int],
+        prefix_lens: list[int],
+        new_token_ids: list[list[int]],
         logits: str = "last",
     ) -> ForwardBatch:
         return ForwardBatch.build(

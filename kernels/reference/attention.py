@@ -30,11 +30,15 @@ def extend_attention(
         v = v_buffer[slots].transpose(0, 1).unsqueeze(0)
         qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
         if prefix == 0:
-            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=sm_scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qi, k, v, is_causal=True, scale=sm_scale, enable_gqa=True
+            )
         else:
             # Query j sits at absolute position prefix + j and sees keys 0 .. prefix + j.
             mask = torch.ones(ext, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qi, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True
+            )
         out[start : start + ext] = o[0].transpose(0, 1)
         start += ext
     return out

@@ -25,12 +25,23 @@ class PagedAttention(torch.nn.Module):
         k_buffer, v_buffer = pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id]
         if batch.mode is ForwardMode.DECODE:
             out = kernels.decode_attention(
-                q, k_buffer, v_buffer, batch.req_to_token, batch.req_pool_indices,
-                batch.seq_lens, self.scale,
+                q,
+                k_buffer,
+                v_buffer,
+                batch.req_to_token,
+                batch.req_pool_indices,
+                batch.seq_lens,
+                self.scale,
             )
         else:
             out = kernels.extend_attention(
-                q, k_buffer, v_buffer, batch.req_to_token, batch.req_pool_indices,
-                batch.seq_lens, batch.extend_lens, self.scale,
+                q,
+                k_buffer,
+                v_buffer,
+                batch.req_to_token,
+                batch.req_pool_indices,
+                batch.seq_lens,
+                batch.extend_lens,
+                self.scale,
             )
         return out.reshape(q.shape[0], -1)

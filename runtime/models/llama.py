@@ -28,7 +28,12 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class LlamaAttention(torch.nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_id: int, qkv_bias: bool, o_bias: bool, qk_norm: bool,
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
@@ -132,7 +137,8 @@ class LlamaForCausalLM(torch.nn.Module):
             config, dtype, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm
         )
         self.lm_head = (
-            None if config.tie_word_embeddings
+            None
+            if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, False, dtype)
         )
 
@@ -171,7 +177,9 @@ class LlamaForCausalLM(torch.nn.Module):
             param_name = f"{module_name}.{param_kind}"
             target = params.get(param_name)
             if target is None:
-                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
+                raise ValueError(
+                    f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}"
+                )
             if shard:
                 offset, size = modules[module_name].shard_offsets[shard]
                 target = target.data[offset : offset + size]

@@ -38,21 +38,35 @@ def make_test_model(
     shape = get_preset(preset).for_arch(arch)
     vocab = vocab_size or shape.vocab_size
     out = Path(out)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None))
+    tmp = Path(
+        tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
+    )
     try:
         tokenizer = train_tokenizer(vocab, seed, add_bos=(arch == "llama"))
         tokenizer.save_pretrained(tmp)
         ids = {name: tokenizer.convert_tokens_to_ids(name) for name in (BOS, EOS, PAD, IM_END)}
         config = _hf_config(shape, arch, vocab, ids)
         config.save_pretrained(tmp)
-        generation = {"bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[IM_END]],
-                      "pad_token_id": ids[PAD]}
+        generation = {
+            "bos_token_id": ids[BOS],
+            "eos_token_id": [ids[EOS], ids[IM_END]],
+            "pad_token_id": ids[PAD],
+        }
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         weights = random_weights(config, arch, seed, getattr(torch, shape.dtype))
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "arbor_test_model.json").write_text(
-            json.dumps({"preset": preset, "arch": arch, "vocab_size": vocab, "seed": seed,
-                        "builder_version": BUILDER_VERSION}, indent=2) + "\n"
+            json.dumps(
+                {
+                    "preset": preset,
+                    "arch": arch,
+                    "vocab_size": vocab,
+                    "seed": seed,
+                    "builder_version": BUILDER_VERSION,
+                },
+                indent=2,
+            )
+            + "\n"
         )
         if out.exists():
             shutil.rmtree(out)
@@ -96,17 +110,31 @@ def _hf_config(shape: Preset, arch: str, vocab: int, ids: dict[str, int]) -> Pre
     )
     if arch == "llama":
         # Llama 3.1-style frequency scaling, with a short original context so it bites.
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 512}
-        return LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False,
-                           architectures=["LlamaForCausalLM"])
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 512,
+        }
+        return LlamaConfig(
+            **common,
+            rope_parameters=rope,
+            tie_word_embeddings=False,
+            architectures=["LlamaForCausalLM"],
+        )
     rope = {"rope_type": "default", "rope_theta": 1000000.0}
     if arch == "qwen2":
-        return Qwen2Config(**common, rope_parameters=rope, tie_word_embeddings=True,
-                           architectures=["Qwen2ForCausalLM"])
-    return Qwen3Config(**common, rope_parameters=rope, tie_word_embeddings=True,
-                       architectures=["Qwen3ForCausalLM"])
+        return Qwen2Config(
+            **common,
+            rope_parameters=rope,
+            tie_word_embeddings=True,
+            architectures=["Qwen2ForCausalLM"],
+        )
+    return Qwen3Config(
+        **common, rope_parameters=rope, tie_word_embeddings=True, architectures=["Qwen3ForCausalLM"]
+    )
 
 
 def random_weights(
@@ -123,8 +151,10 @@ def random_weights(
     head_dim = config.head_dim
     q_out = config.num_attention_heads * head_dim
     kv_out = config.num_key_value_heads * head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden),
-                                          "model.norm.weight": (hidden,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     for i in range(config.num_hidden_layers):
@@ -141,11 +171,15 @@ def random_weights(
             p + "mlp.down_proj.weight": (hidden, inter),
         }
         if arch == "qwen2":
-            shapes |= {p + f"self_attn.{n}_proj.bias": (o,)
-                       for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))}
+            shapes |= {
+                p + f"self_attn.{n}_proj.bias": (o,)
+                for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))
+            }
         if arch == "qwen3":
-            shapes |= {p + "self_attn.q_norm.weight": (head_dim,),
-                       p + "self_attn.k_norm.weight": (head_dim,)}
+            shapes |= {
+                p + "self_attn.q_norm.weight": (head_dim,),
+                p + "self_attn.k_norm.weight": (head_dim,),
+            }
     weights = {}
     for name in sorted(shapes):
         shape = shapes[name]

@@ -34,7 +34,7 @@ CHAT_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' %}"
     "{{- messages[0]['content'] + '\\n\\n' }}{%- set msgs = messages[1:] %}"
     "{%- endif %}"
-    "{{- 'You may call these tools. Each call is a JSON object with \"name\" and \"arguments\", "
+    '{{- \'You may call these tools. Each call is a JSON object with "name" and "arguments", '
     "written between <tool_call> and </tool_call>:\\n' }}"
     "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -86,7 +86,9 @@ def train_tokenizer(vocab_size: int, seed: int, add_bos: bool) -> PreTrainedToke
     tok.train_from_iterator(training_texts(seed, max_bytes), trainer=trainer)
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+            single=f"{BOS} $A",
+            pair=f"{BOS} $A {BOS} $B",
+            special_tokens=[(BOS, tok.token_to_id(BOS))],
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -100,6 +100,9 @@ def test_half_precision_tracks_transformers(tiny_model_path: Path, dtype: str):
 
 
 def test_registry_covers_the_llama_family():
-    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(
-        supported_architectures()
-    )
+    assert {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+    } <= set(supported_architectures())

@@ -91,7 +91,11 @@ def test_greedy_generation_matches_transformers_generate(models):
     for prompt, tokens in zip(prompts, ours, strict=True):
         with torch.no_grad():
             out = hf.generate(
-                torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
+                torch.tensor([prompt]),
+                max_new_tokens=32,
+                min_new_tokens=32,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             )
         assert tokens == out[0, len(prompt) :].tolist()

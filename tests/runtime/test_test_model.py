@@ -37,8 +37,11 @@ def test_tool_calls_render_in_the_template(tiny_model_path: Path):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     messages = [
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+        },
         {"role": "tool", "content": "sunny"},
     ]
     text = tok.apply_chat_template(messages, tools=tools, tokenize=False)

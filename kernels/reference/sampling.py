@@ -1,0 +1,79 @@
+"""Token-bitmask application and filtered sampling in plain torch (the CPU path and the oracle)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.dispatch import register
+
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, offset) pairs over 63 bits
+
+
+@register("apply_token_bitmask", "torch")
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None
+) -> None:
+    rows = logits if indices is None else logits[indices]
+    vocab = logits.shape[-1]
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)  # [N, 32 * W]
+    if allowed.shape[1] < vocab:
+        pad = allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])
+        allowed = torch.cat([allowed, pad], dim=1)
+    rows = rows.masked_fill(~allowed[:, :vocab], float("-inf"))
+    if indices is None:
+        logits.copy_(rows)
+    else:
+        logits[indices] = rows
+
+
+def filter_probs(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """The kept mass of each row (unnormalised) after top-k, then top-p, then min-p.
+
+    Thresholds keep every token tied with the last one kept, so the result does not depend on
+    how a sort orders equal probabilities.
+    """
+    vocab = probs.shape[-1]
+    sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
+    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
+    kth = sorted_probs.gather(1, (k - 1).unsqueeze(1))
+    keep = probs >= kth
+    kept_sorted = torch.where(sorted_probs >= kth, sorted_probs, 0.0)
+    total = kept_sorted.sum(-1, keepdim=True)
+    # Smallest prefix of the sorted kept mass reaching top_p of it; its last value is the cut.
+    cumulative = kept_sorted.cumsum(-1)
+    reach = (cumulative >= top_p.unsqueeze(1) * total).float().argmax(-1, keepdim=True)
+    keep &= probs >= sorted_probs.gather(1, reach)
+    keep &= probs >= min_p.unsqueeze(1) * sorted_probs[:, :1]
+    return torch.where(keep, probs, 0.0)
+
+
+def row_uniform(seed: int, offset: int) -> float:
+    """A uniform in [0, 1) that depends only on (seed, offset): batch-independent sampling."""
+    gen = torch.Generator().manual_seed((seed * _MIX + offset) & ((1 << 63) - 1))
+    return float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
+@register("sample_from_probs", "torch")
+def sample_from_probs(
+    probs: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+) -> torch.Tensor:
+    kept = filter_probs(probs, top_k, top_p, min_p).double()
+    cumulative = kept.cumsum(-1)  # token-id order: inverse CDF needs no sort
+    uniforms = torch.tensor(
+        [row_uniform(s, o) for s, o in zip(seeds.tolist(), offsets.tolist(), strict=True)],
+        dtype=torch.float64,
+        device=probs.device,
+    )
+    targets = uniforms * cumulative[:, -1]
+    chosen = torch.searchsorted(cumulative, targets.unsqueeze(1), right=True).squeeze(1)
+    # Rounding can land on a zero-mass token at the end; step back to the last kept one.
+    last_kept = probs.shape[-1] - 1 - (kept > 0).flip(-1).float().argmax(-1)
+    return torch.minimum(chosen, last_kept)
