@@ -1,8 +1,9 @@
 """The packed description of one model forward: which tokens, where their KV goes, what to attend.
 
-Requests are packed back to back without padding. An EXTEND batch runs any number of new tokens
-per request (prefill, chunked prefill, a prefix's extension, or 1 token for a decode mixed in);
-a DECODE batch runs exactly one new token per request and takes the faster decode kernel.
+Requests are packed back to back without padding. Requests adding several tokens (prefill,
+chunked prefill, a prefix's extension) run through extend attention; requests adding one token
+(decodes) through the faster decode kernel. A MIXED batch holds both: its first
+``num_extend_reqs`` requests extend, the rest decode.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from runtime.memory_pool import KVPool, ReqToTokenPool
 
 
 class ForwardMode(enum.Enum):
-    EXTEND = "extend"
-    DECODE = "decode"
+    EXTEND = "extend"  # every request adds any number of tokens
+    DECODE = "decode"  # every request adds exactly one token
+    MIXED = "mixed"  # extends first, then one-token requests (a prefill chunk beside decodes)
 
 
 @dataclass
@@ -34,6 +36,8 @@ class ForwardBatch:
     logit_indices: torch.Tensor  # [N] int64, rows of the packed tokens to compute logits for
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
+    num_extend_reqs: int  # requests [0, num_extend_reqs) extend; the rest add one token each
+    num_extend_tokens: int  # packed rows [0, num_extend_tokens) belong to the extending requests
     kv_pool: KVPool
     req_to_token_pool: ReqToTokenPool
 
@@ -53,14 +57,15 @@ class ForwardBatch:
         new_token_ids: list[list[int]],
         kv_pool: KVPool,
         req_to_token_pool: ReqToTokenPool,
-        logits: str = "last",
+        logits: str | torch.Tensor = "last",
     ) -> ForwardBatch:
         """Pack requests for one forward.
 
         rows[b]: request b's req_to_token row, already holding the slots of its prefix_lens[b]
         cached tokens and of its new tokens (positions prefix .. prefix + len(new) - 1).
         logits: "last" computes logits for each request's last new token, "all" for every new
-        token (prompt logprobs). A batch where every request adds one token runs as DECODE.
+        token, or an explicit [N] tensor of packed row indices. One-token requests must come
+        after every multi-token one; a batch of only one-token requests runs as DECODE.
         """
         device = req_to_token_pool.req_to_token.device
         extend_lens = [len(ids) for ids in new_token_ids]
@@ -76,8 +81,19 @@ class ForwardBatch:
             row_t.repeat_interleave(torch.tensor(extend_lens, device=device)), positions.to(device)
         ]
         ends = torch.tensor(extend_lens).cumsum(0)
-        logit_indices = torch.arange(int(ends[-1])) if logits == "all" else ends - 1
-        mode = ForwardMode.DECODE if max(extend_lens) == 1 else ForwardMode.EXTEND
+        if isinstance(logits, torch.Tensor):
+            logit_indices = logits
+        else:
+            logit_indices = torch.arange(int(ends[-1])) if logits == "all" else ends - 1
+        num_extend = sum(1 for n in extend_lens if n > 1)
+        if any(n > 1 for n in extend_lens[num_extend:]):
+            raise ValueError("one-token requests must come after every multi-token request")
+        if num_extend == 0:
+            mode = ForwardMode.DECODE
+        elif num_extend == len(extend_lens):
+            mode = ForwardMode.EXTEND
+        else:
+            mode = ForwardMode.MIXED
         return cls(
             mode=mode,
             input_ids=torch.tensor([t for ids in new_token_ids for t in ids], device=device),
@@ -89,6 +105,8 @@ class ForwardBatch:
             logit_indices=logit_indices.to(device),
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=extend_lens,
+            num_extend_reqs=num_extend,
+            num_extend_tokens=sum(extend_lens[:num_extend]),
             kv_pool=kv_pool,
             req_to_token_pool=req_to_token_pool,
         )

@@ -16,7 +16,8 @@ class ModelRunner:
     """Loads ``model_path`` on ``device`` and sizes the KV pool.
 
     kv_slots: KV pool size in tokens; None derives it from ``mem_fraction`` of the device's
-    memory left after the weights. max_requests: rows of the request-to-slot table.
+    memory left after the weights, in whole pages of ``page_size``. max_requests: rows of the
+    request-to-slot table.
     """
 
     def __init__(
@@ -28,6 +29,7 @@ class ModelRunner:
         max_requests: int = 256,
         context_len: int | None = None,
         mem_fraction: float = 0.3,
+        page_size: int = 1,
     ) -> None:
         self.config = ModelConfig.from_pretrained(model_path)
         self.device = torch.device(device)
@@ -36,6 +38,7 @@ class ModelRunner:
         self.model = load_model(self.config, self.dtype, self.device)
         self.context_len = context_len or self.config.max_position_embeddings
         self.max_requests = max_requests
+        self.page_size = page_size
         self.kv_slots = kv_slots or self._default_kv_slots(mem_fraction)
         self.kv_pool = KVPool(
             self.kv_slots,
@@ -83,4 +86,5 @@ class ModelRunner:
                 "pass a larger mem_fraction or an explicit kv_slots"
             )
         # More slots than every request row could fill would never be used.
-        return min(slots, self.context_len * self.max_requests)
+        slots = min(slots, self.context_len * self.max_requests)
+        return slots - slots % self.page_size

@@ -41,11 +41,12 @@ def filter_probs(
     kth = sorted_probs.gather(1, (k - 1).unsqueeze(1))
     keep = probs >= kth
     kept_sorted = torch.where(sorted_probs >= kth, sorted_probs, 0.0)
+    before = kept_sorted.cumsum(-1) - kept_sorted  # mass of the more probable tokens
     total = kept_sorted.sum(-1, keepdim=True)
-    # Smallest prefix of the sorted kept mass reaching top_p of it; its last value is the cut.
-    cumulative = kept_sorted.cumsum(-1)
-    reach = (cumulative >= top_p.unsqueeze(1) * total).float().argmax(-1, keepdim=True)
-    keep &= probs >= sorted_probs.gather(1, reach)
+    # A token stays while the mass before it is under top_p of the kept mass; the last such
+    # token's probability is the cut. (Comparing the exclusive sum keeps top_p = 1 exact.)
+    count = (before < top_p.unsqueeze(1) * total).sum(-1, keepdim=True)
+    keep &= probs >= sorted_probs.gather(1, count.clamp(min=1) - 1)
     keep &= probs >= min_p.unsqueeze(1) * sorted_probs[:, :1]
     return torch.where(keep, probs, 0.0)
 

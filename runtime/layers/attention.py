@@ -23,25 +23,21 @@ class PagedAttention(torch.nn.Module):
         pool = batch.kv_pool
         pool.write(self.layer_id, batch.out_cache_loc, k, v)
         k_buffer, v_buffer = pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id]
+        table, rows, seq_lens = batch.req_to_token, batch.req_pool_indices, batch.seq_lens
         if batch.mode is ForwardMode.DECODE:
-            out = kernels.decode_attention(
-                q,
-                k_buffer,
-                v_buffer,
-                batch.req_to_token,
-                batch.req_pool_indices,
-                batch.seq_lens,
-                self.scale,
+            out = kernels.decode_attention(q, k_buffer, v_buffer, table, rows, seq_lens, self.scale)
+        elif batch.mode is ForwardMode.EXTEND:
+            out = kernels.extend_attention(
+                q, k_buffer, v_buffer, table, rows, seq_lens, batch.extend_lens, self.scale
             )
         else:
-            out = kernels.extend_attention(
-                q,
-                k_buffer,
-                v_buffer,
-                batch.req_to_token,
-                batch.req_pool_indices,
-                batch.seq_lens,
-                batch.extend_lens,
-                self.scale,
+            e, t = batch.num_extend_reqs, batch.num_extend_tokens
+            extend_out = kernels.extend_attention(
+                q[:t], k_buffer, v_buffer, table, rows[:e], seq_lens[:e],
+                batch.extend_lens[:e], self.scale,
+            )  # fmt: skip
+            decode_out = kernels.decode_attention(
+                q[t:], k_buffer, v_buffer, table, rows[e:], seq_lens[e:], self.scale
             )
+            out = torch.cat([extend_out, decode_out])
         return out.reshape(q.shape[0], -1)

@@ -1,0 +1,133 @@
+"""Token ids to text, incrementally: UTF-8 safe, stop strings held back while streaming and trimmed.
+
+Each request decodes a sliding window (a few tokens of context plus the new ones) so the cost
+per token stays constant, emits only complete characters (a byte-level BPE token may end in
+the middle of a multi-byte character), and never shows a client the start of a stop string
+that may turn out to end the output.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from runtime.channels import Receiver, Sender
+from runtime.ipc import TextOutput, TextOutputBatch, TokenOutput, TokenOutputBatch
+
+logger = logging.getLogger(__name__)
+
+
+class IncrementalDecoder:
+    """Decodes one request's output as it grows."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        context_ids: list[int],
+        skip_special: bool,
+        spaces_between_special: bool,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(context_ids)
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.kwargs = {
+            "skip_special_tokens": skip_special,
+            "spaces_between_special_tokens": spaces_between_special,
+        }
+        self.text = ""  # everything decoded so far (complete characters)
+
+    def add(self, new_ids: list[int], final: bool) -> None:
+        """Append tokens; ``text`` grows by every complete character they finish (and, when
+        ``final``, by whatever is left)."""
+        self.ids.extend(new_ids)
+        if len(self.ids) == self.read_offset:
+            return
+        window = self._decode(self.ids[self.prefix_offset :])
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        if len(window) > len(before) and (final or not window.endswith("\ufffd")):
+            self.text += window[len(before) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, **self.kwargs) if ids else ""
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._decoders: dict[str, IncrementalDecoder] = {}
+        self._emitted: dict[str, int] = {}  # characters of ``text`` already sent per request
+
+    def process(self, batch: TokenOutputBatch) -> TextOutputBatch:
+        return TextOutputBatch([self._process_one(out) for out in batch.outputs])
+
+    def _process_one(self, out: TokenOutput) -> TextOutput:
+        decoder = self._decoders.get(out.rid)
+        if decoder is None:
+            decoder = self._decoders[out.rid] = IncrementalDecoder(
+                self.tokenizer,
+                out.prompt_tail_ids or [],
+                out.skip_special_tokens,
+                out.spaces_between_special_tokens,
+            )
+        finished = out.finished_reason is not None
+        decoder.add(out.new_token_ids, final=finished)
+        text = decoder.text
+        emitted = self._emitted.get(out.rid, 0)
+        if finished:
+            end = _trimmed_end(text, emitted, out) if not out.no_stop_trim else len(text)
+            del self._decoders[out.rid]
+            self._emitted.pop(out.rid, None)
+        else:
+            end = len(text) - _held_back(text, out.stop)
+            self._emitted[out.rid] = max(emitted, end)
+        return TextOutput(
+            rid=out.rid,
+            text_delta=text[emitted:end] if end > emitted else "",
+            new_token_ids=out.new_token_ids,
+            finished_reason=out.finished_reason,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            output_logprobs=out.output_logprobs,
+            input_logprobs=out.input_logprobs,
+        )
+
+    def event_loop(self, inbox: Receiver, outbox: Sender) -> None:
+        """Forward every TokenOutputBatch as a TextOutputBatch until a None message arrives."""
+        while True:
+            message = inbox.recv(timeout=None)
+            if message is None:
+                return
+            if isinstance(message, TokenOutputBatch):
+                outbox.send(self.process(message))
+            else:
+                outbox.send(message)  # anything else is for the tokenizer manager as is
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that could begin a stop string."""
+    held = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), held, -1):
+            if stop.startswith(text[-n:]):
+                held = n
+                break
+    return held
+
+
+def _trimmed_end(text: str, emitted: int, out: TokenOutput) -> int:
+    """Where the final text ends: before the stop string or stop regex match that ended it."""
+    reason = out.finished_reason or {}
+    matched = reason.get("matched")
+    if reason.get("type") != "stop" or not isinstance(matched, str):
+        return len(text)
+    if matched in out.stop:
+        pos = text.find(matched, emitted)
+        return pos if pos >= 0 else len(text)
+    if matched in out.stop_regex:
+        found = re.search(matched, text)
+        return found.start() if found else len(text)
+    return len(text)

@@ -1,0 +1,15 @@
+"""Exceptions a request's caller sees."""
+
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """The runtime refused or could not finish a request; ``status_code`` is its HTTP status."""
+
+    def __init__(self, message: str, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class SchedulerDied(RuntimeError):
+    """The scheduler stopped; no request can complete."""

@@ -1,0 +1,128 @@
+"""Messages between the tokenizer manager, the scheduler and the detokenizer, and their codec.
+
+Grouped by direction. In ``serve`` mode they cross process boundaries over ZMQ; the in-process
+Engine passes the same objects through queues. Nothing else crosses between the three.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.sampling_params import SamplingParams
+
+# ---- tokenizer manager -> scheduler -------------------------------------------------------
+
+
+@dataclass
+class GenerateRequest:
+    """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+
+
+@dataclass
+class AbortRequest:
+    rid: str
+
+
+@dataclass
+class ControlRequest:
+    """``flush_cache``, ``server_info`` or ``check_invariants``; answered by a ControlReply
+    with the same ``request_id``."""
+
+    request_id: str
+    command: str
+
+
+# ---- scheduler -> detokenizer -------------------------------------------------------------
+
+
+@dataclass
+class TokenOutput:
+    """New tokens of one request since its last TokenOutput, and its state."""
+
+    rid: str
+    new_token_ids: list[int]
+    finished_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # Decoding options the detokenizer needs (stop strings are trimmed there).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()
+    no_stop_trim: bool = False
+    # Sent with a request's first output: the prompt's last tokens give the incremental
+    # decoder context, so the first word's leading space decodes right (SentencePiece).
+    prompt_tail_ids: list[int] | None = None
+    # Logprob entries are (logprob, token_id, [(logprob, token_id), ...] top alternatives).
+    output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
+
+
+@dataclass
+class TokenOutputBatch:
+    outputs: list[TokenOutput]
+
+
+# ---- detokenizer -> tokenizer manager ---------------------------------------------------
+
+
+@dataclass
+class TextOutput:
+    """What a client sees: the new text (complete UTF-8 characters only) and the request state."""
+
+    rid: str
+    text_delta: str
+    new_token_ids: list[int]
+    finished_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
+
+
+@dataclass
+class TextOutputBatch:
+    outputs: list[TextOutput]
+
+
+# ---- scheduler -> tokenizer manager -----------------------------------------------------
+
+
+@dataclass
+class ControlReply:
+    request_id: str
+    payload: dict[str, Any]
+
+
+@dataclass
+class SchedulerReady:
+    """Sent once, when the model is loaded and the loop is running."""
+
+    info: dict[str, Any]
+
+
+@dataclass
+class SchedulerFailed:
+    """The scheduler hit an unrecoverable error; the server reports it and exits."""
+
+    error: str
+
+
+def encode(message: object) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    return pickle.loads(data)

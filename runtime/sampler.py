@@ -1,0 +1,129 @@
+"""The sampling pipeline, batched: bias, penalties, grammar mask, temperature, top-k/p, min-p, draw.
+
+The order is fixed (DESIGN.md): logit_bias, repetition / presence / frequency penalties, the
+stop-token mask below min_new_tokens, the grammar mask, then temperature, top-k, top-p, min-p
+and the draw. Greedy rows (temperature 0 or top_k 1) take the argmax of the processed logits.
+A row's draw depends only on its request's seed and output length, never on the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from runtime.scheduler.req import Req
+
+GrammarMaskFn = Callable[[torch.Tensor, Sequence[Req]], None]
+
+
+@dataclass
+class SampleOutput:
+    token_ids: list[int]
+    # For rows whose request returns logprobs: (logprob, [(logprob, token), ...] top entries).
+    logprobs: list[tuple[float, list[tuple[float, int]]] | None]
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.grammar_mask: GrammarMaskFn | None = None  # set by the grammar integration
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> SampleOutput:
+        """logits: [N, V] float32, row i for reqs[i]'s next token. Does not modify logits."""
+        raw = logits
+        logits = logits.clone()
+        self._apply_bias_and_penalties(logits, reqs)
+        self._mask_stop_tokens_below_min(logits, reqs)
+        if self.grammar_mask is not None and any(r.grammar is not None for r in reqs):
+            self.grammar_mask(logits, reqs)
+        tokens = self._draw(logits, reqs)
+        return SampleOutput(tokens.tolist(), self._logprobs(raw, tokens, reqs))
+
+    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        for i, req in enumerate(reqs):
+            params = req.sampling
+            if params.logit_bias:
+                ids = torch.tensor(list(params.logit_bias), device=logits.device)
+                bias = torch.tensor(list(params.logit_bias.values()), device=logits.device)
+                logits[i, ids] += bias
+            if not params.has_penalties:
+                continue
+            counts, seen = self._token_counts(req, logits.device)
+            row = logits[i]
+            if params.repetition_penalty != 1.0:
+                penalised = torch.where(
+                    row > 0, row / params.repetition_penalty, row * params.repetition_penalty
+                )
+                row = torch.where(seen, penalised, row)
+            row = row - params.frequency_penalty * counts
+            row = row - params.presence_penalty * (counts > 0).float()
+            logits[i] = row
+
+    def _token_counts(self, req: Req, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output token counts [V] float32, seen in prompt or output [V] bool), built once."""
+        if req.token_counts is None:
+            counts = torch.zeros(self.vocab_size, device=device)
+            seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+            seen[torch.tensor(req.input_ids, device=device)] = True
+            if req.output_ids:
+                out = torch.tensor(req.output_ids, device=device)
+                counts.index_add_(0, out, torch.ones(len(out), device=device))
+                seen[out] = True
+            req.token_counts = (counts, seen)
+        return req.token_counts
+
+    def _mask_stop_tokens_below_min(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        for i, req in enumerate(reqs):
+            if len(req.output_ids) < req.sampling.min_new_tokens:
+                stop_ids = list(req.sampling.stop_token_ids)
+                if not req.sampling.ignore_eos:
+                    stop_ids += self.eos_token_ids
+                if stop_ids:
+                    logits[i, stop_ids] = float("-inf")
+
+    def _draw(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+        tokens = logits.argmax(-1)
+        rows = [i for i, r in enumerate(reqs) if not r.sampling.is_greedy]
+        if not rows:
+            return tokens
+        device = logits.device
+        params = [reqs[i].sampling for i in rows]
+        temps = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+        probs = torch.softmax(logits[rows] / temps, dim=-1)
+        sampled = kernels.sample_from_probs(
+            probs,
+            torch.tensor([p.top_k for p in params], device=device),
+            torch.tensor([p.top_p for p in params], device=device),
+            torch.tensor([p.min_p for p in params], device=device),
+            torch.tensor([reqs[i].seed for i in rows], device=device),
+            torch.tensor([len(reqs[i].output_ids) for i in rows], device=device),
+        )
+        tokens[rows] = sampled
+        return tokens
+
+    @staticmethod
+    def _logprobs(
+        raw: torch.Tensor, tokens: torch.Tensor, reqs: Sequence[Req]
+    ) -> list[tuple[float, list[tuple[float, int]]] | None]:
+        """Logprobs of the model's own distribution (raw logits) for requests that ask."""
+        out: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(reqs)
+        rows = [i for i, r in enumerate(reqs) if r.return_logprob]
+        if not rows:
+            return out
+        logprobs = torch.log_softmax(raw[rows], dim=-1)
+        chosen = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
+        for j, i in enumerate(rows):
+            out[i] = (chosen[j], top_logprobs(logprobs[j], reqs[i].top_logprobs_num))
+        return out
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    """The k most likely (logprob, token) pairs of one row [V]."""
+    if k <= 0:
+        return []
+    values, ids = logprobs.topk(min(k, logprobs.shape[-1]))
+    return list(zip(values.tolist(), ids.tolist(), strict=True))

@@ -1,0 +1,62 @@
+"""Decode bookkeeping: a KV slot for every running decode each step, retracting under pressure.
+
+When the pool cannot give every decode its slot even after evicting unlocked cache, requests
+are retracted, the one with the least computed KV (the least work to redo) first: its KV goes
+into the radix tree (so its prefix stays cached while memory allows), its slots and lock are
+released, and it rejoins the waiting queue with its output so far. No request is dropped; a
+request that cannot progress even alone in the pool finishes with an error instead.
+"""
+
+from __future__ import annotations
+
+from runtime.scheduler.kv_manager import KVCacheManager
+from runtime.scheduler.req import Req
+from runtime.scheduler.token_ratio import NewTokenRatio
+
+
+class DecodeManager:
+    def __init__(self, kv: KVCacheManager, ratio: NewTokenRatio) -> None:
+        self.kv = kv
+        self.ratio = ratio
+        self.num_retracted = 0
+
+    def allocate(self, running: list[Req]) -> tuple[list[Req], list[Req], list[Req]]:
+        """Give each decoding request (pending_len == 1) a slot for this step.
+
+        Returns (decodes ready to run, requests retracted back to the queue, requests failed
+        for lack of memory). Partially prefilled requests may be retracted too.
+        """
+        # Most computed KV first: under pressure, the cheapest to redo are last in line.
+        queue = sorted((r for r in running if r.pending_len == 1), key=lambda r: -r.kv_len)
+        victims = sorted((r for r in running if r.pending_len > 1), key=lambda r: r.kv_len)
+        ready: list[Req] = []
+        retracted: list[Req] = []
+        failed: list[Req] = []
+        while queue:
+            req = queue[0]
+            if self.kv.alloc_extend(req, 1):
+                ready.append(queue.pop(0))
+                continue
+            # Out of memory: retract the cheapest request not yet served this step.
+            victim = victims.pop(0) if victims else queue.pop()
+            if victim is req and not ready and not victims and len(queue) == 0:
+                victim.finish(
+                    {
+                        "type": "abort",
+                        "status_code": 400,
+                        "message": (
+                            f"request needs more KV than the pool holds ({self.kv.capacity} "
+                            "tokens); raise max_total_tokens or shorten the request"
+                        ),
+                    }
+                )
+                self.kv.release(victim, keep_in_cache=False)
+                failed.append(victim)
+                continue
+            self.kv.release(victim, keep_in_cache=True)
+            victim.reset_for_retract()
+            retracted.append(victim)
+        if retracted:
+            self.num_retracted += len(retracted)
+            self.ratio.on_retract()
+        return ready, retracted, failed

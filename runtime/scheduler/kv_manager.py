@@ -1,0 +1,153 @@
+"""KV accounting for the scheduler: who owns which slots, from admission to release.
+
+Composes the slot allocator, the radix cache (None when disabled) and the request-to-slot
+table. Every slot is at any time free, owned by the tree (evictable or pinned by a lock), or
+private to exactly one admitted request; ``check_invariants`` proves it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radix_cache import KVSlotAllocator, RadixCache
+from runtime.memory_pool import ReqToTokenPool
+from runtime.scheduler.req import Req
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        allocator: KVSlotAllocator,
+        tree: RadixCache | None,
+        req_to_token_pool: ReqToTokenPool,
+    ) -> None:
+        self.allocator = allocator
+        self.tree = tree
+        self.req_to_token_pool = req_to_token_pool
+        self.page_size = allocator.page_size
+
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
+    def available_tokens(self) -> int:
+        """Slots a new allocation can get: free now, or freed by evicting unlocked cache."""
+        evictable = self.tree.evictable_size() if self.tree else 0
+        return self.allocator.available() + evictable
+
+    def cached_prefix_len(self, req: Req) -> int:
+        """Length of the cached prefix a request would reuse (touches the tree's LRU clock)."""
+        if self.tree is None:
+            return 0
+        return self.tree.match_prefix(req.all_ids[: req.match_limit]).length
+
+    def admit(self, req: Req) -> bool:
+        """Give ``req`` a table row and its cached prefix, locked. False if no row is free."""
+        row = self.req_to_token_pool.alloc()
+        if row is None:
+            return False
+        req.row = row
+        if self.tree is not None:
+            match = self.tree.match_prefix(req.all_ids[: req.match_limit])
+            self.tree.lock(match.node)
+            req.last_node = match.node
+            req.cached_len = req.kv_len = match.length
+            self.req_to_token_pool.write(row, 0, match.slots)
+        if not req.output_ids:  # a retracted request already reported its first match
+            req.cached_tokens = req.cached_len
+        return True
+
+    def alloc_extend(self, req: Req, n: int) -> bool:
+        """Allocate slots for the next ``n`` positions of ``req`` and record them in its row,
+        evicting unlocked cache if needed. False (nothing changed) if the pool cannot serve it."""
+        slots = self._alloc(req, n)
+        if slots is None and self.tree is not None:
+            self.tree.evict(n + self.page_size - self.allocator.available())
+            slots = self._alloc(req, n)
+        if slots is None:
+            return False
+        assert req.row is not None
+        self.req_to_token_pool.write(req.row, req.kv_len, slots)
+        req.kv_len += n
+        return True
+
+    def _alloc(self, req: Req, n: int) -> torch.Tensor | None:
+        if req.kv_len % self.page_size == 0:
+            return self.allocator.alloc(n)
+        last_slot = int(self.req_to_token_pool.req_to_token[req.row, req.kv_len - 1])
+        return self.allocator.alloc_continuing(last_slot, n)
+
+    def cache_prefix(self, req: Req) -> None:
+        """Hand the computed positions [0, kv_len) to the tree (a chunked prefill's progress),
+        keeping the request's lock on them; the trailing partial page stays private."""
+        if self.tree is None:
+            return
+        self._insert(req)
+        match = self.tree.match_prefix(req.all_ids[: req.kv_len])
+        self.req_to_token_pool.write(req.row, 0, match.slots)
+        self.tree.lock(match.node)
+        self.tree.unlock(req.last_node)
+        req.last_node, req.cached_len = match.node, match.length
+
+    def release(self, req: Req, keep_in_cache: bool) -> None:
+        """Give back everything ``req`` holds: its lock, its private slots and its row.
+
+        keep_in_cache: insert the computed positions into the tree first (finished and
+        retracted requests), so later requests reuse them; aborted requests just free.
+        """
+        if req.row is None:
+            return
+        if self.tree is not None and keep_in_cache:
+            self._insert(req)
+            aligned = req.kv_len - req.kv_len % self.page_size
+            self._free_range(req, aligned, req.kv_len)
+        else:
+            self._free_range(req, req.cached_len, req.kv_len)
+        if self.tree is not None and req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        self.req_to_token_pool.free(req.row)
+        req.row, req.last_node = None, None
+
+    def _insert(self, req: Req) -> None:
+        """Insert [0, kv_len) and free the request's private copies of what was already cached."""
+        assert self.tree is not None and req.row is not None
+        slots = self.req_to_token_pool.req_to_token[req.row, : req.kv_len].cpu()
+        already = self.tree.insert(req.all_ids[: req.kv_len], slots)
+        if already > req.cached_len:
+            self.allocator.free(slots[req.cached_len : already])
+
+    def _free_range(self, req: Req, start: int, end: int) -> None:
+        if end > start:
+            self.allocator.free(self.req_to_token_pool.req_to_token[req.row, start:end].cpu())
+
+    def private_slots(self, reqs: list[Req]) -> torch.Tensor:
+        """Slots the admitted ``reqs`` hold outside the tree (for invariant checks)."""
+        parts = [
+            self.req_to_token_pool.req_to_token[r.row, r.cached_len : r.kv_len].cpu()
+            for r in reqs
+            if r.row is not None and r.kv_len > r.cached_len
+        ]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+    def check_invariants(self, admitted: list[Req]) -> None:
+        """Raise unless free + evictable + protected + private == capacity with no slot owned
+        twice. Without a tree, checks the allocator's free count against the requests' slots."""
+        private = self.private_slots(admitted)
+        if self.tree is not None:
+            self.tree.check_invariants(private_slots=private)
+            return
+        pages = torch.unique(private // self.page_size).numel() if private.numel() else 0
+        if self.allocator.available() + pages * self.page_size != self.capacity:
+            raise AssertionError(
+                f"KV leak: free {self.allocator.available()} + private {pages * self.page_size} "
+                f"!= capacity {self.capacity}"
+            )
+
+    def flush(self) -> bool:
+        """Drop every cached entry; refused (False) while requests hold locks."""
+        if self.tree is None:
+            return True
+        if self.tree.protected_size():
+            return False
+        self.tree.reset()
+        return True

@@ -1,0 +1,96 @@
+"""After a forward: record prompt logprobs, append sampled tokens, check stops, emit outputs."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.ipc import TokenOutput
+from runtime.sampler import SampleOutput, top_logprobs
+from runtime.scheduler.req import Req
+from runtime.scheduler.step_batch import StepBatch
+from runtime.scheduler.stop_checker import StopChecker
+
+# Prompt tokens sent to the detokenizer as decoding context.
+PROMPT_TAIL = 6
+
+
+class OutputProcessor:
+    def __init__(self, stop_checker: StopChecker, stream_interval: int) -> None:
+        self.stop_checker = stop_checker
+        self.stream_interval = max(1, stream_interval)
+
+    def process(self, step: StepBatch, logits: torch.Tensor, sampled: SampleOutput) -> None:
+        """logits: [N, V] the forward's rows (see StepBatch); sampled: tokens for
+        ``step.sample_reqs`` in order."""
+        for span in step.prompt_spans:
+            self._record_prompt_logprobs(
+                span.req, logits[span.row : span.row + span.count], span.first_token
+            )
+        for req, _ in step.work:
+            if req.kv_len >= len(req.input_ids):
+                req.input_logprobs_done = True
+        for req, token, logprob in zip(
+            step.sample_reqs, sampled.token_ids, sampled.logprobs, strict=True
+        ):
+            if req.finished_reason is not None:  # aborted while the step ran
+                continue
+            req.append_output(token)
+            if logprob is not None:
+                req.output_logprobs.append((logprob[0], token, logprob[1]))
+            if req.grammar is not None and not req.grammar.accept_token(token):
+                req.finish(
+                    {
+                        "type": "abort",
+                        "status_code": 500,
+                        "message": f"grammar rejected sampled token {token}",
+                    }
+                )
+                continue
+            self.stop_checker.check(req)
+
+    @staticmethod
+    def _record_prompt_logprobs(req: Req, rows: torch.Tensor, first_token: int) -> None:
+        if not req.input_logprobs and req.logprob_start_len == 0:
+            req.input_logprobs.append((None, req.input_ids[0], []))
+        logprobs = torch.log_softmax(rows, dim=-1)  # [count, V]
+        targets = torch.tensor(req.input_ids[first_token : first_token + rows.shape[0]])
+        chosen = logprobs.gather(1, targets.unsqueeze(1).to(logprobs.device)).squeeze(1)
+        for i, (value, token) in enumerate(zip(chosen.tolist(), targets.tolist(), strict=True)):
+            req.input_logprobs.append(
+                (value, token, top_logprobs(logprobs[i], req.top_logprobs_num))
+            )
+
+    def outputs_for(self, reqs: list[Req]) -> list[TokenOutput]:
+        """TokenOutputs for finished requests, and for streaming ones with enough new tokens."""
+        outputs = []
+        for req in reqs:
+            new = len(req.output_ids) - req.sent_tokens
+            finished = req.finished_reason is not None
+            if not finished and not (req.stream and new >= self.stream_interval):
+                continue
+            outputs.append(self._output(req))
+        return outputs
+
+    @staticmethod
+    def _output(req: Req) -> TokenOutput:
+        params = req.sampling
+        send_input_logprobs = req.return_logprob and req.sent_tokens == 0
+        out = TokenOutput(
+            rid=req.rid,
+            new_token_ids=req.output_ids[req.sent_tokens :],
+            finished_reason=req.finished_reason,
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            stop=params.stop,
+            stop_regex=params.stop_regex,
+            no_stop_trim=params.no_stop_trim,
+            prompt_tail_ids=req.input_ids[-PROMPT_TAIL:] if req.sent_tokens == 0 else None,
+            output_logprobs=req.output_logprobs[req.sent_output_logprobs :],
+            input_logprobs=list(req.input_logprobs) if send_input_logprobs else None,
+        )
+        req.sent_tokens = len(req.output_ids)
+        req.sent_output_logprobs = len(req.output_logprobs)
+        return out

@@ -1,0 +1,99 @@
+"""The scheduler's view of one request: its tokens, KV placement, sampling state and outputs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radix_cache import TreeNode
+from runtime.ipc import GenerateRequest
+from runtime.sampling_params import SamplingParams
+
+
+class Req:
+    """A request from arrival to finish.
+
+    KV state while admitted: positions [0, kv_len) of ``all_ids`` have KV at the slots in row
+    ``row`` of the request-to-slot table; [0, cached_len) are owned by the radix tree and pinned
+    by a lock on ``last_node``; [cached_len, kv_len) are the request's private slots (with
+    page_size > 1 its pages, including the unused tail of the last one).
+    """
+
+    def __init__(self, msg: GenerateRequest, seed: int) -> None:
+        self.rid = msg.rid
+        self.input_ids = msg.input_ids
+        self.sampling: SamplingParams = msg.sampling_params
+        self.return_logprob = msg.return_logprob
+        self.logprob_start_len = msg.logprob_start_len
+        self.top_logprobs_num = msg.top_logprobs_num
+        self.stream = msg.stream
+        self.seed = seed
+        self.all_ids: list[int] = list(msg.input_ids)
+        self.output_ids: list[int] = []
+        # KV placement
+        self.row: int | None = None
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node: TreeNode | None = None
+        self.cached_tokens = 0  # prompt tokens served from the cache, for the client
+        # State
+        self.grammar: Any = None  # a grammar matcher once compiled
+        self.grammar_pending: Any = None  # a compile handle while waiting in the grammar queue
+        self.finished_reason: dict[str, Any] | None = None
+        self.to_abort: str | None = None
+        self.arrival = time.monotonic()
+        self.retractions = 0
+        # Logprobs and output bookkeeping
+        self.input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] = []
+        self.output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = []
+        self.sent_tokens = 0
+        self.sent_output_logprobs = 0
+        self.input_logprobs_done = False
+        self.token_counts: Any = None  # penalties: per-token counts over the vocabulary
+
+    @property
+    def is_admitted(self) -> bool:
+        return self.row is not None
+
+    @property
+    def pending_len(self) -> int:
+        """Tokens of ``all_ids`` that still need KV before the next token can be sampled."""
+        return len(self.all_ids) - self.kv_len
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens - len(self.output_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+    @property
+    def match_limit(self) -> int:
+        """How much of ``all_ids`` a cache match may cover: at least one token must run to give
+        logits, and prompt logprobs from ``logprob_start_len`` need the logits before it."""
+        limit = len(self.all_ids) - 1
+        if self.wants_prompt_logprobs and not self.input_logprobs_done:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return limit
+
+    def append_output(self, token: int) -> None:
+        self.output_ids.append(token)
+        self.all_ids.append(token)
+        if self.token_counts is not None:  # penalty state, once the sampler has built it
+            counts, seen = self.token_counts
+            counts[token] += 1
+            seen[token] = True
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = reason
+
+    def reset_for_retract(self) -> None:
+        """Back to the queue: outputs so far are kept; KV placement starts over."""
+        self.row, self.kv_len, self.cached_len, self.last_node = None, 0, 0, None
+        self.retractions += 1
+
+    def __repr__(self) -> str:
+        ins, outs = len(self.input_ids), len(self.output_ids)
+        return f"Req({self.rid}, in={ins}, out={outs}, kv={self.kv_len})"

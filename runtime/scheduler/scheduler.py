@@ -1,0 +1,270 @@
+"""The scheduler loop: receive requests, pick the next batch, run it, process the results.
+
+One thread owns everything here (the model, the KV pool, the radix tree); other components
+talk to it only through messages. Each step runs every decoding request for one token plus as
+much prefill as the budgets allow, packed into one forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+import kernels
+from radix_cache import KVSlotAllocator, RadixCache
+from runtime.channels import Receiver, Sender, drain
+from runtime.ipc import (
+    AbortRequest,
+    ControlReply,
+    ControlRequest,
+    GenerateRequest,
+    SchedulerFailed,
+    SchedulerReady,
+    TokenOutputBatch,
+)
+from runtime.model_runner import ModelRunner
+from runtime.sampler import Sampler
+from runtime.sampling_params import InvalidSamplingParams
+from runtime.scheduler.decode_manager import DecodeManager
+from runtime.scheduler.kv_manager import KVCacheManager
+from runtime.scheduler.output_processor import OutputProcessor
+from runtime.scheduler.prefill_admission import PrefillAdmission
+from runtime.scheduler.req import Req
+from runtime.scheduler.schedule_policy import make_policy, with_starved_first
+from runtime.scheduler.step_batch import StepBatch
+from runtime.scheduler.stop_checker import StopChecker
+from runtime.scheduler.token_ratio import NewTokenRatio
+from runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self, args: ServerArgs, inbox: Receiver, to_detokenizer: Sender, to_tokenizer: Sender
+    ) -> None:
+        self.args = args
+        self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
+        kernels.set_kernel_backend(args.kernel_backend)
+        device = args.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.runner = ModelRunner(
+            args.model_path,
+            dtype=args.dtype,
+            device=device,
+            kv_slots=_pool_slots(args.max_total_tokens, args.page_size),
+            max_requests=args.max_running_requests,
+            context_len=args.context_length,
+            mem_fraction=args.mem_fraction_static,
+            page_size=args.page_size,
+        )
+        config = self.runner.config
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        self.context_len = self.runner.context_len
+        allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
+        tree = (
+            None if args.disable_radix_cache else RadixCache(allocator, policy=args.eviction_policy)
+        )
+        self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token_pool)
+        self.ratio = NewTokenRatio(args.schedule_conservativeness)
+        self.policy = make_policy(args.schedule_policy, args.lpm_max_queue)
+        self.admission = PrefillAdmission(args, self.kv, self.ratio)
+        self.decodes = DecodeManager(self.kv, self.ratio)
+        self.sampler = Sampler(config.vocab_size, config.eos_token_ids)
+        self.outputs = OutputProcessor(
+            StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
+        )
+        self.rng = random.Random(args.random_seed)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.stats = {
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            "requests_finished": 0,
+            "forward_steps": 0,
+        }
+        self._started = time.monotonic()
+        self._stopped = False
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def event_loop(self) -> None:
+        """Run until ``stop()``; report a crash to the tokenizer manager before re-raising."""
+        try:
+            self.to_tokenizer.send(SchedulerReady(self.server_info()))
+            while not self._stopped:
+                idle = not self.waiting and not self.running
+                for message in drain(self.inbox, timeout=0.05 if idle else 0):
+                    self.handle(message)
+                self.step()
+        except Exception as exc:
+            logger.exception("scheduler crashed")
+            self.to_tokenizer.send(SchedulerFailed(f"{type(exc).__name__}: {exc}"))
+            raise
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def step(self) -> None:
+        """One iteration: allocate decodes, admit prefill, run the forward, process results."""
+        if not self.waiting and not self.running:
+            return
+        decodes, retracted, failed = self.decodes.allocate(self.running)
+        for req in retracted + failed:
+            self.running.remove(req)
+        self.waiting.extend(retracted)
+        ordered = with_starved_first(
+            self.policy.order(self.waiting, self.kv), self.args.starvation_timeout_s
+        )
+        prefill, admitted = self.admission.schedule(self.running, ordered)
+        for req in admitted:
+            self.waiting.remove(req)
+            self.running.append(req)
+            if req.retractions == 0:
+                self.stats["prompt_tokens"] += len(req.input_ids)
+                self.stats["cached_tokens"] += req.cached_tokens
+        if prefill or decodes:
+            self._run(StepBatch.from_parts(prefill, decodes))
+        self._finish_and_emit(failed)
+        self.ratio.step()
+        if self.args.debug_invariants:
+            self.kv.check_invariants(self.running)
+
+    def _run(self, step: StepBatch) -> None:
+        logits = self.runner.forward(step.to_forward_batch(self.runner))
+        sampled = self.sampler.sample(logits[step.sample_rows], step.sample_reqs)
+        self.outputs.process(step, logits, sampled)
+        self.stats["forward_steps"] += 1
+        self.stats["generated_tokens"] += len(step.sample_reqs)
+        for req, n in step.work:
+            # Prefill progress goes into the tree now, so requests sharing it can reuse it.
+            if n > 1 and req.finished_reason is None:
+                self.kv.cache_prefix(req)
+
+    def _finish_and_emit(self, failed: list[Req]) -> None:
+        done = [r for r in self.running if r.finished_reason is not None]
+        outputs = self.outputs.outputs_for(self.running + failed)
+        for req in done:
+            self.running.remove(req)
+            self.kv.release(req, keep_in_cache=True)
+            self.stats["requests_finished"] += 1
+        if outputs:
+            self.to_detokenizer.send(TokenOutputBatch(outputs))
+
+    # ---- incoming messages ------------------------------------------------------------------
+
+    def handle(self, message: Any) -> None:
+        if isinstance(message, GenerateRequest):
+            self._add_request(message)
+        elif isinstance(message, AbortRequest):
+            self._abort(message.rid)
+        elif isinstance(message, ControlRequest):
+            self.to_tokenizer.send(ControlReply(message.request_id, self._control(message)))
+        else:
+            logger.error("scheduler got an unknown message %r", type(message).__name__)
+
+    def _add_request(self, msg: GenerateRequest) -> None:
+        params = msg.sampling_params
+        seed = params.seed if params.seed is not None else self.rng.randrange(1 << 62)
+        try:
+            self._validate(msg)
+        except ValueError as exc:
+            req = Req(msg, seed)
+            req.finish({"type": "abort", "status_code": 400, "message": str(exc)})
+            self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for([req])))
+            return
+        room = self.context_len - len(msg.input_ids)
+        if params.max_new_tokens > room:
+            msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
+        self.waiting.append(Req(msg, seed))
+
+    def _validate(self, msg: GenerateRequest) -> None:
+        ids = msg.input_ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the context length is {self.context_len}"
+            )
+        if len(ids) + 1 > self.kv.capacity:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but the KV pool holds {self.kv.capacity}"
+            )
+        vocab = self.runner.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab})")
+        msg.sampling_params.validate(vocab)
+        if msg.sampling_params.has_grammar:
+            raise InvalidSamplingParams("json_schema", "constrained decoding is not enabled")
+        if msg.return_logprob and msg.logprob_start_len >= len(ids):
+            raise ValueError(f"logprob_start_len must be < the prompt length {len(ids)}")
+
+    def _abort(self, rid: str) -> None:
+        reason = {"type": "abort", "message": "aborted"}
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finish(reason)
+                self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for([req])))
+                return
+        for req in self.running:
+            if req.rid == rid:
+                self.running.remove(req)
+                req.finish(reason)
+                self.kv.release(req, keep_in_cache=False)
+                self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for([req])))
+                return
+
+    def _control(self, message: ControlRequest) -> dict[str, Any]:
+        if message.command == "flush_cache":
+            ok = not self.running and self.kv.flush()
+            return {"success": ok}
+        if message.command == "server_info":
+            return self.server_info()
+        if message.command == "check_invariants":
+            try:
+                self.kv.check_invariants(self.running)
+            except AssertionError as exc:
+                return {"ok": False, "error": str(exc)}
+            return {"ok": True}
+        return {"error": f"unknown command {message.command!r}"}
+
+    def server_info(self) -> dict[str, Any]:
+        tree = self.kv.tree
+        private = self.kv.private_slots(self.running).numel()
+        protected = tree.protected_size() if tree else 0
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        prompt = self.stats["prompt_tokens"]
+        return {
+            "model_path": self.args.model_path,
+            "max_total_tokens": self.kv.capacity,
+            "page_size": self.args.page_size,
+            "context_length": self.context_len,
+            "kv_used_tokens": protected + private,
+            "kv_cached_tokens": tree.total_size() if tree else 0,
+            "kv_free_tokens": self.kv.allocator.available(),
+            "kv_usage": (protected + private) / self.kv.capacity,
+            "cache_hit_rate": self.stats["cached_tokens"] / prompt if prompt else 0.0,
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "num_retracted_reqs": self.decodes.num_retracted,
+            "new_token_ratio": self.ratio.value,
+            "gen_throughput": self.stats["generated_tokens"] / elapsed,
+            **self.stats,
+        }
+
+
+def _pool_slots(max_total_tokens: int | None, page_size: int) -> int | None:
+    """Pool size for the allocator: the requested capacity in whole pages plus the padding page."""
+    if max_total_tokens is None:
+        return None
+    pages = -(-max_total_tokens // page_size)
+    return (pages + 1) * page_size

@@ -1,0 +1,68 @@
+"""Decides when a request is done after each new token: EOS and stop tokens, stop strings and
+stop regexes on the decoded text (across token boundaries), the grammar, and max_new_tokens."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.scheduler.req import Req
+
+# Extra tokens decoded beyond a stop string's byte length: a window of this many tokens always
+# covers the string even when it starts in the middle of a token.
+_WINDOW_SLACK = 4
+
+
+class StopChecker:
+    def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._regex_cache: dict[str, re.Pattern[str]] = {}
+
+    def check(self, req: Req) -> None:
+        """Set ``req.finished_reason`` if the token just appended ends the request."""
+        params = req.sampling
+        token = req.output_ids[-1]
+        produced = len(req.output_ids)
+        if produced >= params.min_new_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                req.finish({"type": "stop", "matched": token})
+                return
+            if token in params.stop_token_ids:
+                req.finish({"type": "stop", "matched": token})
+                return
+            if params.stop and self._check_stop_strings(req):
+                return
+            if params.stop_regex and self._check_stop_regex(req):
+                return
+        if req.grammar is not None and req.grammar.is_terminated():
+            req.finish({"type": "stop", "matched": None})
+            return
+        if produced >= params.max_new_tokens:
+            req.finish({"type": "length", "length": produced})
+
+    def _check_stop_strings(self, req: Req) -> bool:
+        window = max(len(s.encode()) for s in req.sampling.stop) + _WINDOW_SLACK
+        tail = self.tokenizer.decode(
+            req.output_ids[-window:], skip_special_tokens=req.sampling.skip_special_tokens
+        )
+        for stop in req.sampling.stop:
+            if stop in tail:
+                req.finish({"type": "stop", "matched": stop})
+                return True
+        return False
+
+    def _check_stop_regex(self, req: Req) -> bool:
+        text = self.tokenizer.decode(
+            req.output_ids, skip_special_tokens=req.sampling.skip_special_tokens
+        )
+        for pattern in req.sampling.stop_regex:
+            compiled = self._regex_cache.get(pattern)
+            if compiled is None:
+                compiled = self._regex_cache[pattern] = re.compile(pattern)
+            match = compiled.search(text)
+            if match:
+                req.finish({"type": "stop", "matched": pattern, "matched_text": match.group()})
+                return True
+        return False

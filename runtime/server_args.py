@@ -1,0 +1,96 @@
+"""All runtime configuration in one frozen dataclass, and the one place CLI flags become it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Configuration of an Engine or server. Field names follow SGLang's server arguments."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    device: str = "auto"  # auto: cuda when available, else cpu
+    kernel_backend: str = "auto"  # auto | torch | triton
+    context_length: int | None = None  # default: the model's max_position_embeddings
+    # KV memory
+    page_size: int = 1
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: mem_fraction_static
+    mem_fraction_static: float = 0.3
+    # Scheduling
+    max_running_requests: int = 128
+    max_prefill_tokens: int = 8192  # new prompt tokens admitted per step
+    chunked_prefill_size: int = 2048  # longest prefill chunk; <= 0 disables chunking
+    schedule_policy: str = "lpm"
+    schedule_conservativeness: float = 1.0  # scales the KV reserved for running decodes
+    starvation_timeout_s: float = 10.0  # a request waiting this long is admitted first
+    lpm_max_queue: int = 128  # queues longer than this fall back from lpm to fcfs
+    disable_radix_cache: bool = False
+    eviction_policy: str = "lru"
+    # Sampling
+    random_seed: int = 0
+    # Grammar
+    grammar_backend: str = "xgrammar"
+    grammar_compile_timeout: float = 30.0
+    disable_jump_forward: bool = False
+    # Serving
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    stream_interval: int = 1
+    max_request_bytes: int = 8 * 1024 * 1024
+    # Debugging
+    debug_invariants: bool = False  # check radix-cache accounting after every step
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
+                f"got {self.schedule_policy!r}"
+            )
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
+            raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @classmethod
+    def from_kwargs(cls, model_path: str, **kwargs: Any) -> ServerArgs:
+        """Build from keyword arguments, naming any that are not server arguments."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown server arguments: {', '.join(unknown)}")
+        return cls(model_path=model_path, **kwargs)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """One flag per field: ``--max-total-tokens`` for ``max_total_tokens``."""
+        for f in dataclasses.fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type == "bool":
+                parser.add_argument(flag, action="store_true", default=f.default)
+            elif f.name == "model_path":
+                parser.add_argument(flag, required=True)
+            else:
+                kind = {"int": int, "float": float}.get(str(f.type).replace(" | None", ""), str)
+                parser.add_argument(flag, type=kind, default=f.default)
+
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace) -> ServerArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
