@@ -1,0 +1,77 @@
+"""JSON schema -> EBNF: check, lower, convert with xgrammar, then splice in our string grammars.
+
+The text xgrammar prints for a schema grammar parses back to the same grammar; we replace each
+placeholder ``Regex("^ARBORSTRING<i>$", json_string=true)`` with a rule of ours: the EBNF that
+xgrammar's regex converter (correct, unlike its JSON-string regex mode) makes of our translated
+pattern, or a bounded run of characters that need no JSON escaping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import xgrammar as xgr
+
+from grammar.errors import GrammarError
+from grammar.schema_check import check_schema
+from grammar.schema_lower import PLACEHOLDER, StringRule, lower_schema
+
+_PLACEHOLDER_REGEX = re.compile(rf'Regex\("\^{PLACEHOLDER}(\d+)\$", json_string=true\)')
+# Quoted literals and classes (skipped when renaming), or a rule name of a regex grammar.
+_EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\broot((?:_\d+)*)\b')
+_PLAIN_CHAR = '[^"\\\\\\0-\\x1f]'
+
+
+def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: int) -> str:
+    """EBNF (root rule ``root``) for JSON text valid under ``schema``.
+
+    max_whitespace 0: compact separators and no whitespace; N > 0: separators ", " and ": "
+    with whitespace runs of at most N characters. Raises GrammarError (or its subclass
+    UnsupportedSchemaFeature) for schemas that cannot be enforced exactly, unless best_effort.
+    """
+    check_schema(schema, best_effort=best_effort)
+    lowered, rules = lower_schema(schema)
+    if max_whitespace > 0:
+        style: dict[str, Any] = {"any_whitespace": True, "max_whitespace_cnt": max_whitespace}
+    else:
+        style = {"any_whitespace": False, "separators": (",", ":")}
+    try:
+        grammar = xgr.Grammar.from_json_schema(json.dumps(lowered), strict_mode=True, **style)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise GrammarError(f"cannot compile JSON schema: {backend_message(exc)}") from None
+    return splice_string_rules(str(grammar), rules)
+
+
+def splice_string_rules(ebnf: str, rules: list[StringRule]) -> str:
+    """Replace the placeholders in ``ebnf`` by references to appended rules of ours."""
+    text = _PLACEHOLDER_REGEX.sub(lambda m: f"arbor_string_{m.group(1)}", ebnf)
+    if "Regex(" in text:  # a pattern we did not lower would take xgrammar's lossy path
+        raise GrammarError("internal error: an unlowered pattern reached the grammar backend")
+    extra = [_string_rule_ebnf(f"arbor_string_{i}", rule) for i, rule in enumerate(rules)]
+    return "\n".join([text, *extra])
+
+
+def _string_rule_ebnf(name: str, rule: StringRule) -> str:
+    if rule.regex is not None:
+        body = str(xgr.Grammar.from_regex(rule.regex))
+        return _EBNF_TOKEN.sub(lambda m: _rename(m, name), body)
+    low, high = rule.min_length, rule.max_length
+    if high is None:
+        parts = ([f"{_PLAIN_CHAR}{{{low}}}"] if low else []) + [f"{_PLAIN_CHAR}*"]
+        return f"{name} ::= {' '.join(parts)}"
+    return f"{name} ::= {_PLAIN_CHAR}{{{low},{high}}}" if high else f'{name} ::= ""'
+
+
+def _rename(match: re.Match[str], name: str) -> str:
+    if match.group(0).startswith(('"', "[")):
+        return match.group(0)
+    return name + (match.group(1) or "")
+
+
+def backend_message(exc: BaseException) -> str:
+    """xgrammar's error text without its timestamp and C++ source location prefixes."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text)

@@ -1,0 +1,221 @@
+"""Fail closed: reject JSON-schema features the backend would silently drop or weaken.
+
+Each rule below was measured against xgrammar 0.2.8 (docs/grammar.md lists the evidence):
+compiling a schema with the keyword and sampling from it produced output that the
+``jsonschema`` validator rejects, because the keyword was ignored. Such a schema is refused
+with ``UnsupportedSchemaFeature`` naming the keyword and the JSON pointer of its subschema,
+unless the request opts into best-effort compilation. Invalid schemas (the metaschema check)
+are refused either way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+
+from grammar.errors import GrammarError, UnsupportedSchemaFeature
+from grammar.schema_formats import SUPPORTED_FORMATS
+from grammar.schema_walk import iter_subschemas, resolve_local_ref
+
+# Keywords the backend ignores outright, with the reason users see.
+_IGNORED = {
+    "not": "negation is not enforced",
+    "if": "conditional subschemas are not enforced",
+    "then": "conditional subschemas are not enforced",
+    "else": "conditional subschemas are not enforced",
+    "contains": "'contains' is not enforced",
+    "minContains": "'contains' is not enforced",
+    "maxContains": "'contains' is not enforced",
+    "dependentRequired": "property dependencies are not enforced",
+    "dependentSchemas": "property dependencies are not enforced",
+    "dependencies": "property dependencies are not enforced",
+    "$dynamicRef": "dynamic references are not supported",
+    "$recursiveRef": "recursive references are not supported",
+    "$dynamicAnchor": "dynamic anchors are not supported",
+    "$anchor": "anchors are not supported; use '$defs' and '#/$defs/...' references",
+}
+_LENGTHS = ("minLength", "maxLength")
+# Keywords that only annotate: harmless next to a $ref.
+_ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$schema",
+        "$id",
+        "$defs",
+        "definitions",
+    }
+)
+
+
+def check_schema(schema: Any, best_effort: bool = False) -> None:
+    """Raise GrammarError if ``schema`` is invalid, UnsupportedSchemaFeature if it uses a feature
+    the backend cannot enforce (skipped when ``best_effort``). Returns None when it is safe."""
+    if not isinstance(schema, dict):
+        raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    validator_class = jsonschema.validators.validator_for(
+        schema, default=jsonschema.Draft202012Validator
+    )
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "".join(f"/{p}" for p in exc.path) or "/"
+        raise GrammarError(f"invalid JSON schema at {where}: {exc.message}") from None
+    for pointer, sub in iter_subschemas(schema):
+        _check_refs(schema, pointer, sub)
+        if not best_effort:
+            _check_subschema(schema, pointer, sub)
+
+
+def _check_refs(root: dict[str, Any], pointer: str, sub: dict[str, Any]) -> None:
+    ref = sub.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return
+    try:
+        resolve_local_ref(root, ref)
+    except KeyError:
+        where = pointer or "/"
+        raise GrammarError(f"invalid JSON schema at {where}: $ref {ref!r} points nowhere") from None
+
+
+def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) -> None:
+    def reject(keyword: str, reason: str) -> UnsupportedSchemaFeature:
+        return UnsupportedSchemaFeature(keyword, pointer, reason)
+
+    for keyword, reason in _IGNORED.items():
+        if keyword in sub:
+            raise reject(keyword, reason)
+    if pointer and "$id" in sub:
+        raise reject("$id", "nested '$id' changes reference resolution, which is not supported")
+    all_of = sub.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
+        raise reject("allOf", "several subschemas are not enforced (the value is unconstrained)")
+    if sub.get("uniqueItems") is True:
+        raise reject("uniqueItems", "item uniqueness is not enforced")
+    if "multipleOf" in sub:
+        value = sub["multipleOf"]
+        integral = isinstance(value, int) and not isinstance(value, bool)
+        if _types(root, sub) != {"integer"} or not integral:
+            raise reject("multipleOf", "only an integer multipleOf of an integer is enforced")
+    lengths = [k for k in _LENGTHS if k in sub]
+    if lengths and ("pattern" in sub or "format" in sub):
+        raise reject(lengths[0], "string lengths are dropped next to 'pattern' or 'format'")
+    if "format" in sub:
+        if "pattern" in sub:
+            raise reject("format", "'format' is dropped next to 'pattern'")
+        if sub["format"] not in SUPPORTED_FORMATS:
+            supported = ", ".join(sorted(SUPPORTED_FORMATS))
+            raise reject(
+                "format", f"format {sub['format']!r} is not enforced (enforced: {supported})"
+            )
+    ref = sub.get("$ref")
+    if isinstance(ref, str):
+        if not ref.startswith("#"):
+            raise reject("$ref", f"non-local reference {ref!r} cannot be resolved")
+        siblings = sorted(set(sub) - _ANNOTATIONS - {"$ref"})
+        if siblings:
+            raise reject("$ref", f"keywords next to '$ref' are ignored: {', '.join(siblings)}")
+    _check_object(root, sub, reject)
+    one_of = sub.get("oneOf")
+    if isinstance(one_of, list) and len(one_of) > 1:
+        for i, a in enumerate(one_of):
+            for b in one_of[i + 1 :]:
+                if not _disjoint(root, a, b):
+                    raise reject(
+                        "oneOf",
+                        "its subschemas may overlap and only 'anyOf' is enforced; make them "
+                        "disjoint (different types, or a required property with distinct const)",
+                    )
+
+
+def _check_object(root: dict[str, Any], sub: dict[str, Any], reject: Any) -> None:
+    properties = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+    required = sub.get("required")
+    if isinstance(required, list):
+        missing = [name for name in required if name not in properties]
+        if missing:
+            raise reject(
+                "required",
+                f"required properties missing from 'properties' are never generated:"
+                f" {', '.join(map(repr, missing))}",
+            )
+    names = sub.get("propertyNames")
+    if names is None:
+        return
+    if "patternProperties" in sub:
+        raise reject("propertyNames", "'propertyNames' is dropped next to 'patternProperties'")
+    validator = jsonschema.Draft202012Validator(root).evolve(schema=names)
+    bad = [name for name in properties if not validator.is_valid(name)]
+    if bad:
+        raise reject("propertyNames", f"declared properties violate it: {', '.join(bad)}")
+
+
+def _types(root: dict[str, Any], sub: Any) -> set[str] | None:
+    """The JSON types ``sub`` admits as declared (number implies integer), None if unknown."""
+    if not isinstance(sub, dict):
+        return None
+    if isinstance(sub.get("$ref"), str):
+        try:
+            return _types(root, resolve_local_ref(root, sub["$ref"]))
+        except KeyError:
+            return None
+    values = _values(sub)
+    if values is not None:
+        return {_json_type(v) for v in values}
+    declared = sub.get("type")
+    if declared is None:
+        return None
+    types = {declared} if isinstance(declared, str) else set(declared)
+    return types | {"integer"} if "number" in types else types
+
+
+def _values(sub: dict[str, Any]) -> list[Any] | None:
+    if "const" in sub:
+        return [sub["const"]]
+    return list(sub["enum"]) if isinstance(sub.get("enum"), list) else None
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    return {str: "string", list: "array", dict: "object", type(None): "null"}[type(value)]
+
+
+def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
+    """Whether no JSON value can satisfy both ``a`` and ``b`` (a sufficient, not exact, test)."""
+    if isinstance(a, dict) and isinstance(a.get("$ref"), str):
+        return _disjoint(root, resolve_local_ref(root, a["$ref"]), b)
+    if isinstance(b, dict) and isinstance(b.get("$ref"), str):
+        return _disjoint(root, a, resolve_local_ref(root, b["$ref"]))
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a is False or b is False
+    types_a, types_b = _types(root, a), _types(root, b)
+    if types_a is not None and types_b is not None:
+        if not types_a & types_b:
+            return True
+    values_a, values_b = _values(a), _values(b)
+    if values_a is not None and values_b is not None:
+        return not {_canonical(v) for v in values_a} & {_canonical(v) for v in values_b}
+    props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
+    for name in set(a.get("required") or ()) & set(b.get("required") or ()):
+        va, vb = _values(props_a.get(name) or {}), _values(props_b.get(name) or {})
+        if va is not None and vb is not None:
+            if not {_canonical(v) for v in va} & {_canonical(v) for v in vb}:
+                return True
+    return False
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps([_json_type(value), value], sort_keys=True)

@@ -1,0 +1,77 @@
+"""Where subschemas live inside a JSON schema, and JSON pointers to them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote
+
+# Keywords whose value is one subschema, a map of name -> subschema, or a list of subschemas.
+SINGLE = (
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+    "additionalItems",
+    "unevaluatedItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contentSchema",
+)
+MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def escape_pointer(token: str) -> str:
+    """One JSON-pointer reference token (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object subschema, the root first, as (JSON pointer, subschema); booleans skipped.
+
+    The subschemas are the schema's own objects, so callers may modify them in place.
+    """
+    if not isinstance(schema, dict):
+        return
+    yield pointer, schema
+    for key in SINGLE:
+        yield from iter_subschemas(schema.get(key), f"{pointer}/{key}")
+    items = schema.get("items")
+    if isinstance(items, list):
+        for i, sub in enumerate(items):
+            yield from iter_subschemas(sub, f"{pointer}/items/{i}")
+    else:
+        yield from iter_subschemas(items, f"{pointer}/items")
+    for key in MAPS:
+        mapping = schema.get(key)
+        if isinstance(mapping, dict):
+            for name, sub in mapping.items():
+                yield from iter_subschemas(sub, f"{pointer}/{key}/{escape_pointer(name)}")
+    dependencies = schema.get("dependencies")
+    if isinstance(dependencies, dict):
+        for name, sub in dependencies.items():
+            yield from iter_subschemas(sub, f"{pointer}/dependencies/{escape_pointer(name)}")
+    for key in LISTS:
+        subs = schema.get(key)
+        if isinstance(subs, list):
+            for i, sub in enumerate(subs):
+                yield from iter_subschemas(sub, f"{pointer}/{key}/{i}")
+
+
+def resolve_local_ref(root: dict[str, Any], ref: str) -> Any:
+    """The value a local ``$ref`` ("#" or "#/a/b") points to in ``root``; KeyError if none."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        raise KeyError(ref)
+    node: Any = root
+    for token in unquote(ref[2:]).split("/"):
+        token = token.replace("~1", "/").replace("~0", "~")
+        try:
+            node = node[int(token)] if isinstance(node, list) else node[token]
+        except (IndexError, ValueError, TypeError):
+            raise KeyError(ref) from None
+    return node
