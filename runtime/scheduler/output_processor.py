@@ -34,6 +34,9 @@ class OutputProcessor:
         ):
             if req.finished_reason is not None:  # aborted while the step ran
                 continue
+            if req.sampling.max_new_tokens == 0:  # scoring only: prompt logprobs, no output
+                req.finish({"type": "length", "length": 0})
+                continue
             req.append_output(token)
             if logprob is not None:
                 req.output_logprobs.append((logprob[0], token, logprob[1]))

@@ -220,6 +220,23 @@ def test_prompt_logprobs_from_zero_reuse_nothing_but_are_exact(engine: Engine, t
     )
 
 
+def test_max_new_tokens_zero_scores_the_prompt_only(engine: Engine, tiny_model_path):
+    prompt = random_prompts([15], seed=16)[0]
+    out = engine.generate(
+        input_ids=prompt,
+        return_logprob=True,
+        logprob_start_len=5,
+        sampling_params={"max_new_tokens": 0},
+    )
+    assert out["output_ids"] == [] and out["text"] == ""
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    lps = [lp for lp, _ in out["meta_info"]["input_token_logprobs"]]
+    reference = hf_logprobs(tiny_model_path, prompt)
+    assert torch.allclose(
+        torch.tensor(lps), reference[torch.arange(4, 14), torch.tensor(prompt[5:])], atol=1e-4
+    )
+
+
 def test_abort_of_a_running_request_frees_its_memory(engine: Engine):
     stream = engine.generate(
         input_ids=PROMPT,
