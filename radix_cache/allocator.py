@@ -32,6 +32,14 @@ def as_slot_array(slots: SlotsLike) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique(values), several times faster than it for int arrays (it hashes)."""
+    ordered = np.sort(values)
+    first_of_run = np.ones(ordered.size, dtype=bool)
+    first_of_run[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first_of_run]
+
+
 class KVSlotAllocator:
     """Hands out the token slots of one KV pool in whole pages.
 
@@ -126,7 +134,7 @@ class KVSlotAllocator:
             return
         if arr.min() < 0 or arr.max() >= self.num_slots:
             raise ValueError(f"slot indices must lie in [0, {self.num_slots}), got {arr}")
-        pages = np.unique(arr // self.page_size)
+        pages = sorted_unique(arr // self.page_size)
         if self.page_size == 1 and pages.size != arr.size:
             raise DoubleFreeError("the same slot appears twice in one free() call")
         if pages[0] == PADDING_PAGE:  # pages is sorted

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radix_cache.allocator import PADDING_PAGE, SlotsLike, as_slot_array
+from radix_cache.allocator import PADDING_PAGE, SlotsLike, as_slot_array, sorted_unique
 from radix_cache.node import child_key
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
     allocator = cache.allocator
     owned = np.concatenate([n.slots for n in nodes] + [np.empty(0, dtype=np.int32)])
     owned = owned.astype(np.int64)  # (cached tokens,)
-    _require(np.unique(owned).size == owned.size, "a slot is owned by two tree nodes")
+    _require(sorted_unique(owned).size == owned.size, "a slot is owned by two tree nodes")
     if owned.size:
         _require(
             owned.min() >= page_size * (PADDING_PAGE + 1) and owned.max() < allocator.num_slots,
@@ -95,13 +95,14 @@ def _private_slot_count(
     if isinstance(private_slots, int):
         return private_slots
     page_size = cache.page_size
-    private_pages = np.unique(as_slot_array(private_slots) // page_size)
+    private_pages = sorted_unique(as_slot_array(private_slots) // page_size)
     _require(
         not cache.allocator.is_free(private_pages * page_size).any(),
         "a request holds a slot whose page is free",
     )
+    tree_pages = np.zeros(cache.allocator.num_pages, dtype=bool)
+    tree_pages[owned // page_size] = True
     _require(
-        np.intersect1d(private_pages, owned // page_size).size == 0,
-        "a request's private slot lies in a page the tree owns",
+        not tree_pages[private_pages].any(), "a request's private slot lies in a page the tree owns"
     )
     return private_pages.size * page_size

@@ -41,11 +41,13 @@ def child_key(tokens: np.ndarray, page_size: int) -> bytes:
 
 
 def common_prefix_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
-    """Length of the longest common prefix of ``a`` and ``b``, rounded down to whole pages."""
+    """Length of the longest common prefix of ``a`` and ``b`` (both KEY_DTYPE), rounded down
+    to whole pages."""
     n = min(a.size, b.size)
-    differs = a[:n] != b[:n]  # (n,) bool
-    first = int(differs.argmax())
-    k = first if n and differs[first] else n
+    if a[:n].tobytes() == b[:n].tobytes():  # the common case on a path: one memcmp
+        k = n
+    else:
+        k = int((a[:n] != b[:n]).argmax())  # first mismatch
     return k - k % page_size
 
 

@@ -98,7 +98,9 @@ class RadixCache:
         """
         key = as_token_array(token_ids)
         self._clock += 1
-        node, length, path_slots = self._root(namespace), 0, []
+        # An unseen namespace gets a throwaway root: only insert creates namespaces.
+        node = self._roots.get(namespace) or TreeNode.new_root()
+        length, path_slots = 0, []
         while length + self.page_size <= key.size:
             child = node.children.get(child_key(key[length:], self.page_size))
             if child is None:
@@ -123,14 +125,14 @@ class RadixCache:
         Ownership: slots in ``[returned, aligned_len)`` now belong to the tree; the caller's
         slots in ``[0, returned)`` are either the tree's own (from a match) or duplicates the
         caller must free. With page_size > 1, token ``i`` must sit at offset ``i % page_size``
-        of a page, pages in order.
+        of a page, pages in order. Raises ValueError, before the tree takes any slot, if the
+        new slots are not allocated or not laid out that way.
         """
         key, values = as_token_array(token_ids), as_slot_array(slots)
         if key.size != values.size:
             raise ValueError(f"{key.size} token ids but {values.size} slots")
         aligned = key.size - key.size % self.page_size
         key, values = key[:aligned], values[:aligned]
-        self._check_page_layout(values)
         self._clock += 1
         node, length = self._root(namespace), 0
         while length < aligned:
@@ -179,6 +181,7 @@ class RadixCache:
         becomes a candidate in turn). Returns the number of tokens freed."""
         freed_slots: list[np.ndarray] = []
         freed = 0
+        emptied_root = False
         while freed < num_tokens:
             leaf = self._queue.pop()
             if leaf is None:
@@ -192,6 +195,9 @@ class RadixCache:
             self._num_nodes -= 1
             if parent.is_evictable_leaf:
                 self._queue.push(parent)
+            emptied_root |= parent.parent is None and not parent.children
+        if emptied_root:  # forget namespaces with nothing cached, so salts don't pile up
+            self._roots = {ns: r for ns, r in self._roots.items() if r.children or ns is None}
         if freed_slots:
             self.allocator.free(np.concatenate(freed_slots))
         self._evictable -= freed
@@ -276,8 +282,7 @@ class RadixCache:
                 self._queue.rebuild(n for n in self._iter_nodes() if n.is_evictable_leaf)
 
     def _add_leaf(self, parent: TreeNode, key: np.ndarray, slots: np.ndarray) -> None:
-        if self.allocator.is_free(slots).any():
-            raise ValueError("insert() got slots that are not allocated (freed or never alloc'd)")
+        self._check_new_slots(slots)
         leaf = TreeNode(key, slots.astype(KEY_DTYPE), parent)
         leaf.created_at = self._clock
         parent.children[child_key(key, self.page_size)] = leaf
@@ -304,8 +309,11 @@ class RadixCache:
         self._num_nodes += 1
         return head
 
-    def _check_page_layout(self, slots: np.ndarray) -> None:
-        if self.page_size == 1 or slots.size == 0:
+    def _check_new_slots(self, slots: np.ndarray) -> None:
+        """Slots handed to the tree must be allocated and, with pages, whole pages in order."""
+        if self.allocator.is_free(slots).any():
+            raise ValueError("insert() got slots that are not allocated (freed or never alloc'd)")
+        if self.page_size == 1:
             return
         pages = slots.reshape(-1, self.page_size)  # (num_pages, page_size)
         if np.any(pages[:, 0] % self.page_size) or np.any(np.diff(pages, axis=1) != 1):
