@@ -147,6 +147,19 @@ def test_namespaces_never_share_entries() -> None:
     cache.check_invariants()
 
 
+def test_namespaces_are_forgotten_once_empty() -> None:
+    cache = make_cache()
+    for salt in range(50):
+        cache.match_prefix([1, 2], namespace=f"salt-{salt}")
+        insert_fresh(cache, [1, 2], namespace=f"salt-{salt}")
+    assert len(cache._roots) == 50
+    cache.evict(10**9)
+    assert set(cache._roots) <= {None}
+    assert cache.match_prefix([1, 2], namespace="salt-3").length == 0
+    assert set(cache._roots) <= {None}
+    cache.check_invariants()
+
+
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_inserts_and_matches_are_page_aligned(page_size: int) -> None:
     cache = make_cache(page_size)
