@@ -1,1 +1,58 @@
-"""Constrained decoding: JSON schema, regex and EBNF grammars compiled into per-step token masks."""
+"""Constrained decoding: JSON schema, regex, EBNF, choices and tool calls as per-step token masks.
+
+Typical use by a scheduler::
+
+    backend = create_backend("xgrammar", tokenizer, vocab_size, stop_token_ids)
+    service = GrammarService(backend, compile_timeout=30.0)
+    spec = GrammarSpec.from_sampling_params(params)   # None, or GrammarError at the API edge
+    handle = service.submit(spec)                     # then each loop: service.poll(handle)
+    matcher = compiled.new_matcher()
+    matcher.fill_mask(bitmask, row); ...; matcher.accept_token(token)
+
+See docs/grammar.md for the integration protocol and what the backend enforces.
+"""
+
+from grammar import xgrammar_backend  # noqa: F401  (registers the "xgrammar" backend)
+from grammar.backend import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    allocate_bitmask,
+    create_backend,
+    register_backend,
+)
+from grammar.errors import GrammarCompileTimeout, GrammarError, UnsupportedSchemaFeature
+from grammar.jump_forward import DraftVerdict, commit_draft, fill_draft_masks, verify_draft
+from grammar.options import GrammarOptions
+from grammar.regex import to_backend_regex
+from grammar.schema_check import check_schema
+from grammar.schema_formats import SUPPORTED_FORMATS
+from grammar.service import CacheStats, CompileHandle, GrammarService
+from grammar.spec import KINDS, GrammarSpec
+from grammar.stop_regex import StopRegex
+
+__all__ = [
+    "KINDS",
+    "SUPPORTED_FORMATS",
+    "CacheStats",
+    "CompileHandle",
+    "CompiledGrammar",
+    "DraftVerdict",
+    "GrammarBackend",
+    "GrammarCompileTimeout",
+    "GrammarError",
+    "GrammarMatcher",
+    "GrammarOptions",
+    "GrammarService",
+    "GrammarSpec",
+    "StopRegex",
+    "UnsupportedSchemaFeature",
+    "allocate_bitmask",
+    "check_schema",
+    "commit_draft",
+    "create_backend",
+    "fill_draft_masks",
+    "register_backend",
+    "to_backend_regex",
+    "verify_draft",
+]

@@ -40,16 +40,19 @@ class StringRule:
     max_length: int | None = None
 
 
-def lower_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], list[StringRule]]:
+def lower_schema(
+    schema: dict[str, Any], rules: list[StringRule] | None = None
+) -> tuple[dict[str, Any], list[StringRule]]:
     """A rewritten copy of a checked ``schema`` and the rules of its placeholders, by index.
 
-    Placeholder ``i`` appears in the copy as the pattern ``^ARBORSTRING<i>$``. Raises
+    Placeholder ``i`` appears in the copy as the pattern ``^ARBORSTRING<i>$``; new rules are
+    appended to ``rules`` when given (several schemas in one grammar share one list). Raises
     GrammarError if a subschema's enum/const values all violate its other keywords, or a
     pattern cannot be translated.
     """
     values = _filtered_values(schema)
     lowered = copy.deepcopy(schema)
-    rules: list[StringRule] = []
+    rules = [] if rules is None else rules
     for pointer, sub in list(iter_subschemas(lowered)):
         if pointer in values:
             for key in set(sub) - _KEEP_WITH_VALUES:

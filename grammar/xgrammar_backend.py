@@ -1,0 +1,146 @@
+"""The xgrammar 0.2.8 backend. Every kind becomes EBNF text we control, then one compile.
+
+JSON schemas go through ``json_grammar`` (checked, lowered, spliced), regexes through
+``regex.to_backend_regex``, choices become alternations of JSON-quoted literals, tool calls
+wrap a per-tool ``anyOf`` schema in ``<tool_call>`` blocks. xgrammar's own compile cache is
+off: ``GrammarService`` keeps the one bounded cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from grammar.backend import CompiledGrammar, GrammarBackend, GrammarMatcher, register_backend
+from grammar.errors import GrammarError
+from grammar.json_grammar import backend_message, json_schema_ebnf
+from grammar.regex import to_backend_regex
+from grammar.spec import GrammarSpec
+from grammar.structural_tag import structural_tag_ebnf
+from grammar.tool_calls import ROOT_RULE, tool_calls_rule, tool_calls_schema
+
+Encode = Callable[[str], list[int]]
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._encode = encode
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._matcher.accept_token(token_id)
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+
+    def jump_forward_string(self) -> str:
+        if self._matcher.is_terminated():
+            return ""
+        return self._matcher.find_jump_forward_string()
+
+    def jump_forward_tokens(self, max_tokens: int) -> list[int]:
+        text = self.jump_forward_string() if max_tokens > 0 else ""
+        if not text:
+            return []
+        probe = self._matcher.fork()
+        draft: list[int] = []
+        for token in self._encode(text)[:max_tokens]:
+            if not probe.accept_token(token):
+                break
+            draft.append(token)
+        return draft
+
+
+class XGrammarCompiled(CompiledGrammar):
+    def __init__(self, spec: GrammarSpec, compiled: xgr.CompiledGrammar, encode: Encode) -> None:
+        self.spec = spec
+        self._compiled = compiled
+        self._encode = encode
+
+    def new_matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self._compiled, self._encode)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self._compiled.memory_size_bytes)
+
+
+@register_backend("xgrammar")
+class XGrammarBackend(GrammarBackend):
+    """xgrammar over a Hugging Face tokenizer. max_threads: xgrammar's per-compile threads."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        max_threads: int = 8,
+    ) -> None:
+        super().__init__(tokenizer, vocab_size, stop_token_ids)
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+        self._batch = xgr.BatchGrammarMatcher()
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        ebnf, root = self.ebnf(spec)
+        try:
+            grammar = xgr.Grammar.from_ebnf(ebnf, root_rule_name=root)
+            compiled = self._compiler.compile_grammar(grammar)
+        except (RuntimeError, ValueError) as exc:
+            message = backend_message(exc)
+            raise GrammarError(f"cannot compile the {spec.kind} grammar: {message}") from None
+        return XGrammarCompiled(spec, compiled, self._encode)
+
+    def ebnf(self, spec: GrammarSpec) -> tuple[str, str]:
+        """(EBNF text, start rule) for ``spec``; GrammarError if the spec is invalid."""
+        options = spec.options
+        kind = spec.kind
+        if kind in ("json_schema", "json_object"):
+            schema = json.loads(spec.spec) if kind == "json_schema" else {"type": "object"}
+            return json_schema_ebnf(schema, options.best_effort, options.max_whitespace), "root"
+        if kind == "regex":
+            return str(xgr.Grammar.from_regex(to_backend_regex(spec.spec))), "root"
+        if kind == "ebnf":
+            return spec.spec, "root"
+        if kind == "choice":
+            choices = json.loads(spec.spec)
+            return "root ::= " + " | ".join(_literal(c) for c in choices), "root"
+        if kind == "structural_tag":
+            return structural_tag_ebnf(json.loads(spec.spec), options), "root"
+        payload = json.loads(spec.spec)
+        body = json_schema_ebnf(
+            tool_calls_schema(payload["tools"]), options.best_effort, options.max_whitespace
+        )
+        return f"{body}\n{tool_calls_rule(payload['parallel'])}", ROOT_RULE
+
+    def fill_masks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        if len(matchers) <= 1:
+            super().fill_masks(matchers, bitmask, rows)
+            return
+        inner = [m._matcher for m in matchers if isinstance(m, XGrammarMatcher)]
+        if len(inner) != len(matchers):
+            raise TypeError("fill_masks takes matchers of this backend only")
+        self._batch.batch_fill_next_token_bitmask(inner, bitmask, list(rows))
+
+
+def _literal(text: str) -> str:
+    """An EBNF string literal for ``text`` (xgrammar reads JSON string escapes)."""
+    return json.dumps(text, ensure_ascii=False)
