@@ -1,0 +1,90 @@
+"""The triton split-K decode-attention kernel equals the torch reference on paged batches."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.reference import attention as reference
+from tests.kernels.kv_cases import paged_batch, tolerance
+
+# A single-token sequence, lengths ending mid-tile, and one spanning several tiles per split.
+SEQ_LENS = [1, 19, 70, 33]
+
+
+def _run_both(
+    triton_ops: ModuleType,
+    seq_lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    num_kv_splits: int,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = paged_batch(seq_lens, [1] * len(seq_lens), kv_heads, head_dim, page_size, dtype, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(len(seq_lens), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim**-0.5
+    args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, scale)
+    out = triton_ops.decode_attention.decode_attention(
+        q, batch.k_buffer, batch.v_buffer, *args, num_kv_splits=num_kv_splits, block_n=16
+    )
+    ref = batch.finite()
+    expected = reference.decode_attention(q, ref.k_buffer, ref.v_buffer, *args)
+    return out, expected
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (8, 2), (7, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(
+    triton_ops: ModuleType, page_size: int, heads: int, kv_heads: int, dtype: torch.dtype
+) -> None:
+    out, expected = _run_both(triton_ops, SEQ_LENS, heads, kv_heads, 32, page_size, dtype, 3)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 8])
+def test_any_split_count(triton_ops: ModuleType, num_kv_splits: int) -> None:
+    # 8 splits of short sequences leave most splits empty: they must weigh nothing.
+    out, expected = _run_both(triton_ops, SEQ_LENS, 4, 2, 32, 16, torch.float32, num_kv_splits)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+def test_float16_runs_the_native_16_bit_dot(triton_ops: ModuleType) -> None:
+    out, expected = _run_both(triton_ops, SEQ_LENS, 8, 2, 32, 16, torch.float16, 3)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float16))
+
+
+def test_head_dim_that_is_not_a_power_of_two(triton_ops: ModuleType) -> None:
+    out, expected = _run_both(triton_ops, [5, 40], 4, 4, 24, 1, torch.float32, 2)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seq_lens=st.lists(st.integers(1, 80), min_size=1, max_size=5),
+    page_size=st.sampled_from([1, 4, 16]),
+    group=st.sampled_from([1, 4, 7]),
+    num_kv_splits=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_any_batch(
+    triton_ops: ModuleType,
+    seq_lens: list[int],
+    page_size: int,
+    group: int,
+    num_kv_splits: int,
+    seed: int,
+) -> None:
+    out, expected = _run_both(
+        triton_ops, seq_lens, group, 1, 16, page_size, torch.float32, num_kv_splits, seed
+    )
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))

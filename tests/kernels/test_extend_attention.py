@@ -1,0 +1,121 @@
+"""The triton extend-attention kernel equals the torch reference on paged, packed batches."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.reference import attention as reference
+from tests.kernels.kv_cases import paged_batch, tolerance
+
+# (prefix_len, extend_len) per request: empty prefixes, single new tokens, prefixes and
+# extensions that end mid-tile and that span several 16-wide tiles.
+MIXED_BATCH = [(0, 21), (13, 1), (5, 35), (40, 7), (16, 16)]
+
+
+def _run_both(
+    triton_ops: ModuleType,
+    requests: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    head_dim_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    seq_lens = [p + e for p, e in requests]
+    extend_lens = [e for _, e in requests]
+    batch = paged_batch(
+        seq_lens, extend_lens, kv_heads, head_dim, page_size, dtype, seed, head_dim_v
+    )
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(sum(extend_lens), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim**-0.5
+    out = triton_ops.extend_attention.extend_attention(
+        q,
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.req_to_token,
+        batch.req_pool_indices,
+        batch.seq_lens,
+        batch.extend_lens,
+        scale,
+        block_m=16,
+        block_n=16,
+    )
+    ref = batch.finite()
+    expected = reference.extend_attention(
+        q,
+        ref.k_buffer,
+        ref.v_buffer,
+        ref.req_to_token,
+        ref.req_pool_indices,
+        ref.seq_lens,
+        ref.extend_lens,
+        scale,
+    )
+    return out, expected
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (8, 2), (7, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(
+    triton_ops: ModuleType, page_size: int, heads: int, kv_heads: int, dtype: torch.dtype
+) -> None:
+    out, expected = _run_both(triton_ops, MIXED_BATCH, heads, kv_heads, 32, page_size, dtype)
+    assert out.dtype == dtype
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, **tolerance(dtype))
+
+
+def test_float16_runs_the_native_16_bit_dot(triton_ops: ModuleType) -> None:
+    # float16 tiles go into tl.dot as float16, the path bfloat16 takes on a GPU.
+    out, expected = _run_both(triton_ops, MIXED_BATCH, 8, 2, 32, 16, torch.float16)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float16))
+
+
+def test_head_dims_that_are_not_powers_of_two(triton_ops: ModuleType) -> None:
+    out, expected = _run_both(
+        triton_ops, [(9, 12), (0, 3)], 4, 2, 24, 16, torch.float32, head_dim_v=40
+    )
+    assert out.shape == (15, 4, 40)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+def test_strided_query_from_a_fused_projection(triton_ops: ModuleType) -> None:
+    batch = paged_batch([16, 4], [10, 4], 2, 16, 1, torch.float32)
+    qkv = torch.randn(14, 4 * 16 + 2 * 2 * 16)
+    q = qkv[:, : 4 * 16].view(14, 4, 16)  # row stride 128, not 64
+    args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, 0.25)
+    out = triton_ops.extend_attention.extend_attention(
+        q, batch.k_buffer, batch.v_buffer, *args, block_m=16, block_n=16
+    )
+    ref = batch.finite()
+    expected = reference.extend_attention(q.contiguous(), ref.k_buffer, ref.v_buffer, *args)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    requests=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 24)), min_size=1, max_size=4),
+    page_size=st.sampled_from([1, 4, 16]),
+    group=st.sampled_from([1, 3, 4]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_batch_composition(
+    triton_ops: ModuleType,
+    requests: list[tuple[int, int]],
+    page_size: int,
+    group: int,
+    seed: int,
+) -> None:
+    out, expected = _run_both(
+        triton_ops, requests, 2 * group, 2, 16, page_size, torch.float32, seed
+    )
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
