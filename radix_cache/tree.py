@@ -172,7 +172,7 @@ class RadixCache:
                 self._protected -= node.key.size
                 self._evictable += node.key.size
                 if not node.children:
-                    self._queue.push(node)
+                    self._enqueue(node)
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
@@ -194,7 +194,7 @@ class RadixCache:
             freed += leaf.key.size
             self._num_nodes -= 1
             if parent.is_evictable_leaf:
-                self._queue.push(parent)
+                self._enqueue(parent)
             emptied_root |= parent.parent is None and not parent.children
         if emptied_root:  # forget namespaces with nothing cached, so salts don't pile up
             self._roots = {ns: r for ns, r in self._roots.items() if r.children or ns is None}
@@ -220,9 +220,11 @@ class RadixCache:
         """Evict everything and zero the stats. Raises RuntimeError while any lock is held."""
         if self._protected:
             raise RuntimeError(f"reset() while {self._protected} tokens are locked by requests")
-        owned = [node.slots for node in self._iter_nodes()]
-        if owned:
-            self.allocator.free(np.concatenate(owned))
+        nodes = list(self._iter_nodes())
+        if nodes:
+            self.allocator.free(np.concatenate([node.slots for node in nodes]))
+        for node in nodes:  # so a stale MatchResult.node cannot be locked any more
+            node.evicted = True
         self._init_state()
 
     def stats(self) -> CacheStats:
@@ -277,9 +279,12 @@ class RadixCache:
         node.last_access = self._clock
         node.hit_count += 1
         if node.is_evictable_leaf:
-            self._queue.push(node)
-            if len(self._queue) > 2 * self._num_nodes + 1024:
-                self._queue.rebuild(n for n in self._iter_nodes() if n.is_evictable_leaf)
+            self._enqueue(node)
+
+    def _enqueue(self, node: TreeNode) -> None:
+        self._queue.push(node)
+        if len(self._queue) > 2 * self._num_nodes + 1024:  # mostly stale entries: shed them
+            self._queue.rebuild(n for n in self._iter_nodes() if n.is_evictable_leaf)
 
     def _add_leaf(self, parent: TreeNode, key: np.ndarray, slots: np.ndarray) -> None:
         self._check_new_slots(slots)

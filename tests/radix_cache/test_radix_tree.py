@@ -222,6 +222,8 @@ def test_reset_returns_every_slot_and_refuses_while_locked() -> None:
     cache.unlock(node)
     cache.reset()
     assert cache.allocator.available() == cache.allocator.capacity
+    with pytest.raises(ValueError, match="evicted"):
+        cache.lock(node)  # a node from before the reset
     assert cache.stats().nodes == 0 and cache.stats().hit_tokens == 0
     cache.check_invariants()
 
