@@ -233,6 +233,7 @@ def match_scaling(reps: int) -> dict:
     long_chat = rng.integers(1, VOCAB, 8192, dtype=np.int32)
     for ids in [short, long_flat] + [long_chat[: 512 * (t + 1)] for t in range(16)]:
         slots = cache.allocator.alloc(ids.size)
+        assert slots is not None
         cache.allocator.free(slots[: cache.insert(ids, slots)])
     result: dict = {}
     for form, convert in (("numpy", lambda a: a), ("list", lambda a: a.tolist())):

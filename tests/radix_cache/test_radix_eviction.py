@@ -31,10 +31,10 @@ def cached(cache: RadixCache, ids: list[int]) -> bool:
     key = np.array(ids, dtype=np.int32)
     node, pos = cache._roots[None], 0
     while pos < len(ids):
-        node = node.children.get(child_key(key[pos:], cache.page_size))
-        if node is None or node.key.tolist() != ids[pos : pos + node.key.size]:
+        child = node.children.get(child_key(key[pos:], cache.page_size))
+        if child is None or child.key.tolist() != ids[pos : pos + child.key.size]:
             return False
-        pos += node.key.size
+        node, pos = child, pos + child.key.size
     return True
 
 

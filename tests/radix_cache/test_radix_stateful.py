@@ -110,8 +110,9 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     def draw_ids(self, data: st.DataObject) -> tuple[Hashable, list[int]]:
         """Mostly extensions of earlier sequences (shared prefixes, splits), some fresh ones."""
-        namespace, base = data.draw(st.sampled_from(NAMESPACES)), []
-        if self.history and data.draw(st.booleans()):
+        namespace: Hashable = data.draw(st.sampled_from(NAMESPACES))
+        base: list[int] = []
+        if data.draw(st.booleans()) and self.history:
             namespace, base = data.draw(st.sampled_from(self.history))
             base = base[: data.draw(st.integers(0, len(base)))]
         tail = data.draw(st.lists(st.integers(0, 2), max_size=3 * self.page_size))
