@@ -44,9 +44,11 @@ def filter_probs(
     before = kept_sorted.cumsum(-1) - kept_sorted  # mass of the more probable tokens
     total = kept_sorted.sum(-1, keepdim=True)
     # A token stays while the mass before it is under top_p of the kept mass; the last such
-    # token's probability is the cut. (Comparing the exclusive sum keeps top_p = 1 exact.)
+    # token's probability is the cut. top_p >= 1 is off outright: the rounded cumsum can reach
+    # the rounded total before the least probable tokens.
     count = (before < top_p.unsqueeze(1) * total).sum(-1, keepdim=True)
-    keep &= probs >= sorted_probs.gather(1, count.clamp(min=1) - 1)
+    top_p_cut = sorted_probs.gather(1, count.clamp(min=1) - 1)
+    keep &= (probs >= top_p_cut) | (top_p.unsqueeze(1) >= 1.0)
     keep &= probs >= min_p.unsqueeze(1) * sorted_probs[:, :1]
     return torch.where(keep, probs, 0.0)
 
