@@ -43,13 +43,14 @@ def _load_tile(row_ptr, start, vocab_size, stride_col, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _select_digit(scores, limit, candidates, prefix, shift):
-    """Extend ``prefix`` by the largest digit whose candidate still has ``scores >= limit``.
+    """Extend ``prefix`` by the largest digit whose candidate still has ``scores >= limit``
+    and a positive score (some token at or above it: a limit of 0 must not run past the max).
 
     Scores fall as the candidate grows; digit 0 (the prefix itself) is kept even when float
     rounding says otherwise, since it met the bound at the previous level.
     """
     valid = candidates >= 0  # at the top level, digits >= 8 would set the sign bit
-    passing = tl.sum(((scores >= limit) & valid).to(tl.int32), axis=0)
+    passing = tl.sum(((scores >= limit) & (scores > 0) & valid).to(tl.int32), axis=0)
     return prefix | (tl.maximum(passing - 1, 0) << shift)
 
 
