@@ -2,13 +2,15 @@
 
 Implementations register under ``(op, backend)``. ``set_kernel_backend`` forces a backend
 ("torch" or "triton"); "auto" picks triton for CUDA tensors when triton has the op and imports,
-the torch reference otherwise. A triton import failure never breaks the CPU path.
+the torch reference otherwise. A triton import failure never breaks the CPU path. The
+ARBOR_KERNEL_BACKEND environment variable, read at import, sets the starting choice.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +20,12 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "triton")
 _impls: dict[str, dict[str, Callable[..., Any]]] = {}
-_forced = "auto"
+_forced = os.environ.get("ARBOR_KERNEL_BACKEND", "auto")
+if _forced not in BACKENDS:
+    raise ValueError(
+        f"ARBOR_KERNEL_BACKEND={_forced!r} is not a kernel backend; "
+        f"use one of {', '.join(BACKENDS)}"
+    )
 _triton_state: dict[str, Any] = {"loaded": False, "error": None}
 
 

@@ -1,0 +1,139 @@
+"""The dispatch point: CUDA tensors get triton under "auto", CPU tensors the torch reference;
+a forced backend wins; a missing triton never breaks the CPU path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import kernels
+from kernels import dispatch
+from kernels.reference import attention as reference
+from tests.kernels.kv_cases import paged_batch, tolerance
+
+REPO = Path(__file__).resolve().parents[2]
+OPS = [
+    "extend_attention",
+    "decode_attention",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "apply_rotary_emb",
+    "silu_and_mul",
+    "apply_token_bitmask",
+    "sample_from_probs",
+]
+
+
+@pytest.fixture
+def restore_backend() -> Iterator[None]:
+    previous = kernels.kernel_backend()
+    yield
+    kernels.set_kernel_backend(previous)
+
+
+def _module_of(op: str, device: str) -> str:
+    return dispatch.resolve(op, torch.device(device)).__module__
+
+
+def test_every_op_has_a_triton_kernel(triton_ops: ModuleType) -> None:
+    for op in OPS:
+        assert dispatch._impls[op]["triton"].__module__.startswith("kernels.triton_ops."), op
+
+
+def test_auto_picks_triton_for_cuda_and_torch_for_cpu(
+    triton_ops: ModuleType, restore_backend: None
+) -> None:
+    kernels.set_kernel_backend("auto")
+    for op in OPS:
+        assert _module_of(op, "cpu").startswith("kernels.reference."), op
+        assert _module_of(op, "cuda").startswith("kernels.triton_ops."), op
+
+
+def test_forced_backends_win_over_the_device(triton_ops: ModuleType, restore_backend: None) -> None:
+    kernels.set_kernel_backend("torch")
+    assert all(_module_of(op, "cuda").startswith("kernels.reference.") for op in OPS)
+    kernels.set_kernel_backend("triton")
+    assert all(_module_of(op, "cpu").startswith("kernels.triton_ops.") for op in OPS)
+
+
+def test_forced_triton_runs_the_kernel_through_the_op(
+    triton_ops: ModuleType, restore_backend: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = paged_batch([9, 20], [9, 4], 2, 16, 16, torch.float32)
+    q = torch.randn(13, 4, 16)
+    args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, 0.25)
+    launches: list[tuple[int, ...]] = []
+    kernel = triton_ops.extend_attention._extend_attention_kernel
+    monkeypatch.setattr(
+        triton_ops.extend_attention,
+        "_extend_attention_kernel",
+        _CountingKernel(kernel, launches),
+    )
+    kernels.set_kernel_backend("triton")
+    out = kernels.extend_attention(q, batch.k_buffer, batch.v_buffer, *args)
+    assert len(launches) == 1
+    ref = batch.finite()
+    expected = reference.extend_attention(q, ref.k_buffer, ref.v_buffer, *args)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+class _CountingKernel:
+    """Stands in for a triton kernel: records each launch's grid, then launches."""
+
+    def __init__(self, kernel: object, launches: list[tuple[int, ...]]) -> None:
+        self._kernel = kernel
+        self._launches = launches
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self._launches.append(grid)
+        return self._kernel[grid]  # type: ignore[index]
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_environment_variable_sets_the_starting_backend() -> None:
+    result = _python(
+        "import kernels; print(kernels.kernel_backend())", ARBOR_KERNEL_BACKEND="torch"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "torch"
+    bad = _python("import kernels", ARBOR_KERNEL_BACKEND="cuda")
+    assert bad.returncode != 0
+    assert "ARBOR_KERNEL_BACKEND='cuda' is not a kernel backend" in bad.stderr
+
+
+def test_cpu_path_survives_a_missing_triton() -> None:
+    code = """
+import sys
+sys.modules["triton"] = None  # any `import triton` now raises ImportError
+import torch
+import kernels
+from kernels import dispatch
+x = torch.randn(2, 8)
+out = kernels.rms_norm(x, torch.ones(8), 1e-6)
+assert out.shape == (2, 8)
+assert dispatch.resolve("rms_norm", torch.device("cuda")).__module__.startswith("kernels.reference")
+try:
+    kernels.set_kernel_backend("triton")
+except RuntimeError as exc:
+    print("refused:", exc)
+"""
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    assert "refused: kernel backend 'triton' requested but unavailable" in result.stdout
