@@ -1,6 +1,7 @@
 """JSON schema -> EBNF: check, lower, convert with xgrammar, then splice in our string grammars.
 
-The text xgrammar prints for a schema grammar parses back to the same grammar; we replace each
+The text xgrammar prints for a schema grammar parses back to the same grammar (once its
+``\\x`` escapes are made unambiguous, see ``printed_ebnf``); we replace each
 placeholder ``Regex("^ARBORSTRING<i>$", json_string=true)`` with a rule of ours: the EBNF that
 xgrammar's regex converter (correct, unlike its JSON-string regex mode) makes of our translated
 pattern, or a bounded run of characters that need no JSON escaping.
@@ -22,6 +23,8 @@ _PLACEHOLDER_REGEX = re.compile(rf'Regex\("\^{PLACEHOLDER}(\d+)\$", json_string=
 # Quoted literals and classes (skipped when renaming), or a rule name of a regex grammar.
 _EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\broot((?:_\d+)*)\b')
 _PLAIN_CHAR = '[^"\\\\\\0-\\x1f]'
+# An escaped backslash, or a \xHH escape (taken alone so "\\x41" is left as it is).
+_HEX_ESCAPE = re.compile(r"\\\\|\\x([0-9a-fA-F]{2})")
 
 
 def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: int) -> str:
@@ -41,7 +44,17 @@ def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: 
         grammar = xgr.Grammar.from_json_schema(json.dumps(lowered), strict_mode=True, **style)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise GrammarError(f"cannot compile JSON schema: {backend_message(exc)}") from None
-    return splice_string_rules(str(grammar), rules)
+    return splice_string_rules(printed_ebnf(grammar), rules)
+
+
+def printed_ebnf(grammar: xgr.Grammar) -> str:
+    """``str(grammar)`` made safe to parse back.
+
+    xgrammar 0.2.8 prints U+0080..U+00FF as ``\\xHH`` but its parser reads ``\\x`` with as many
+    hex digits as follow, so the "ée" of "brûlée", printed ``\\xe9e``, came back as U+0E9E.
+    ``\\u`` takes exactly four digits, so every ``\\xHH`` is rewritten as ``\\u00HH``.
+    """
+    return _HEX_ESCAPE.sub(lambda m: f"\\u00{m[1]}" if m[1] else m[0], str(grammar))
 
 
 def splice_string_rules(ebnf: str, rules: list[StringRule]) -> str:
@@ -55,7 +68,7 @@ def splice_string_rules(ebnf: str, rules: list[StringRule]) -> str:
 
 def _string_rule_ebnf(name: str, rule: StringRule) -> str:
     if rule.regex is not None:
-        body = str(xgr.Grammar.from_regex(rule.regex))
+        body = printed_ebnf(xgr.Grammar.from_regex(rule.regex))
         return _EBNF_TOKEN.sub(lambda m: _rename(m, name), body)
     low, high = rule.min_length, rule.max_length
     if high is None:

@@ -16,7 +16,7 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import GrammarError
-from grammar.json_grammar import backend_message, splice_string_rules
+from grammar.json_grammar import backend_message, printed_ebnf, splice_string_rules
 from grammar.options import GrammarOptions
 from grammar.schema_check import check_schema
 from grammar.schema_lower import StringRule, lower_schema
@@ -46,7 +46,7 @@ def structural_tag_ebnf(tag: dict[str, Any], options: GrammarOptions) -> str:
         grammar = xgr.Grammar.from_structural_tag(json.dumps(tag))
     except Exception as exc:  # pydantic, JSON and C++ errors alike: the tag is invalid
         raise GrammarError(f"invalid structural_tag: {backend_message(exc)}") from None
-    return splice_string_rules(str(grammar), rules)
+    return splice_string_rules(printed_ebnf(grammar), rules)
 
 
 def _schema_formats(node: Any) -> Iterator[dict[str, Any]]:

@@ -1,9 +1,8 @@
 """Tool calls as a grammar: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
 
 The JSON inside a block is an ``anyOf`` over one object schema per allowed tool, whose "name"
-is that tool's name as a ``const`` and whose "arguments" is the tool's parameters schema (its
-local ``$ref``s re-rooted). The blocks follow each other without separators, as the test
-model's chat template writes them.
+is that tool's name as a ``const`` and whose "arguments" is the tool's parameters schema. The
+blocks follow each other without separators, as the test model's chat template writes them.
 """
 
 from __future__ import annotations
@@ -51,21 +50,28 @@ def normalize_tools(
 
 
 def tool_calls_schema(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of one call: tools is [{"name", "parameters"}, ...]."""
+    """The JSON schema of one call: tools is [{"name", "parameters"}, ...].
+
+    Each parameters schema moves to ``$defs/arbor_tool_<i>`` (xgrammar resolves references
+    through objects but not through array indices such as ``anyOf/0``), its own local
+    ``$ref``s re-rooted there.
+    """
+    defs: dict[str, Any] = {}
     options = []
     for i, tool in enumerate(tools):
-        prefix = f"#/anyOf/{i}/properties/arguments"
+        key = f"arbor_tool_{i}"
+        defs[key] = _reroot(tool["parameters"], f"#/$defs/{key}")
         options.append(
             {
                 "type": "object",
                 "properties": {
                     "name": {"const": tool["name"]},
-                    "arguments": _reroot(tool["parameters"], prefix),
+                    "arguments": {"$ref": f"#/$defs/{key}"},
                 },
                 "required": ["name", "arguments"],
             }
         )
-    return {"anyOf": options}
+    return {"$defs": defs, "anyOf": options}
 
 
 def tool_calls_rule(parallel: bool) -> str:

@@ -1,0 +1,202 @@
+"""Constrained generation with the tiny random model always satisfies the constraint."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from grammar import GrammarService, GrammarSpec
+from tests.grammar.decoder import ConstrainedDecoder
+from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
+from tests.grammar.schema_corpus import SCHEMAS, validate_output
+
+SEEDS = (0, 1, 2)
+MAX_TOKENS = 128
+BIAS = 4.0  # see decoder.py: helps a random model finish; the mask alone decides validity
+
+
+def test_corpus_outputs_validate(decoder: ConstrainedDecoder, service: GrammarService) -> None:
+    assert len(SCHEMAS) >= 40
+    finished = 0
+    for name, schema in SCHEMAS:
+        compiled = service.compile(GrammarSpec.for_json_schema(schema))
+        results = decoder.generate([compiled] * len(SEEDS), SEEDS, MAX_TOKENS, 1.0, BIAS)
+        for seed, result in zip(SEEDS, results, strict=True):
+            if not result.terminated:
+                continue
+            finished += 1
+            try:
+                validate_output(schema, result.text)
+            except (ValueError, jsonschema.ValidationError) as exc:
+                pytest.fail(f"{name} seed {seed}: {result.text!r} is invalid: {exc}")
+    assert finished >= 0.9 * len(SCHEMAS) * len(SEEDS), f"only {finished} outputs finished"
+
+
+def test_pydantic_model_schema(decoder: ConstrainedDecoder, service: GrammarService) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Item(pydantic.BaseModel):
+        sku: str = pydantic.Field(pattern=r"^[A-Z]{3}[0-9]{2}$")
+        count: int = pydantic.Field(ge=1, le=5)
+        gift: bool | None = None
+
+    compiled = service.compile(GrammarSpec.for_json_schema(Item))
+    for result in decoder.generate([compiled] * 3, SEEDS, MAX_TOKENS, 1.0, BIAS):
+        assert result.terminated
+        Item.model_validate_json(result.text)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"[0-9]{3}-[0-9]{4}",
+        r"(yes|no|maybe)!?",
+        r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)",
+        r"v\d+(\.\d{1,2})?",
+        r"\S{2,5} \w",
+        r"[^\n]{4}",
+        r"\(\d{3}\) \d{3}",
+    ],
+)
+def test_regex_outputs_fullmatch(
+    pattern: str, decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    compiled = service.compile(GrammarSpec.for_regex(pattern))
+    results = decoder.generate([compiled] * 4, range(4), 64, 1.0, BIAS)
+    for result in results:
+        if result.terminated:
+            assert re.fullmatch(pattern, result.text), (pattern, result.text)
+    assert sum(r.terminated for r in results) >= 3
+
+
+def test_ebnf_outputs_parse(decoder: ConstrainedDecoder, service: GrammarService) -> None:
+    compiled = service.compile(GrammarSpec.for_ebnf(ARITHMETIC_EBNF))
+    results = decoder.generate([compiled] * 6, range(6), 96, 1.0, BIAS)
+    for result in results:
+        if result.terminated:
+            parse_arithmetic(result.text)
+    assert sum(r.terminated for r in results) >= 4
+
+
+def test_choice_returns_one_choice(decoder: ConstrainedDecoder, service: GrammarService) -> None:
+    choices = ["yes", "no", "yes, but", 'say "hi"\n', "ünïcode"]
+    compiled = service.compile(GrammarSpec.for_choice(choices))
+    seen = set()
+    for result in decoder.generate([compiled] * 12, range(12), 32):
+        assert result.terminated
+        assert result.text in choices
+        seen.add(result.text)
+    assert len(seen) >= 2
+
+
+def test_json_object_is_an_object(decoder: ConstrainedDecoder, service: GrammarService) -> None:
+    compiled = service.compile(GrammarSpec.from_sampling_params({"json_object": True}))
+    results = decoder.generate([compiled] * 4, range(4), MAX_TOKENS, 1.0, BIAS)
+    for result in results:
+        if result.terminated:
+            assert isinstance(json.loads(result.text), dict)
+        else:  # bounded whitespace: a cut-off output is still a JSON prefix without blank runs
+            assert "  " not in result.text
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "parameters": {
+            "$defs": {"q": {"type": "string", "pattern": "^[a-z ]{1,12}$"}},
+            "type": "object",
+            "properties": {
+                "query": {"$ref": "#/$defs/q"},
+                "top": {"type": "integer", "maximum": 9},
+            },
+            "required": ["query"],
+        },
+    },
+}
+TOOLS = [WEATHER, SEARCH]
+CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _tool_calls(text: str) -> list[dict[str, Any]]:
+    calls = CALL.findall(text)
+    assert calls and "".join(f"<tool_call>{c}</tool_call>" for c in calls) == text, text
+    parsed = [json.loads(c) for c in calls]
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for call in parsed:
+        assert set(call) == {"name", "arguments"}
+        jsonschema.validate(call["arguments"], by_name[call["name"]])
+    return parsed
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_tool_calls_required(
+    parallel: bool, decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    compiled = service.compile(GrammarSpec.for_tool_calls(TOOLS, "required", parallel=parallel))
+    names = set()
+    for result in decoder.generate([compiled] * 6, range(6), MAX_TOKENS, 1.0, BIAS):
+        if result.terminated:
+            calls = _tool_calls(result.text)
+            assert parallel or len(calls) == 1
+            names |= {c["name"] for c in calls}
+    assert names
+
+
+def test_tool_calls_named(decoder: ConstrainedDecoder, service: GrammarService) -> None:
+    spec = GrammarSpec.for_tool_calls(TOOLS, "named", name="search", parallel=False)
+    compiled = service.compile(spec)
+    for result in decoder.generate([compiled] * 4, range(4), MAX_TOKENS, 1.0, BIAS):
+        if result.terminated:
+            assert [c["name"] for c in _tool_calls(result.text)] == ["search"]
+
+
+def test_unconstrained_rows_are_untouched(
+    decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    compiled = service.compile(GrammarSpec.for_regex("[0-9]+"))
+    matcher = compiled.new_matcher()
+    logits = torch.randn(3, decoder.vocab_size, generator=torch.Generator().manual_seed(0))
+    before = logits.clone()
+    decoder.apply_masks(logits, [None, matcher, None])
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
+    assert allowed and all(decoder.tokenizer.decode([t]).isdigit() for t in allowed)
+
+
+def test_mixed_batch_with_unconstrained_sequence(
+    decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    schema = {"type": "array", "items": {"type": "integer", "maximum": 99}, "maxItems": 3}
+    compiled = service.compile(GrammarSpec.for_json_schema(schema))
+    constrained, free = decoder.generate([compiled, None], [0, 0], 48)
+    assert constrained.terminated
+    validate_output(schema, constrained.text)
+    assert len(free.token_ids) > 0
+
+
+def test_max_tokens_cut_is_not_terminated(
+    decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    compiled = service.compile(GrammarSpec.for_regex("a{50}"))
+    (result,) = decoder.generate([compiled], [0], 5)
+    assert not result.terminated and len(result.token_ids) == 5
