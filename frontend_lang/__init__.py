@@ -1,1 +1,56 @@
-"""The Arbor DSL for multi-call LLM programs: gen, select, fork/join, roles and backends."""
+"""The Arbor DSL for multi-call LLM programs: gen, select, fork/join, roles and backends.
+
+import frontend_lang as fl
+
+@fl.function
+def qa(s, question):
+    s += fl.user(question)
+    s += fl.assistant(fl.gen("answer", max_tokens=64))
+
+state = qa.run(question="...", backend=fl.Engine(model_path))
+state["answer"]
+"""
+
+from frontend_lang.backends import Backend, BackendError, Engine, OpenAI, RuntimeEndpoint
+from frontend_lang.chat import CHATML, ChatTemplate, ChatTemplateError
+from frontend_lang.errors import ProgramError
+from frontend_lang.ir import (
+    CHOICES_METHODS,
+    GREEDY_TOKEN,
+    TOKEN_LENGTH_NORMALIZED,
+    UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
+    assistant,
+    gen,
+    select,
+    system,
+    user,
+)
+from frontend_lang.program import Function, function, get_default_backend, set_default_backend
+from frontend_lang.state import ForkGroup, ProgramState
+
+__all__ = [
+    "CHATML",
+    "CHOICES_METHODS",
+    "GREEDY_TOKEN",
+    "TOKEN_LENGTH_NORMALIZED",
+    "UNCONDITIONAL_LIKELIHOOD_NORMALIZED",
+    "Backend",
+    "BackendError",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "Engine",
+    "ForkGroup",
+    "Function",
+    "OpenAI",
+    "ProgramError",
+    "ProgramState",
+    "RuntimeEndpoint",
+    "assistant",
+    "function",
+    "gen",
+    "get_default_backend",
+    "select",
+    "set_default_backend",
+    "system",
+    "user",
+]

@@ -1,0 +1,96 @@
+"""What the interpreter needs from a model server: generate, score choices, and a chat template."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontend_lang.chat import ChatTemplate
+
+# How many prefix tokens select re-scores so token healing can move the prefix/choice boundary.
+HEAL_WINDOW = 8
+
+
+class BackendError(RuntimeError):
+    """The backend refused or failed a call; the message is the server's (or the client's)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The state a call continues: its full text, and the same as chat messages (for backends
+    that take messages). ``open_role`` is the role block the call sits in, if any, whose
+    content so far is ``open_content``."""
+
+    text: str
+    messages: list[dict[str, str]] = field(default_factory=list)
+    open_role: str | None = None
+    open_content: str = ""
+
+    @property
+    def uses_roles(self) -> bool:
+        return bool(self.messages) or self.open_role is not None
+
+
+@dataclass(frozen=True)
+class GenOutput:
+    """Generated text and the runtime's meta info (prompt_tokens, completion_tokens,
+    cached_tokens, finish_reason where the backend reports them)."""
+
+    text: str
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChoiceLogprobs:
+    """Prompt logprobs of ``prefix + choice`` for each choice, over a window at the end of the
+    prefix so that token healing can move the boundary.
+
+    ``prefix_tokens``: the prefix's own tokens from the window's start (ids, or token strings
+    where a backend has no ids). ``choice_tokens[i]``: the tokens of ``prefix + choices[i]``
+    from the same start; ``choice_logprobs[i][j]`` is the logprob of ``choice_tokens[i][j]``.
+    The window starts at the same token position for the prefix and every choice.
+    """
+
+    prefix_tokens: list[Hashable]
+    choice_tokens: list[list[Hashable]]
+    choice_logprobs: list[list[float]]
+    meta: list[dict[str, Any]]
+
+
+class Backend(ABC):
+    """A model server as the DSL sees it. Implementations are safe to call from many threads
+    at once (fork branches and run_batch call concurrently)."""
+
+    @property
+    @abstractmethod
+    def chat_template(self) -> ChatTemplate:
+        """How role blocks are rendered as text for this model."""
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt: Prompt,
+        sampling_params: dict[str, Any],
+        on_delta: Callable[[str], None] | None = None,
+    ) -> GenOutput:
+        """Continue ``prompt`` under ``sampling_params`` (the runtime's native names).
+
+        With ``on_delta`` the output is streamed: it is called with each new piece of text, in
+        order, and the pieces concatenate to the returned text. Raises BackendError."""
+
+    @abstractmethod
+    def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> ChoiceLogprobs:
+        """Score every ``prompt.text + choice`` in one batched call that reuses the cached
+        prefix. Raises BackendError (with the reason) where the server cannot score prompts."""
+
+    @abstractmethod
+    def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
+        """Logprobs of each choice's tokens with no prefix (after BOS where the model has one)."""
+
+    def cache_prefix(self, prompt: Prompt) -> None:  # noqa: B027 - optional hook
+        """Prefill ``prompt`` so that calls continuing it (fork branches) hit the cache."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release what the backend holds (an in-process engine, HTTP connections)."""

@@ -1,0 +1,58 @@
+"""``fl.Engine``: the DSL on an in-process ``runtime.Engine``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import runtime
+from frontend_lang.backends.base import BackendError
+from frontend_lang.backends.native import NativeBackend, template_or_error
+from frontend_lang.chat import ChatTemplate
+
+
+class Engine(NativeBackend):
+    """Runs the model in this process: ``fl.Engine(model_path, max_total_tokens=8192, ...)``
+    takes any ``runtime.ServerArgs`` field. Shut it down (or use it as a context manager) to
+    stop the runtime's threads. ``engine`` is the wrapped ``runtime.Engine``."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        chat_template: ChatTemplate | None = None,
+        **server_args: Any,
+    ) -> None:
+        super().__init__(chat_template)
+        self.engine = runtime.Engine(str(model_path), **server_args)
+
+    def _call(self, payload: dict[str, Any]) -> Any:
+        try:
+            return self.engine.generate(**_engine_kwargs(payload))
+        except (ValueError, runtime.SchedulerDied) as exc:
+            raise BackendError(str(exc)) from exc
+
+    def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        try:
+            yield from self.engine.generate(**_engine_kwargs(payload), stream=True)
+        except (ValueError, runtime.SchedulerDied) as exc:
+            raise BackendError(str(exc)) from exc
+
+    def _load_chat_template(self) -> ChatTemplate:
+        return template_or_error(lambda: ChatTemplate.from_tokenizer(self.engine.tokenizer))
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _engine_kwargs(payload: dict[str, Any]) -> dict[str, Any]:
+    """Native request fields as ``runtime.Engine.generate`` keywords (``text`` is ``prompt``)."""
+    kwargs = dict(payload)
+    kwargs["prompt"] = kwargs.pop("text")
+    return kwargs

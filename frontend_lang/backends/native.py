@@ -1,0 +1,128 @@
+"""The DSL over Arbor's native generate API, shared by the in-process Engine and the HTTP
+RuntimeEndpoint: both take the same request fields and answer with the same result dicts
+(``{"text", "output_ids", "meta_info": {...}}``), so only the transport differs."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from frontend_lang.backends.base import (
+    HEAL_WINDOW,
+    Backend,
+    ChoiceLogprobs,
+    GenOutput,
+    Prompt,
+)
+from frontend_lang.chat import ChatTemplate, ChatTemplateError
+
+SCORE_ONLY = {"max_new_tokens": 0}
+
+
+class NativeBackend(Backend):
+    """A backend speaking the native API. Subclasses provide the transport: ``_call`` for one
+    request (a batch when ``text`` is a list) and ``_stream`` for a streamed one; both raise
+    BackendError with the runtime's message."""
+
+    def __init__(self, chat_template: ChatTemplate | None) -> None:
+        self._chat_template = chat_template
+
+    @abstractmethod
+    def _call(self, payload: dict[str, Any]) -> Any:
+        """One native request; the result dict (a list of them for a batch)."""
+
+    @abstractmethod
+    def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """One streamed native request: result dicts whose ``text`` is cumulative."""
+
+    @abstractmethod
+    def _load_chat_template(self) -> ChatTemplate:
+        """The model's template; raise ChatTemplateError when it cannot be had."""
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            self._chat_template = self._load_chat_template()
+        return self._chat_template
+
+    def generate(
+        self,
+        prompt: Prompt,
+        sampling_params: dict[str, Any],
+        on_delta: Callable[[str], None] | None = None,
+    ) -> GenOutput:
+        payload = {"text": prompt.text, "sampling_params": sampling_params}
+        if on_delta is None:
+            result = self._call(payload)
+            return GenOutput(result["text"], result["meta_info"])
+        text, meta = "", {}
+        for chunk in self._stream(payload):
+            new_text = chunk["text"]
+            if len(new_text) > len(text) and new_text.startswith(text):
+                on_delta(new_text[len(text) :])
+                text = new_text
+            meta = chunk["meta_info"]
+        return GenOutput(text, meta)
+
+    def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> ChoiceLogprobs:
+        """Two calls: the prefix alone (caches it and gives its length), then the prefix and
+        every prefix + choice in one batch, scored from HEAL_WINDOW tokens before the prefix's
+        end. The batch's prompt logprobs start there, so the cache serves everything before."""
+        prefix = prompt.text
+        prefix_len = 1
+        if prefix:
+            primed = self._call({"text": prefix, "sampling_params": SCORE_ONLY})
+            prefix_len = primed["meta_info"]["prompt_tokens"]
+        start = max(1, prefix_len - HEAL_WINDOW)
+        with_prefix = prefix_len > start
+        texts = ([prefix] if with_prefix else []) + [prefix + c for c in choices]
+        results = self._call(
+            {
+                "text": texts,
+                "sampling_params": SCORE_ONLY,
+                "return_logprob": True,
+                "logprob_start_len": start,
+            }
+        )
+        entries = [r["meta_info"]["input_token_logprobs"] for r in results]
+        prefix_entries = entries.pop(0) if with_prefix else []
+        return ChoiceLogprobs(
+            prefix_tokens=[e[1] for e in prefix_entries],
+            choice_tokens=[[e[1] for e in row] for row in entries],
+            choice_logprobs=[[e[0] for e in row] for row in entries],
+            meta=[_score_meta(r["meta_info"]) for r in results[int(with_prefix) :]],
+        )
+
+    def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
+        results = self._call(
+            {
+                "text": list(choices),
+                "sampling_params": SCORE_ONLY,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+            }
+        )
+        return [
+            [e[0] for e in r["meta_info"]["input_token_logprobs"] if e[0] is not None]
+            for r in results
+        ]
+
+    def cache_prefix(self, prompt: Prompt) -> None:
+        if prompt.text:
+            self._call({"text": prompt.text, "sampling_params": SCORE_ONLY})
+
+
+def _score_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    return {k: meta[k] for k in ("prompt_tokens", "cached_tokens") if k in meta}
+
+
+def template_or_error(load: Callable[[], ChatTemplate]) -> ChatTemplate:
+    """``load()``, with ChatTemplateError's message telling the user how to go on."""
+    try:
+        return load()
+    except ChatTemplateError as exc:
+        raise ChatTemplateError(
+            f"{exc}; role blocks need a chat template: pass chat_template=fl.CHATML "
+            "(or another fl.ChatTemplate) to the backend"
+        ) from None

@@ -1,0 +1,101 @@
+"""``fl.RuntimeEndpoint``: the DSL over HTTP against ``arbor serve``'s native ``/generate``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from frontend_lang.backends.base import BackendError
+from frontend_lang.backends.native import NativeBackend, template_or_error
+from frontend_lang.chat import ChatTemplate, ChatTemplateError
+
+
+class RuntimeEndpoint(NativeBackend):
+    """A running ``arbor serve`` (or any server with SGLang's native API) at ``url``.
+
+    Requests carry ``Authorization: Bearer <api_key>`` when a key is given. Role blocks are
+    rendered with ``chat_template`` if given, else with the template of the tokenizer the server
+    reports in ``/get_model_info`` (which must be a folder on this machine)."""
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        chat_template: ChatTemplate | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(chat_template)
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0)
+        )
+
+    def _call(self, payload: dict[str, Any]) -> Any:
+        try:
+            response = self.client.post("/generate", json=payload)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.url}/generate: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise BackendError(_error_message(self.url, response.status_code, response.text))
+        return response.json()
+
+    def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        try:
+            with self.client.stream("POST", "/generate", json={**payload, "stream": True}) as resp:
+                if resp.status_code >= 400:
+                    body = resp.read().decode(errors="replace")
+                    raise BackendError(_error_message(self.url, resp.status_code, body))
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise BackendError(_error_message(self.url, 500, data))
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.url}/generate: {type(exc).__name__}: {exc}") from exc
+
+    def _load_chat_template(self) -> ChatTemplate:
+        def load() -> ChatTemplate:
+            from transformers import AutoTokenizer
+
+            info = self.get_model_info()
+            path = info.get("tokenizer_path") or info.get("model_path")
+            if not path or not Path(path).is_dir():
+                raise ChatTemplateError(
+                    f"the server's tokenizer {path!r} is not a folder on this machine"
+                )
+            return ChatTemplate.from_tokenizer(AutoTokenizer.from_pretrained(path))
+
+        return template_or_error(load)
+
+    def get_model_info(self) -> dict[str, Any]:
+        response = self.client.get("/get_model_info")
+        if response.status_code >= 400:
+            raise BackendError(_error_message(self.url, response.status_code, response.text))
+        return response.json()
+
+    def shutdown(self) -> None:
+        self.client.close()
+
+
+def _error_message(url: str, status: int, body: str) -> str:
+    """The server's own message where the body carries one (``{"error": {"message"}}``,
+    ``{"error": "..."}`` or FastAPI's ``{"detail": ...}``), else the raw body."""
+    message: Any = body
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed.get("detail", body))
+        message = error.get("message", error) if isinstance(error, dict) else error
+    return f"{url} answered {status}: {message}"
