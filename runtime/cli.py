@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime.server_args import ServerArgs
 from runtime.test_model import ARCHITECTURES, PRESETS
 
 
@@ -22,18 +23,29 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--vocab-size", type=int, default=None)
     make.add_argument("--seed", type=int, default=0)
 
-    demo = commands.add_parser("demo", help="generate from the built-in test model")
+    demo = commands.add_parser(
+        "demo", help="serve the built-in test model and query it with the openai client"
+    )
     demo.add_argument("--model-path", default=None, help="model folder (default: tiny test model)")
-    demo.add_argument("--prompt", default="def fibonacci(n):")
+    demo.add_argument("--prompt", default="Write a haiku about trees.")
     demo.add_argument("--max-new-tokens", type=int, default=16)
+
+    serve = commands.add_parser(
+        "serve", help="run the HTTP server (native and OpenAI-compatible APIs)"
+    )
+    ServerArgs.add_cli_args(serve)
 
     args = parser.parse_args(argv)
     if args.command == "make-test-model":
         return _make_test_model(args)
     if args.command == "demo":
-        from runtime.demo import run_demo
+        from runtime.server.demo import run_demo
 
         return run_demo(args.model_path, args.prompt, args.max_new_tokens)
+    if args.command == "serve":
+        from runtime.server import launch_server
+
+        return launch_server(ServerArgs.from_cli(args))
     return 2
 
 

@@ -1,0 +1,193 @@
+"""``arbor serve``: three processes connected by ZMQ over ``ipc://`` sockets.
+
+    server process (this one)        scheduler process            detokenizer process
+    FastAPI on uvicorn (uvloop)  --> Scheduler.event_loop  -->   DetokenizerManager
+    + TokenizerManager           <-- (ready/failed/control)      .event_loop
+                                 <------------------------------ (text outputs)
+
+The socket files live in a fresh temporary directory, removed on exit. The server process
+watches its children: if either exits, or the scheduler reports a crash, every pending
+request fails with 503 and the server exits with status 1 within about a second. SIGINT or
+SIGTERM stop uvicorn (in-flight requests get a few seconds), then the children, and the
+process exits with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+import uvloop
+import zmq
+from transformers import AutoTokenizer
+
+from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.server.http_app import create_app
+from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
+from runtime.server.state import ServerState
+from runtime.server_args import ServerArgs
+from runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 5
+CHILD_STOP_TIMEOUT_S = 5.0
+WATCH_INTERVAL_S = 0.2
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Serve until SIGINT/SIGTERM (returns 0) or until a child process dies or the scheduler
+    fails (returns 1). Blocks; call from the main thread (it installs signal handlers)."""
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    stop = _StopSignal()
+    ipc_dir = Path(tempfile.mkdtemp(prefix="arbor-ipc-"))
+    addresses = IpcAddresses.in_dir(ipc_dir)
+    context = zmq.Context()
+    inbox = ZmqReceiver(context, addresses.tokenizer, bind=True)
+    to_scheduler = ZmqSender(context, addresses.scheduler, bind=False)
+    children: dict[str, BaseProcess] = {}
+    try:
+        children = _start_children(args, addresses)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        state = ServerState(
+            args,
+            tokenizer,
+            TokenizerManager(tokenizer, to_scheduler),
+            process_info={
+                "server_pid": os.getpid(),
+                "scheduler_pid": children["scheduler"].pid,
+                "detokenizer_pid": children["detokenizer"].pid,
+                "ipc_dir": str(ipc_dir),
+            },
+        )
+        if stop.signum is not None:
+            return 0
+        supervisor = _Supervisor(state, children, stop)
+        return uvloop.run(supervisor.serve(inbox, addresses, context))
+    finally:
+        _stop_children(children)
+        inbox.close()
+        to_scheduler.close()
+        context.term()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+class _StopSignal:
+    """Records SIGINT/SIGTERM. uvicorn installs its own handlers while it serves and, after
+    its graceful shutdown, restores these and re-raises the signal it got: recording it here
+    (instead of the default action) lets the children and the socket files be cleaned up."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.server: uvicorn.Server | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+class _Supervisor:
+    """Runs uvicorn and, beside it, the watch over the child processes."""
+
+    def __init__(
+        self, state: ServerState, children: dict[str, BaseProcess], stop: _StopSignal
+    ) -> None:
+        self.state = state
+        self.children = children
+        self.stop = stop
+        self.exit_code = 0
+
+    async def serve(
+        self, inbox: ZmqReceiver, addresses: IpcAddresses, context: zmq.Context[Any]
+    ) -> int:
+        args = self.state.args
+        receiver = self.state.tokenizer_manager.start_receiver(inbox, asyncio.get_running_loop())
+        config = uvicorn.Config(
+            create_app(self.state),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        server = uvicorn.Server(config)
+        self.stop.server = server
+        watch = asyncio.create_task(self._watch(server))
+        try:
+            await server.serve()
+        finally:
+            watch.cancel()
+            # A None message ends the receiver thread, which owns ``inbox`` until then.
+            stopper = ZmqSender(context, addresses.tokenizer, bind=False)
+            stopper.send(None)
+            await asyncio.to_thread(receiver.join, 5.0)
+            stopper.close()
+        return self.exit_code
+
+    async def _watch(self, server: uvicorn.Server) -> None:
+        manager = self.state.tokenizer_manager
+        announced = False
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            for name, process in self.children.items():
+                if process.exitcode is not None:
+                    self._fail(server, f"the {name} process exited with code {process.exitcode}")
+                    return
+            if manager.dead:
+                self._fail(server, f"the scheduler failed: {manager.dead}")
+                return
+            if not announced and manager.ready.is_set():
+                announced = True
+                args = self.state.args
+                logger.info("ready: %s at http://%s:%d", args.model_name, args.host, args.port)
+
+    def _fail(self, server: uvicorn.Server, message: str) -> None:
+        logger.error("%s; shutting down", message)
+        self.exit_code = 1
+        if not self.state.tokenizer_manager.dead:
+            self.state.tokenizer_manager.fail_all(message)
+        server.should_exit = True
+
+
+def _start_children(args: ServerArgs, addresses: IpcAddresses) -> dict[str, BaseProcess]:
+    spawn = multiprocessing.get_context("spawn")  # fork after importing torch is unsafe
+    children: dict[str, BaseProcess] = {}
+    for name, target in (
+        ("scheduler", run_scheduler_process),
+        ("detokenizer", run_detokenizer_process),
+    ):
+        process = spawn.Process(
+            target=target, args=(args, addresses, os.getpid()), name=f"arbor-{name}"
+        )
+        process.start()
+        children[name] = process
+    return children
+
+
+def _stop_children(children: dict[str, BaseProcess]) -> None:
+    """SIGTERM each child, then SIGKILL whichever has not exited in time."""
+    for process in children.values():
+        if process.is_alive():
+            process.terminate()
+    for process in children.values():
+        process.join(CHILD_STOP_TIMEOUT_S)
+        if process.is_alive():
+            logger.warning("%s did not stop; killing it", process.name)
+            process.kill()
+            process.join(1.0)

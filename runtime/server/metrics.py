@@ -1,0 +1,128 @@
+"""``/metrics``: Prometheus text format, from what the server process sees of each request plus
+the scheduler's gauges. No client library: counters and histograms are a few dicts."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from runtime.errors import RequestError
+
+PREFIX = "arbor_"
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# Scheduler gauges exported from ``server_info``: (key, metric name, help).
+SCHEDULER_GAUGES = (
+    ("num_running_reqs", "num_running_reqs", "Requests in the running batch."),
+    ("num_waiting_reqs", "num_queue_reqs", "Requests waiting for admission."),
+    ("kv_usage", "kv_usage", "Fraction of the KV pool held by running requests."),
+    ("kv_used_tokens", "kv_used_tokens", "KV slots held by running requests."),
+    ("kv_cached_tokens", "kv_cached_tokens", "KV slots held by the radix cache."),
+    ("max_total_tokens", "max_total_tokens", "Capacity of the KV pool in tokens."),
+    ("cache_hit_rate", "cache_hit_rate", "Prompt tokens served from the cache / prompt tokens."),
+    ("gen_throughput", "gen_throughput", "Generated tokens per second since start."),
+)
+
+
+class Histogram:
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * len(self.buckets)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        index = bisect.bisect_left(self.buckets, value)
+        if index < len(self.counts):
+            self.counts[index] += 1
+        self.total += 1
+        self.sum += value
+
+    def render(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        cumulative = 0
+        for bound, count in zip(self.buckets, self.counts, strict=True):
+            cumulative += count
+            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.total}')
+        lines.append(f"{name}_sum {self.sum}")
+        lines.append(f"{name}_count {self.total}")
+        return lines
+
+
+class ServerMetrics:
+    """Counters and latency histograms over every generation request the server runs.
+
+    Requests are observed through ``observe`` (which wraps the tokenizer manager's result
+    stream); streams must deliver chunks as tokens arrive for the latency histograms to mean
+    time-to-first-token and inter-token latency.
+    """
+
+    def __init__(self) -> None:
+        self.finished: Counter[str] = Counter()  # by finish reason type, "error" for refusals
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.generation_tokens = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+
+    async def observe(self, stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        """Pass ``stream``'s chunks through, timing them and counting the finished request."""
+        start = last = time.monotonic()
+        seen_tokens = 0
+        meta: dict[str, Any] = {}
+        try:
+            async for chunk in stream:
+                now = time.monotonic()
+                meta = chunk["meta_info"]
+                new_tokens = meta["completion_tokens"] - seen_tokens
+                if new_tokens > 0:
+                    if seen_tokens == 0:
+                        self.ttft.observe(now - start)
+                    else:  # a chunk of k tokens: k gaps of equal share
+                        for _ in range(new_tokens):
+                            self.itl.observe((now - last) / new_tokens)
+                    seen_tokens, last = meta["completion_tokens"], now
+                yield chunk
+        except RequestError:
+            self.finished["error"] += 1
+            raise
+        if meta:
+            self.finished[(meta["finish_reason"] or {}).get("type", "unknown")] += 1
+            self.prompt_tokens += meta["prompt_tokens"]
+            self.cached_tokens += meta["cached_tokens"]
+            self.generation_tokens += meta["completion_tokens"]
+            self.e2e.observe(time.monotonic() - start)
+
+    def render(self, scheduler_info: dict[str, Any] | None) -> str:
+        """The exposition text; scheduler gauges are left out when ``scheduler_info`` is None."""
+        p = PREFIX
+        lines = [
+            f"# HELP {p}requests_total Generation requests finished, by finish reason.",
+            f"# TYPE {p}requests_total counter",
+        ]
+        for reason, count in sorted(self.finished.items()):
+            lines.append(f'{p}requests_total{{finish_reason="{reason}"}} {count}')
+        for name, value, help_text in (
+            ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens of finished requests."),
+            ("cached_tokens_total", self.cached_tokens, "Prompt tokens served from the cache."),
+            ("generation_tokens_total", self.generation_tokens, "Generated tokens."),
+        ):
+            lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} counter"]
+            lines.append(f"{p}{name} {value}")
+        lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time to first token.")
+        lines += self.itl.render(f"{p}inter_token_latency_seconds", "Time between tokens.")
+        lines += self.e2e.render(f"{p}e2e_request_latency_seconds", "Request latency.")
+        for key, name, help_text in SCHEDULER_GAUGES if scheduler_info else ():
+            value = scheduler_info.get(key)  # type: ignore[union-attr]
+            if isinstance(value, (int, float)):
+                lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} gauge"]
+                lines.append(f"{p}{name} {float(value)}")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,285 @@
+"""The OpenAI-compatible API: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+Each request becomes one sub-request per prompt and per sample of ``n`` (choice i * n + j),
+run like native requests. Constraints: ``response_format`` json_object / json_schema,
+``tool_choice`` "required" or a named function (a ``structural_tag`` over the tools), and the
+``regex`` / ``ebnf`` / ``json_schema`` extensions; at most one per request. Errors use
+OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from runtime.sampling_params import InvalidSamplingParams, SamplingParams
+from runtime.server.errors import ApiError
+from runtime.server.openai_format import ResponseContext, chat_response, completion_response
+from runtime.server.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    SamplingRequest,
+)
+from runtime.server.openai_stream import Events, chat_stream, completion_stream
+from runtime.server.request_body import parse_model, read_json
+from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
+from runtime.server.streams import collect_finals, merge_streams, primed
+from runtime.server.tool_calls import tool_call_constraint
+
+router = APIRouter(prefix="/v1")
+
+# Sampling-param names as the OpenAI request spells them, for error messages.
+_OPENAI_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "structural_tag": "tool_choice",
+    "json_object": "response_format",
+}
+# OpenAI request field -> sampling param, copied when set.
+_PASSTHROUGH = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "stop": "stop",
+    "logit_bias": "logit_bias",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_new_tokens",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "no_stop_trim": "no_stop_trim",
+    "stop_token_ids": "stop_token_ids",
+    "regex": "regex",
+    "ebnf": "ebnf",
+    "json_schema": "json_schema",
+}
+
+
+@router.get("/models")
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(get_state(request))]})
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(request: Request, model: str) -> Response:
+    state = get_state(request)
+    _check_model(state, model)
+    return JSONResponse(_model_card(state))
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_model(CompletionRequest, await read_json(request, state.args.max_request_bytes))
+    _check_model(state, body.model)
+    if body.suffix:
+        raise ApiError(400, "suffix is not supported", param="suffix")
+    if body.best_of not in (None, body.n):
+        raise ApiError(400, "best_of must be equal to n", param="best_of")
+    prompts, texts = _completion_prompts(state, body.prompt)
+    max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
+    sampling = _sampling(body, max_tokens, {})
+    want_logprobs = body.logprobs is not None
+    options = {
+        "return_logprob": want_logprobs,
+        "top_logprobs_num": body.logprobs or 0,
+        "logprob_start_len": 0 if body.echo and want_logprobs else -1,
+    }
+    subs = [sub for ids in prompts for sub in expand_samples(ids, sampling, None, **options)]
+    ctx = _context(state, body, "cmpl", sampling.n)
+    ctx.echo_texts = texts if body.echo else []
+    return await _respond(
+        request,
+        state,
+        subs,
+        ctx,
+        body.stream,
+        want_logprobs,
+        completion_stream,
+        completion_response,
+    )
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_model(
+        ChatCompletionRequest, await read_json(request, state.args.max_request_bytes)
+    )
+    _check_model(state, body.model)
+    if body.top_logprobs and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
+    choice = body.tool_choice or ("auto" if functions else "none")
+    constraints = _format_constraint(body)
+    tag = _tool_constraint(functions, choice)
+    if tag is not None:
+        constraints["structural_tag"] = tag
+    tools_on = bool(functions) and choice != "none"
+    ids = _chat_prompt(state, body, tools_on)
+    max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
+    sampling = _sampling(body, max_tokens, constraints)
+    options = {"return_logprob": body.logprobs, "top_logprobs_num": body.top_logprobs or 0}
+    subs = expand_samples(ids, sampling, None, **options)
+    ctx = _context(state, body, "chatcmpl", sampling.n)
+    if tools_on:
+        ctx.tool_names = {f["name"] for f in functions}
+        ctx.max_tool_calls = None if body.parallel_tool_calls else 1
+    return await _respond(
+        request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
+    )
+
+
+async def _respond(
+    request: Request,
+    state: ServerState,
+    subs: list[SubRequest],
+    ctx: ResponseContext,
+    stream: bool,
+    want_logprobs: bool,
+    stream_body: Callable[[ResponseContext, Events, int, bool], AsyncIterator[bytes]],
+    full_body: Callable[[ResponseContext, list[dict[str, Any]], bool], dict[str, Any]],
+) -> Response:
+    streams = open_streams(state, subs)
+    if not stream:
+        finals = await collect_finals(request, streams)
+        return JSONResponse(full_body(ctx, finals, want_logprobs))
+    events = await primed(merge_streams(request, streams))
+    return StreamingResponse(
+        stream_body(ctx, events, len(subs), want_logprobs), media_type="text/event-stream"
+    )
+
+
+def _context(state: ServerState, body: SamplingRequest, prefix: str, n: int) -> ResponseContext:
+    return ResponseContext(
+        request_id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=state.args.model_name,
+        n=n,
+        token_text=state.token_text,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.args.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "arbor",
+        "root": state.args.model_path,
+        "max_model_len": state.context_length,
+    }
+
+
+def _check_model(state: ServerState, model: str) -> None:
+    if model not in (state.args.model_name, state.args.model_path):
+        raise ApiError(
+            404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        )
+
+
+def _sampling(
+    body: SamplingRequest, max_new_tokens: int, constraints: dict[str, Any]
+) -> SamplingParams:
+    """The request's sampling params, validated; ApiError 400 with the OpenAI field name."""
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": body.n}
+    for field, name in _PASSTHROUGH.items():
+        value = getattr(body, field)
+        if value is not None:
+            params[name] = value
+    for name, value in constraints.items():
+        if name in params:
+            raise ApiError(400, f"{name} conflicts with another constraint", param=name)
+        params[name] = value
+    try:
+        return SamplingParams.from_dict(params)
+    except InvalidSamplingParams as exc:
+        name = _OPENAI_NAMES.get(exc.field, exc.field)
+        reason = str(exc).split(": ", 1)[-1]
+        raise ApiError(400, f"{name}: {reason}", param=name) from None
+
+
+def _completion_prompts(
+    state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]
+) -> tuple[list[list[int]], list[str]]:
+    """(token ids, text) of each prompt."""
+    items: list[Any] = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not items:
+        raise ApiError(400, "prompt is empty", param="prompt")
+    if isinstance(items[0], int):
+        items = [items]
+    tokenizer = state.tokenizer
+    ids = [state.tokenizer_manager.tokenize(p) if isinstance(p, str) else list(p) for p in items]
+    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in items]
+    return ids, texts
+
+
+def _format_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return {}
+    if fmt.type == "json_schema" and fmt.json_schema and fmt.json_schema.schema_ is not None:
+        return {"json_schema": fmt.json_schema.schema_}
+    return {"json_object": True}
+
+
+def _tool_constraint(
+    functions: list[dict[str, Any]], choice: str | NamedToolChoice
+) -> dict[str, Any] | None:
+    if choice in ("none", "auto"):
+        return None
+    if not functions:
+        raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in {f["name"] for f in functions}:
+            raise ApiError(
+                400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
+            )
+        return tool_call_constraint(functions, "named", choice.function.name)
+    return tool_call_constraint(functions, "required")
+
+
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest, with_tools: bool) -> list[int]:
+    """Render the messages (and tools) with the tokenizer's chat template, then tokenize."""
+    messages = []
+    for i, message in enumerate(body.messages):
+        rendered = message.model_dump(exclude_none=True)
+        rendered["content"] = _text_content(message.content, i)
+        if rendered["role"] == "developer":
+            rendered["role"] = "system"
+        messages.append(rendered)
+    tools = None
+    if with_tools:
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+    try:
+        text = state.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:  # jinja errors, or a tokenizer without a template
+        raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
+    return state.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str | None:
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(
+                400, "only text content parts are supported", param=f"messages.{index}.content"
+            )
+        parts.append(part["text"])
+    return "".join(parts)

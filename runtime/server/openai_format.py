@@ -1,0 +1,155 @@
+"""OpenAI response bodies built from the tokenizer manager's results: choices, usage,
+logprobs in both the chat shape and the legacy completions shape, finish reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.server.token_text import TokenText
+from runtime.server.tool_calls import parse_tool_calls
+
+Logprob = tuple[float | None, int]
+
+
+@dataclass
+class ResponseContext:
+    """What every body and chunk of one OpenAI response shares."""
+
+    request_id: str
+    created: int
+    model: str
+    n: int  # samples per prompt: choice i * n + j is sample j of prompt i
+    token_text: TokenText
+    include_usage: bool = False
+    # Chat with tools (tool_choice other than "none"): parse tool calls from the output.
+    tool_names: set[str] | None = None
+    max_tool_calls: int | None = None
+    # Completions with echo: the prompt texts, prepended to each prompt's choices.
+    echo_texts: list[str] = field(default_factory=list)
+
+
+def finish_fields(meta: dict[str, Any], called_tools: bool = False) -> dict[str, Any]:
+    """``finish_reason`` ("stop", "length", "tool_calls", "abort") and SGLang's
+    ``matched_stop`` (the stop string or token that ended the output, if any)."""
+    reason = meta.get("finish_reason")
+    if reason is None:
+        return {"finish_reason": None}
+    kind = reason.get("type")
+    if kind == "stop" and called_tools:
+        kind = "tool_calls"
+    return {"finish_reason": kind, "matched_stop": reason.get("matched")}
+
+
+def usage(finals: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Prompt tokens count once per prompt however many samples it has."""
+    metas = [final["meta_info"] for final in finals]
+    firsts = metas[::n]
+    prompt = sum(m["prompt_tokens"] for m in firsts)
+    completion = sum(m["completion_tokens"] for m in metas)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
+    }
+
+
+def chat_logprobs(
+    text: TokenText, chosen: list[Logprob], tops: list[list[Logprob]]
+) -> dict[str, Any]:
+    """``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}``."""
+
+    def entry(logprob: float | None, token: int) -> dict[str, Any]:
+        return {"token": text.text(token), "logprob": logprob, "bytes": list(text.bytes(token))}
+
+    content = []
+    for i, (logprob, token) in enumerate(chosen):
+        top = tops[i] if i < len(tops) else []
+        content.append({**entry(logprob, token), "top_logprobs": [entry(lp, t) for lp, t in top]})
+    return {"content": content}
+
+
+def completion_logprobs(
+    text: TokenText, chosen: list[Logprob], tops: list[list[Logprob]], offset: int
+) -> dict[str, Any]:
+    """The legacy shape: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs``
+    (token text -> logprob) and ``text_offset`` (from ``offset`` on)."""
+    tokens = [text.text(token) for _, token in chosen]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [logprob for logprob, _ in chosen],
+        "top_logprobs": [
+            {text.text(t): lp for lp, t in (tops[i] if i < len(tops) else [])}
+            for i in range(len(chosen))
+        ],
+        "text_offset": offsets,
+    }
+
+
+def completion_response(
+    ctx: ResponseContext, finals: list[dict[str, Any]], want_logprobs: bool
+) -> dict[str, Any]:
+    choices = []
+    for index, final in enumerate(finals):
+        meta = final["meta_info"]
+        prefix = ctx.echo_texts[index // ctx.n] if ctx.echo_texts else ""
+        logprobs = None
+        if want_logprobs:
+            chosen = list(meta.get("output_token_logprobs", []))
+            tops = list(meta.get("output_top_logprobs", []))
+            if ctx.echo_texts:
+                chosen = list(meta.get("input_token_logprobs", [])) + chosen
+                tops = list(meta.get("input_top_logprobs", [])) + tops
+            logprobs = completion_logprobs(ctx.token_text, chosen, tops, 0)
+        choices.append(
+            {"index": index, "text": prefix + final["text"], "logprobs": logprobs}
+            | finish_fields(meta)
+        )
+    return {
+        "id": ctx.request_id,
+        "object": "text_completion",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": choices,
+        "usage": usage(finals, ctx.n),
+    }
+
+
+def chat_response(
+    ctx: ResponseContext, finals: list[dict[str, Any]], want_logprobs: bool
+) -> dict[str, Any]:
+    choices = []
+    for index, final in enumerate(finals):
+        meta = final["meta_info"]
+        message: dict[str, Any] = {"role": "assistant", "content": final["text"]}
+        calls = []
+        if ctx.tool_names is not None:
+            message["content"], calls = parse_tool_calls(
+                final["text"], ctx.tool_names, ctx.max_tool_calls
+            )
+            if calls:
+                message["tool_calls"] = [call.to_openai() for call in calls]
+        logprobs = None
+        if want_logprobs:
+            logprobs = chat_logprobs(
+                ctx.token_text,
+                meta.get("output_token_logprobs", []),
+                meta.get("output_top_logprobs", []),
+            )
+        choices.append(
+            {"index": index, "message": message, "logprobs": logprobs}
+            | finish_fields(meta, called_tools=bool(calls))
+        )
+    return {
+        "id": ctx.request_id,
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": choices,
+        "usage": usage(finals, ctx.n),
+    }

@@ -1,0 +1,160 @@
+"""Server-sent event streams of the OpenAI API: ``text_completion`` and
+``chat.completion.chunk`` chunks as tokens arrive, then ``data: [DONE]``.
+
+Per choice: chat first sends the assistant role, then content deltas (tool calls, when tools
+are on, as one complete delta each once their block has closed), then a chunk with the
+finish reason. With ``stream_options.include_usage`` every chunk carries ``"usage": null``
+and a last chunk with no choices carries the usage. An error after the stream started is
+sent as an ``{"error": ...}`` event before ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from runtime.errors import RequestError, SchedulerDied
+from runtime.server.errors import ClientGone, error_body
+from runtime.server.openai_format import (
+    ResponseContext,
+    chat_logprobs,
+    completion_logprobs,
+    finish_fields,
+    usage,
+)
+from runtime.server.streams import SSE_DONE, sse_event
+from runtime.server.tool_calls import ToolCall, ToolCallParser
+
+Events = AsyncIterator[tuple[int, dict[str, Any]]]
+
+
+def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> bytes:
+    body: dict[str, Any] = {
+        "id": ctx.request_id,
+        "object": kind,
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": choices,
+    }
+    if ctx.include_usage:
+        body["usage"] = None
+    return sse_event(body)
+
+
+def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[dict[str, Any]]) -> bytes:
+    body = {
+        "id": ctx.request_id,
+        "object": kind,
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": [],
+        "usage": usage(finals, ctx.n),
+    }
+    return sse_event(body)
+
+
+async def _guarded(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """End the stream properly whatever happens to the generation."""
+    try:
+        async for data in body:
+            yield data
+    except ClientGone:
+        return
+    except (RequestError, SchedulerDied) as exc:
+        status = exc.status_code if isinstance(exc, RequestError) else 503
+        yield sse_event(error_body(status, str(exc)))
+    yield SSE_DONE
+
+
+def completion_stream(
+    ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
+) -> AsyncIterator[bytes]:
+    return _guarded(_completion_chunks(ctx, events, num_choices, want_logprobs))
+
+
+async def _completion_chunks(
+    ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
+) -> AsyncIterator[bytes]:
+    kind = "text_completion"
+    finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
+    started = [False] * num_choices
+    sent = [0] * num_choices  # output logprobs sent per choice
+    offsets = [0] * num_choices  # characters of text sent per choice
+    async for index, chunk in events:
+        meta = chunk["meta_info"]
+        text = chunk["delta"]
+        first, started[index] = not started[index], True
+        if first and ctx.echo_texts:
+            text = ctx.echo_texts[index // ctx.n] + text
+        logprobs = None
+        if want_logprobs:
+            chosen = list(meta.get("output_token_logprobs", [])[sent[index] :])
+            tops = list(meta.get("output_top_logprobs", [])[sent[index] :])
+            sent[index] += len(chosen)
+            if first and ctx.echo_texts:
+                chosen = list(meta.get("input_token_logprobs", [])) + chosen
+                tops = list(meta.get("input_top_logprobs", [])) + tops
+            logprobs = completion_logprobs(ctx.token_text, chosen, tops, offsets[index])
+        offsets[index] += len(text)
+        if meta["finish_reason"] is not None:
+            finals[index] = chunk
+        choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(meta)
+        yield _chunk(ctx, kind, [choice])
+    if ctx.include_usage:
+        yield _usage_chunk(ctx, kind, finals)
+
+
+def chat_stream(
+    ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
+) -> AsyncIterator[bytes]:
+    return _guarded(_chat_chunks(ctx, events, num_choices, want_logprobs))
+
+
+async def _chat_chunks(
+    ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
+) -> AsyncIterator[bytes]:
+    kind = "chat.completion.chunk"
+    finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
+    started = [False] * num_choices
+    sent = [0] * num_choices  # output logprobs sent per choice
+    calls = [0] * num_choices  # tool calls sent per choice
+    parsers = [
+        ToolCallParser(ctx.tool_names, ctx.max_tool_calls) if ctx.tool_names is not None else None
+        for _ in range(num_choices)
+    ]
+    async for index, chunk in events:
+        meta = chunk["meta_info"]
+        finished = meta["finish_reason"] is not None
+        if not started[index]:
+            started[index] = True
+            delta = {"role": "assistant", "content": ""}
+            yield _chunk(ctx, kind, [{"index": index, "delta": delta, "logprobs": None}])
+        parser = parsers[index]
+        pieces: list[str | ToolCall] = parser.feed(chunk["delta"]) if parser else [chunk["delta"]]
+        if finished and parser:
+            pieces += parser.finish()
+        logprobs = None
+        if want_logprobs:
+            chosen = meta.get("output_token_logprobs", [])[sent[index] :]
+            tops = meta.get("output_top_logprobs", [])[sent[index] :]
+            sent[index] += len(chosen)
+            logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
+        deltas: list[dict[str, Any]] = []
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                deltas.append({"tool_calls": [piece.to_openai(index=calls[index])]})
+                calls[index] += 1
+            elif piece:
+                deltas.append({"content": piece})
+        if logprobs is not None and not deltas:
+            deltas.append({"content": ""})
+        for delta in deltas:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+            yield _chunk(ctx, kind, [choice])
+            logprobs = None
+        if finished:
+            finals[index] = chunk
+            choice = {"index": index, "delta": {}, "logprobs": None}
+            yield _chunk(ctx, kind, [choice | finish_fields(meta, called_tools=calls[index] > 0)])
+    if ctx.include_usage:
+        yield _usage_chunk(ctx, kind, finals)

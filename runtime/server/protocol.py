@@ -1,0 +1,41 @@
+"""Request bodies of the native (SGLang-compatible) API. Unknown fields are refused (400)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class NativeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerateReqInput(NativeRequest):
+    """``POST /generate``: exactly one of ``text`` and ``input_ids``, each single or a batch.
+
+    ``sampling_params`` is one dict for all prompts or one per prompt (validated by
+    ``SamplingParams.from_dict``). ``rid`` is one id, or one per prompt for a batch.
+    """
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = Field(default=0, ge=0)
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)  # type: ignore[index]
+
+
+class AbortReqInput(NativeRequest):
+    """``POST /abort_request``: abort the request with this id (a no-op if it is finished)."""
+
+    rid: str

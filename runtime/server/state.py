@@ -1,0 +1,94 @@
+"""What every HTTP handler of one server shares, and the sub-requests handlers send.
+
+A handler turns its body into ``SubRequest``s (one per prompt and per sample of ``n``) and
+runs them with ``open_streams``; every sub-request goes through the metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from runtime.sampling_params import SamplingParams
+from runtime.server.metrics import ServerMetrics
+from runtime.server.token_text import TokenText
+from runtime.server_args import ServerArgs
+from runtime.tokenizer_manager import TokenizerManager
+
+
+@dataclass
+class ServerState:
+    args: ServerArgs
+    tokenizer: Any
+    tokenizer_manager: TokenizerManager
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    # Process facts for /get_server_info: scheduler_pid, detokenizer_pid, ipc_dir.
+    process_info: dict[str, Any] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.token_text = TokenText(self.tokenizer)
+
+    @property
+    def context_length(self) -> int:
+        """Known once the scheduler is ready (its SchedulerReady carries it)."""
+        return int(self.tokenizer_manager.server_info.get("context_length", 0))
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.arbor
+
+
+@dataclass(frozen=True)
+class SubRequest:
+    """One request to the scheduler: a prompt with one sample's sampling params (n == 1)."""
+
+    input_ids: list[int]
+    sampling: SamplingParams
+    rid: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+
+
+def expand_samples(
+    input_ids: list[int],
+    sampling: SamplingParams,
+    rid: str | None,
+    **logprob_options: Any,
+) -> list[SubRequest]:
+    """``n`` samples as n sub-requests, as the Engine does: the prompt's KV is shared through
+    the radix cache; sample j uses seed + j when a seed is given. With n > 1, sub-request ids
+    are ``{rid}-{j}``."""
+    subs = []
+    for j in range(sampling.n):
+        seed = None if sampling.seed is None else sampling.seed + j
+        sub_rid = rid if rid is None or sampling.n == 1 else f"{rid}-{j}"
+        one = dataclasses.replace(sampling, n=1, seed=seed)
+        subs.append(SubRequest(list(input_ids), one, sub_rid, **logprob_options))
+    return subs
+
+
+def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[dict[str, Any]]]:
+    """One result stream per sub-request, each yielding a chunk per output step (so the metrics
+    see time to first token and inter-token latency even for non-streaming clients)."""
+    manager = state.tokenizer_manager
+    return [
+        state.metrics.observe(
+            manager.generate(
+                sub.input_ids,
+                sub.sampling,
+                sub.rid,
+                sub.return_logprob,
+                sub.logprob_start_len,
+                sub.top_logprobs_num,
+                stream=True,
+            )
+        )
+        for sub in subs
+    ]

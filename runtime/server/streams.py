@@ -1,0 +1,114 @@
+"""Running a handler's generation streams: merged, aborted when the client leaves, as SSE.
+
+Every request a handler makes to the tokenizer manager is one async generator of result
+chunks. ``merge_streams`` pumps each on its own task and yields ``(index, chunk)`` as they
+arrive. Cancelling a pump task closes its generator, which sends the scheduler an
+AbortRequest, so every way a handler can end early (an error in one stream, the client
+disconnecting, the response being cancelled) aborts the rest and frees their KV at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import Request
+
+from runtime.server.errors import ClientGone
+
+_DONE = object()
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def merge_streams(
+    request: Request, streams: Sequence[AsyncIterator[dict[str, Any]]]
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(index into streams, chunk)`` until every stream ends.
+
+    Precondition: the request body has been read (the watcher's ``receive`` then only sees
+    the disconnect). Raises the first exception of any stream, or ClientGone once the client
+    disconnects; in both cases every unfinished stream has been aborted. Closing this
+    generator early aborts them too.
+    """
+    events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+        try:
+            async for chunk in stream:
+                events.put_nowait((index, chunk))
+            events.put_nowait((index, _DONE))
+        except Exception as exc:
+            events.put_nowait((index, exc))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for task in pumps:  # abort now: the consumer may be suspended at a yield
+            task.cancel()
+        events.put_nowait((-1, ClientGone()))
+
+    watcher = asyncio.create_task(watch())
+    remaining = len(streams)
+    try:
+        while remaining:
+            index, item = await events.get()
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in (*pumps, watcher):
+            task.cancel()
+        await asyncio.gather(*pumps, watcher, return_exceptions=True)
+
+
+async def collect_finals(
+    request: Request, streams: Sequence[AsyncIterator[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The last chunk of every stream, in stream order (each stream's final result)."""
+    finals: list[dict[str, Any]] = [{} for _ in streams]
+    async for index, chunk in merge_streams(request, streams):
+        finals[index] = chunk
+    return finals
+
+
+def sse_event(payload: Any) -> bytes:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def primed(
+    events: AsyncIterator[tuple[int, dict[str, Any]]],
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Wait for the first event before returning, so a request the runtime refuses raises here
+    (and becomes a 4xx response) instead of after the 200 headers of a stream are sent.
+
+    The returned iterator yields that first event, then the rest.
+    """
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        return _empty()
+    return _prepend(first, events)
+
+
+async def _empty() -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    return
+    yield
+
+
+async def _prepend(
+    first: tuple[int, dict[str, Any]], rest: AsyncIterator[tuple[int, dict[str, Any]]]
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    try:
+        yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
