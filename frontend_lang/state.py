@@ -113,10 +113,11 @@ class ProgramState:
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
         self.sync()
-        try:
-            self._run.backend.cache_prefix(self._prompt())
-        except Exception as exc:
-            raise ProgramError(self._run.program, None, exc) from exc
+        if n > 1:
+            try:
+                self._run.backend.cache_prefix(self._prompt())
+            except Exception as exc:
+                raise ProgramError(self._run.program, None, exc) from exc
         branches = [self._branch() for _ in range(n)]
         with self._run.lock:
             self._run.branches.extend(branches)

@@ -225,3 +225,14 @@ def test_errors_surface_with_program_and_variable(backend: fl.Backend):
         )
     with pytest.raises(TypeError, match="continue_text"):
         continue_text.run(wrong_arg=1, backend=backend)
+
+
+def test_programs_compose(backend: fl.Backend):
+    @fl.function
+    def outer(s: fl.ProgramState) -> None:
+        s += "Header.\n"
+        continue_text(s, prefix="def f():", max_tokens=3)
+        s += "\nEnd."
+
+    state = outer.run(backend=backend)
+    assert state.text() == "Header.\ndef f():" + state["out"] + "\nEnd."
