@@ -74,10 +74,12 @@ class ServerMetrics:
         self.e2e = Histogram(E2E_BUCKETS)
 
     async def observe(self, stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        """Pass ``stream``'s chunks through, timing them and counting the finished request."""
+        """Pass ``stream``'s chunks through, timing them and counting the request when it ends
+        (finished, refused: "error", or cancelled because the client left: "abort")."""
         start = last = time.monotonic()
         seen_tokens = 0
         meta: dict[str, Any] = {}
+        outcome = "abort"
         try:
             async for chunk in stream:
                 now = time.monotonic()
@@ -91,15 +93,18 @@ class ServerMetrics:
                             self.itl.observe((now - last) / new_tokens)
                     seen_tokens, last = meta["completion_tokens"], now
                 yield chunk
+            outcome = (meta.get("finish_reason") or {}).get("type", "unknown")
         except RequestError:
-            self.finished["error"] += 1
+            outcome = "error"
             raise
-        if meta:
-            self.finished[(meta["finish_reason"] or {}).get("type", "unknown")] += 1
-            self.prompt_tokens += meta["prompt_tokens"]
-            self.cached_tokens += meta["cached_tokens"]
-            self.generation_tokens += meta["completion_tokens"]
-            self.e2e.observe(time.monotonic() - start)
+        finally:
+            self.finished[outcome] += 1
+            if meta:
+                self.prompt_tokens += meta["prompt_tokens"]
+                self.cached_tokens += meta["cached_tokens"]
+                self.generation_tokens += meta["completion_tokens"]
+            if outcome != "error":
+                self.e2e.observe(time.monotonic() - start)
 
     def render(self, scheduler_info: dict[str, Any] | None) -> str:
         """The exposition text; scheduler gauges are left out when ``scheduler_info`` is None."""

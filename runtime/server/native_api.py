@@ -40,6 +40,7 @@ _TOP_LOGPROB_KEYS = ("input_top_logprobs", "output_top_logprobs")
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     state = get_state(request)
+    state.require_ready()
     body = parse_model(GenerateReqInput, await read_json(request, state.args.max_request_bytes))
     subs = _sub_requests(state, body)
     events = merge_streams(request, open_streams(state, subs))

@@ -79,6 +79,7 @@ async def retrieve_model(request: Request, model: str) -> Response:
 @router.post("/completions")
 async def completions(request: Request) -> Response:
     state = get_state(request)
+    state.require_ready()
     body = parse_model(CompletionRequest, await read_json(request, state.args.max_request_bytes))
     _check_model(state, body.model)
     if body.suffix:
@@ -112,6 +113,7 @@ async def completions(request: Request) -> Response:
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = get_state(request)
+    state.require_ready()
     body = parse_model(
         ChatCompletionRequest, await read_json(request, state.args.max_request_bytes)
     )

@@ -42,9 +42,30 @@ def parse_model(model: type[Model], data: Any) -> Model:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
+        param = _field_path(first["loc"], data, keep_last=first["type"] in _ABSENT_FIELD) or None
         if first["type"] == "extra_forbidden":
             message = f"Unrecognized request argument supplied: {param}"
         else:
             message = f"{param}: {first['msg']}" if param else first["msg"]
         raise ApiError(400, message, param=param) from None
+
+
+# Errors about a field that is not in the input (so its name is not found by walking it).
+_ABSENT_FIELD = ("missing", "extra_forbidden")
+
+
+def _field_path(loc: tuple[int | str, ...], data: Any, keep_last: bool) -> str:
+    """The dotted path of ``loc`` through the input (``messages.0.role``). pydantic also puts
+    the member type of a union in ``loc`` (``text.list[str]``); those parts are not in the
+    input and are left out."""
+    parts: list[str] = []
+    for i, part in enumerate(loc):
+        found = (isinstance(data, dict) and part in data) or (
+            isinstance(data, list) and isinstance(part, int) and part < len(data)
+        )
+        if found:
+            parts.append(str(part))
+            data = data[part]
+        elif keep_last and i == len(loc) - 1:
+            parts.append(str(part))
+    return ".".join(parts)

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from runtime.sampling_params import SamplingParams
+from runtime.server.errors import ApiError
 from runtime.server.metrics import ServerMetrics
 from runtime.server.token_text import TokenText
 from runtime.server_args import ServerArgs
@@ -38,6 +39,11 @@ class ServerState:
     def context_length(self) -> int:
         """Known once the scheduler is ready (its SchedulerReady carries it)."""
         return int(self.tokenizer_manager.server_info.get("context_length", 0))
+
+    def require_ready(self) -> None:
+        """ApiError 503 until the scheduler has loaded the model (as /health reports)."""
+        if not self.tokenizer_manager.ready.is_set():
+            raise ApiError(503, "the model is still loading; wait for /health to answer 200")
 
 
 def get_state(request: Request) -> ServerState:
