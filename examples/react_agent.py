@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Callable
 
 import frontend_lang as fl
 
@@ -14,7 +15,7 @@ CITIES = {
     "tokyo": "Tokyo is the capital of Japan; about 14 million people live there.",
     "lima": "Lima is the capital of Peru; about 10 million people live there.",
 }
-_OPERATORS = {
+_OPERATORS: dict[type, Callable[..., float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,

@@ -25,7 +25,7 @@ def test_blocks_concatenate_to_the_template_rendering(arch: str, tiny_model_path
     path = tiny_model_path if arch == "llama" else cached_test_model("tiny", arch)
     tokenizer = AutoTokenizer.from_pretrained(path)
     template = fl.ChatTemplate.from_tokenizer(tokenizer)
-    expected = tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+    expected = str(tokenizer.apply_chat_template(CONVERSATION, tokenize=False))
     adds_bos = tokenizer("x").input_ids[0] == tokenizer.bos_token_id
     if adds_bos:  # tokenizing the text adds BOS, so the text must not carry it
         assert expected.startswith(tokenizer.bos_token)

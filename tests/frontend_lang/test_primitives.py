@@ -9,12 +9,10 @@ import pytest
 
 import frontend_lang as fl
 
-GREEDY = {"temperature": 0.0}
-
 
 @fl.function
 def continue_text(s: fl.ProgramState, prefix: str, max_tokens: int = 8) -> None:
-    s += prefix + fl.gen("out", max_tokens=max_tokens, **GREEDY)
+    s += prefix + fl.gen("out", max_tokens=max_tokens, temperature=0.0)
 
 
 def test_gen_captures_and_appends(backend: fl.Backend):
@@ -35,7 +33,7 @@ def test_gen_stop_trims_at_the_stop_string(backend: fl.Backend):
 
     @fl.function
     def stopped(s: fl.ProgramState) -> None:
-        s += "import os\n" + fl.gen("out", max_tokens=16, stop=stop, **GREEDY)
+        s += "import os\n" + fl.gen("out", max_tokens=16, stop=stop, temperature=0.0)
 
     state = stopped.run(backend=backend)
     assert state["out"] == free[: free.index(stop)]
@@ -54,7 +52,9 @@ def test_sampling_params_reach_the_runtime(backend: fl.Backend):
     @fl.function
     def penalized(s: fl.ProgramState) -> None:
         s += "class Foo:"
-        s += fl.gen("out", max_tokens=8, frequency_penalty=2.0, presence_penalty=2.0, **GREEDY)
+        s += fl.gen(
+            "out", max_tokens=8, frequency_penalty=2.0, presence_penalty=2.0, temperature=0.0
+        )
 
     # Greedy decoding repeats tokens on this model; penalties at 2.0 change the argmax.
     assert penalized.run(backend=backend)["out"] != greedy
@@ -109,10 +109,10 @@ def chat(s: fl.ProgramState, question: str) -> None:
     s += fl.system("You are terse.")
     with s.user():
         s += question
-    s += fl.assistant(fl.gen("answer", max_tokens=6, **GREEDY))
+    s += fl.assistant(fl.gen("answer", max_tokens=6, temperature=0.0))
     s += fl.user("Again?")
     with s.assistant():
-        s += "Sure: " + fl.gen("again", max_tokens=4, **GREEDY)
+        s += "Sure: " + fl.gen("again", max_tokens=4, temperature=0.0)
 
 
 def test_roles_render_with_the_chat_template(backend: fl.Backend, engine_backend: fl.Engine):
@@ -134,9 +134,9 @@ def test_fork_branches_share_the_prefix(backend: fl.Backend):
         s += preamble
         forks = s.fork(3)
         for i, branch in enumerate(forks):
-            branch += f"Idea {i}:" + fl.gen("idea", max_tokens=6, **GREEDY)
+            branch += f"Idea {i}:" + fl.gen("idea", max_tokens=6, temperature=0.0)
         forks.join()
-        s += "Best:" + fl.gen("best", max_tokens=4, **GREEDY)
+        s += "Best:" + fl.gen("best", max_tokens=4, temperature=0.0)
 
     state = tree.run(backend=backend)
     ideas, metas = state["idea"], state.get_meta_info("idea")
@@ -154,8 +154,8 @@ def test_fork_group_append_and_branch_reads(backend: fl.Backend):
     def both(s: fl.ProgramState) -> None:
         s += "Q: name a color.\n"
         forks = s.fork(2)
-        forks += "A:" + fl.gen("a", max_tokens=3, **GREEDY)
-        forks[1] += " And:" + fl.gen("b", max_tokens=3, **GREEDY)
+        forks += "A:" + fl.gen("a", max_tokens=3, temperature=0.0)
+        forks[1] += " And:" + fl.gen("b", max_tokens=3, temperature=0.0)
         assert forks[0]["a"] == forks[1]["a"]  # same prefix, greedy
         forks.join()
 
