@@ -57,7 +57,8 @@ def run_demo(model_path: str | None, prompt: str, max_new_tokens: int) -> int:
         )
         print(f"\nchat  user: {prompt!r}")
         print(f"chat  assistant: {chat.choices[0].message.content!r}")
-        print(f"      ({chat.usage.completion_tokens} tokens, {chat.choices[0].finish_reason})")
+        tokens = chat.usage.completion_tokens if chat.usage else "?"
+        print(f"      ({tokens} tokens, {chat.choices[0].finish_reason})")
         _json_schema_request(client, model, openai.BadRequestError)
         return 0
     finally:

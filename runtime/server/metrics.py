@@ -125,9 +125,9 @@ class ServerMetrics:
         lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time to first token.")
         lines += self.itl.render(f"{p}inter_token_latency_seconds", "Time between tokens.")
         lines += self.e2e.render(f"{p}e2e_request_latency_seconds", "Request latency.")
-        for key, name, help_text in SCHEDULER_GAUGES if scheduler_info else ():
-            value = scheduler_info.get(key)  # type: ignore[union-attr]
-            if isinstance(value, (int, float)):
+        for key, name, help_text in SCHEDULER_GAUGES:
+            gauge = (scheduler_info or {}).get(key)
+            if isinstance(gauge, (int, float)):
                 lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} gauge"]
-                lines.append(f"{p}{name} {float(value)}")
+                lines.append(f"{p}{name} {float(gauge)}")
         return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,7 +29,7 @@ from runtime.server.state import (
     get_state,
     open_streams,
 )
-from runtime.server.streams import SSE_DONE, merge_streams, primed, sse_event
+from runtime.server.streams import SSE_DONE, Events, merge_streams, primed, sse_event
 
 router = APIRouter()
 
@@ -60,7 +60,7 @@ async def generate(request: Request) -> Response:
 async def _event_stream(
     state: ServerState,
     body: GenerateReqInput,
-    events: AsyncIterator[tuple[int, dict[str, Any]]],
+    events: Events,
     several: bool,
 ) -> AsyncIterator[bytes]:
     try:
@@ -85,9 +85,10 @@ def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest
     if body.text is not None:
         texts = body.text if isinstance(body.text, list) else [body.text]
         prompts = [manager.tokenize(text) for text in texts]
+    elif body.is_batch:
+        prompts = cast(list[list[int]], body.input_ids)
     else:
-        ids = body.input_ids or []
-        prompts = ids if body.is_batch else [ids]  # type: ignore[assignment]
+        prompts = [cast(list[int], body.input_ids)]
     if not prompts:
         raise ApiError(400, "the batch is empty", param="text")
     if isinstance(body.sampling_params, list):
@@ -108,7 +109,7 @@ def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest
     }
     subs: list[SubRequest] = []
     for ids, sampling, rid in zip(prompts, params, rids, strict=True):
-        subs += expand_samples(list(ids), sampling, rid, **options)  # type: ignore[arg-type]
+        subs += expand_samples(list(ids), sampling, rid, **options)
     return subs
 
 

@@ -26,10 +26,10 @@ from runtime.server.openai_protocol import (
     NamedToolChoice,
     SamplingRequest,
 )
-from runtime.server.openai_stream import Events, chat_stream, completion_stream
+from runtime.server.openai_stream import chat_stream, completion_stream
 from runtime.server.request_body import parse_model, read_json
 from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
-from runtime.server.streams import collect_finals, merge_streams, primed
+from runtime.server.streams import Events, collect_finals, merge_streams, primed
 from runtime.server.tool_calls import tool_call_constraint
 
 router = APIRouter(prefix="/v1")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.server.token_text import TokenText
-from runtime.server.tool_calls import parse_tool_calls
+from runtime.server.tool_calls import ToolCall, parse_tool_calls
 
 Logprob = tuple[float | None, int]
 
@@ -61,7 +61,11 @@ def chat_logprobs(
     """``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}``."""
 
     def entry(logprob: float | None, token: int) -> dict[str, Any]:
-        return {"token": text.text(token), "logprob": logprob, "bytes": list(text.bytes(token))}
+        return {
+            "token": text.text(token),
+            "logprob": logprob,
+            "bytes": list(text.token_bytes(token)),
+        }
 
     content = []
     for i, (logprob, token) in enumerate(chosen):
@@ -127,7 +131,7 @@ def chat_response(
     for index, final in enumerate(finals):
         meta = final["meta_info"]
         message: dict[str, Any] = {"role": "assistant", "content": final["text"]}
-        calls = []
+        calls: list[ToolCall] = []
         if ctx.tool_names is not None:
             message["content"], calls = parse_tool_calls(
                 final["text"], ctx.tool_names, ctx.max_tool_calls

@@ -22,10 +22,8 @@ from runtime.server.openai_format import (
     finish_fields,
     usage,
 )
-from runtime.server.streams import SSE_DONE, sse_event
+from runtime.server.streams import SSE_DONE, Events, sse_event
 from runtime.server.tool_calls import ToolCall, ToolCallParser
-
-Events = AsyncIterator[tuple[int, dict[str, Any]]]
 
 
 def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> bytes:

@@ -32,7 +32,8 @@ class GenerateReqInput(NativeRequest):
     def is_batch(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, list)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)  # type: ignore[index]
+        ids = self.input_ids
+        return ids is not None and len(ids) > 0 and isinstance(ids[0], list)
 
 
 class AbortReqInput(NativeRequest):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -22,9 +22,12 @@ _DONE = object()
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+Events = AsyncGenerator[tuple[int, dict[str, Any]], None]
+
+
 async def merge_streams(
     request: Request, streams: Sequence[AsyncIterator[dict[str, Any]]]
-) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+) -> Events:
     """Yield ``(index into streams, chunk)`` until every stream ends.
 
     Precondition: the request body has been read (the watcher's ``receive`` then only sees
@@ -83,9 +86,7 @@ def sse_event(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def primed(
-    events: AsyncIterator[tuple[int, dict[str, Any]]],
-) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+async def primed(events: Events) -> Events:
     """Wait for the first event before returning, so a request the runtime refuses raises here
     (and becomes a 4xx response) instead of after the 200 headers of a stream are sent.
 
@@ -98,17 +99,15 @@ async def primed(
     return _prepend(first, events)
 
 
-async def _empty() -> AsyncIterator[tuple[int, dict[str, Any]]]:
+async def _empty() -> Events:
     return
     yield
 
 
-async def _prepend(
-    first: tuple[int, dict[str, Any]], rest: AsyncIterator[tuple[int, dict[str, Any]]]
-) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+async def _prepend(first: tuple[int, dict[str, Any]], rest: Events) -> Events:
     try:
         yield first
         async for event in rest:
             yield event
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        await rest.aclose()

@@ -47,7 +47,7 @@ class TokenText:
         """The token decoded alone (what SGLang's ``return_text_in_logprobs`` returns)."""
         return self._lookup(token_id)[0]
 
-    def bytes(self, token_id: int) -> bytes:
+    def token_bytes(self, token_id: int) -> bytes:
         return self._lookup(token_id)[1]
 
     def _lookup(self, token_id: int) -> tuple[str, bytes]:

@@ -90,7 +90,8 @@ class ServerProcess:
         self.log.close()
 
     def log_text(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-5000:]
 
 

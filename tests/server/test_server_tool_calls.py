@@ -69,5 +69,5 @@ def test_token_bytes_rebuild_multibyte_text(tiny_model_path: Path):
     text = "naïve café 中文 🙂 <tool_call>"
     ids = tokenizer(text, add_special_tokens=False).input_ids
     token_text = TokenText(tokenizer)
-    assert b"".join(token_text.bytes(i) for i in ids).decode() == text
+    assert b"".join(token_text.token_bytes(i) for i in ids).decode() == text
     assert token_text.text(tokenizer.eos_token_id) == tokenizer.eos_token
