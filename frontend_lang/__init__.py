@@ -14,6 +14,7 @@ state["answer"]
 from frontend_lang.backends import Backend, BackendError, Engine, OpenAI, RuntimeEndpoint
 from frontend_lang.chat import CHATML, ChatTemplate, ChatTemplateError
 from frontend_lang.errors import ProgramError
+from frontend_lang.fork import ForkGroup
 from frontend_lang.ir import (
     CHOICES_METHODS,
     GREEDY_TOKEN,
@@ -26,7 +27,7 @@ from frontend_lang.ir import (
     user,
 )
 from frontend_lang.program import Function, function, get_default_backend, set_default_backend
-from frontend_lang.state import ForkGroup, ProgramState
+from frontend_lang.state import ProgramState
 
 __all__ = [
     "CHATML",

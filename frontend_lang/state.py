@@ -19,6 +19,7 @@ from typing import Any
 
 from frontend_lang.backends.base import Backend, Prompt
 from frontend_lang.errors import ProgramError
+from frontend_lang.fork import ForkGroup
 from frontend_lang.interpreter import execute
 from frontend_lang.ir import Expr, RoleBegin, RoleEnd, as_expr
 
@@ -283,50 +284,3 @@ class ProgramState:
     def _finish_stream(self) -> None:
         if self._events is not None:
             self._events.put(_END)
-
-
-class ForkGroup:
-    """The branches of ``s.fork(n)``: index or iterate them; ``forks += expr`` appends to all;
-    ``join()`` waits for all and sets each variable they assigned in the parent to the list of
-    the branches' values (in branch order)."""
-
-    def __init__(self, parent: ProgramState, branches: list[ProgramState]) -> None:
-        self.parent = parent
-        self.branches = branches
-
-    def __len__(self) -> int:
-        return len(self.branches)
-
-    def __iter__(self) -> Iterator[ProgramState]:
-        return iter(self.branches)
-
-    def __getitem__(self, index: int) -> ProgramState:
-        return self.branches[index]
-
-    def __setitem__(self, index: int, state: ProgramState) -> None:
-        if state is not self.branches[index]:  # ``forks[i] += expr`` assigns the branch back
-            raise TypeError("fork branches cannot be replaced")
-
-    def __iadd__(self, other: Expr | str) -> ForkGroup:
-        for branch in self.branches:
-            branch += other
-        return self
-
-    def join(self) -> None:
-        for branch in self.branches:
-            branch.sync()
-        names: list[str] = []
-        for branch in self.branches:
-            names.extend(n for n in branch._assigned if n not in names)
-        parent = self.parent
-
-        def gather() -> None:
-            for name in names:
-                parent._set(
-                    name,
-                    [b._vars.get(name) for b in self.branches],
-                    [b._meta.get(name) for b in self.branches],
-                    [b._parsed.get(name) for b in self.branches],
-                )
-
-        parent._submit(gather)
