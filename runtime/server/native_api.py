@@ -29,7 +29,14 @@ from runtime.server.state import (
     get_state,
     open_streams,
 )
-from runtime.server.streams import SSE_DONE, Events, merge_streams, primed, sse_event
+from runtime.server.streams import (
+    SSE_DONE,
+    Events,
+    collect_finals,
+    merge_streams,
+    primed,
+    sse_event,
+)
 
 router = APIRouter()
 
@@ -43,17 +50,14 @@ async def generate(request: Request) -> Response:
     state.require_ready()
     body = parse_model(GenerateReqInput, await read_json(request, state.args.max_request_bytes))
     subs = _sub_requests(state, body)
-    events = merge_streams(request, open_streams(state, subs))
+    streams = open_streams(state, subs)
     several = body.is_batch or len(subs) > 1
     if body.stream:
-        events = await primed(events)
+        events = await primed(merge_streams(request, streams))
         return StreamingResponse(
             _event_stream(state, body, events, several), media_type="text/event-stream"
         )
-    finals: list[dict[str, Any]] = [{} for _ in subs]
-    async for index, chunk in events:
-        finals[index] = chunk
-    results = [_result(state, body, chunk) for chunk in finals]
+    results = [_result(state, body, chunk) for chunk in await collect_finals(request, streams)]
     return JSONResponse(results if several else results[0])
 
 
