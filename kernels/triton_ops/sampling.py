@@ -35,7 +35,7 @@ def _load_tile(row_ptr, start, vocab_size, stride_col, BLOCK_V: tl.constexpr):
     (the float bits: monotone for non-negative floats; -1 past the vocabulary)."""
     offs = start + tl.arange(0, BLOCK_V)
     in_vocab = offs < vocab_size
-    p = tl.load(row_ptr + offs * stride_col, mask=in_vocab, other=0.0)
+    p = tl.load(row_ptr + offs * stride_col, mask=in_vocab, other=0.0).to(tl.float32)
     p = tl.maximum(p, 0.0)
     keys = tl.where(in_vocab, p.to(tl.int32, bitcast=True), -1)
     return p, offs, keys

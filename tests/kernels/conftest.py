@@ -1,9 +1,12 @@
 """Kernel tests run the triton kernels on CPU tensors under the triton interpreter.
 
-``@triton.jit`` reads TRITON_INTERPRET when a kernel is defined, and triton's own library
-kernels (``tl.rand``) are defined when triton is first imported, so the variable is set here,
-before anything in this package imports triton. The ``triton_ops`` fixture checks that nothing
-imported triton earlier in the process.
+``@triton.jit`` reads TRITON_INTERPRET when a function is defined, and triton's own library
+functions (``tl.sum``, ``tl.rand``...) are defined when triton is first imported, so the
+variable must be set before that import. In a full ``pytest tests`` run something else gets
+there first (transformers imports torch._dynamo, which imports triton), so this conftest also
+drops triton's Python modules from ``sys.modules``: the kernels' own ``import triton`` then
+builds a fresh, interpreted copy. The C extension stays (it cannot load twice); modules that
+imported triton earlier keep their compiled-mode copy, which nothing on CPU launches.
 """
 
 from __future__ import annotations
@@ -15,8 +18,18 @@ from types import ModuleType
 import pytest
 import torch
 
-_INTERPRETER_TOO_LATE = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-os.environ["TRITON_INTERPRET"] = "1"
+
+def _interpret_triton() -> None:
+    imported = [name for name in sys.modules if name == "triton" or name.startswith("triton.")]
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    os.environ["TRITON_INTERPRET"] = "1"
+    if imported and not interpreting:
+        for name in imported:
+            if not name.startswith("triton._C"):
+                del sys.modules[name]
+
+
+_interpret_triton()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,12 +43,11 @@ def _one_thread() -> None:
 def triton_ops() -> ModuleType:
     """The ``kernels.triton_ops`` package, its kernels running under the interpreter."""
     pytest.importorskip("triton")
-    if _INTERPRETER_TOO_LATE:
-        pytest.fail(
-            "triton was imported before tests/kernels/conftest.py set TRITON_INTERPRET=1; its "
-            "kernels would need a GPU. Run the kernel tests in their own process: "
-            "pytest tests/kernels"
-        )
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
     import kernels.triton_ops
 
+    if not isinstance(tl.rand, InterpretedFunction):
+        pytest.fail("triton's library kernels are not interpreted; run: pytest tests/kernels")
     return kernels.triton_ops
