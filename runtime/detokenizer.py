@@ -9,9 +9,9 @@ that may turn out to end the output.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
+from grammar import StopRegex
 from runtime.channels import Receiver, Sender
 from runtime.ipc import TextOutput, TextOutputBatch, TokenOutput, TokenOutputBatch
 
@@ -127,7 +127,7 @@ def _trimmed_end(text: str, emitted: int, out: TokenOutput) -> int:
     if matched in out.stop:
         pos = text.find(matched, emitted)
         return pos if pos >= 0 else len(text)
-    if matched in out.stop_regex:
-        found = re.search(matched, text)
-        return found.start() if found else len(text)
+    if out.stop_regex:  # the scheduler stopped on the first match of one of these
+        found = StopRegex(out.stop_regex).first_match(text)
+        return found[0] if found else len(text)
     return len(text)

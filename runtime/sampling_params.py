@@ -46,7 +46,8 @@ class SamplingParams:
     structural_tag: Any = None
     choice: tuple[str, ...] | None = None
     json_object: bool = False
-    grammar_best_effort: bool = False
+    grammar_best_effort: bool = False  # compile schema features the backend cannot enforce
+    grammar_max_whitespace: int = 0  # 0: compact JSON; N: ", " / ": " and whitespace runs <= N
 
     @property
     def is_greedy(self) -> bool:

@@ -8,10 +8,7 @@ from runtime.ipc import TokenOutput
 from runtime.sampler import SampleOutput, top_logprobs
 from runtime.scheduler.req import Req
 from runtime.scheduler.step_batch import StepBatch
-from runtime.scheduler.stop_checker import StopChecker
-
-# Prompt tokens sent to the detokenizer as decoding context.
-PROMPT_TAIL = 6
+from runtime.scheduler.stop_checker import PROMPT_TAIL, StopChecker
 
 
 class OutputProcessor:

@@ -50,6 +50,7 @@ class Req:
         self.sent_output_logprobs = 0
         self.input_logprobs_done = False
         self.token_counts: Any = None  # penalties: per-token counts over the vocabulary
+        self.stop_regex: Any = None  # (StopRegex, IncrementalDecoder) once a regex is checked
 
     @property
     def is_admitted(self) -> bool:

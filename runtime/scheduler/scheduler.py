@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 import kernels
+from grammar import StopRegex
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
 from runtime.ipc import (
@@ -30,8 +31,8 @@ from runtime.ipc import (
 )
 from runtime.model_runner import ModelRunner
 from runtime.sampler import Sampler
-from runtime.sampling_params import InvalidSamplingParams
 from runtime.scheduler.decode_manager import DecodeManager
+from runtime.scheduler.grammar_manager import GrammarManager, grammar_spec
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
@@ -78,6 +79,10 @@ class Scheduler:
         self.admission = PrefillAdmission(args, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio)
         self.sampler = Sampler(config.vocab_size, config.eos_token_ids)
+        self.grammar = GrammarManager(
+            args, self.tokenizer, config.vocab_size, config.eos_token_ids
+        )
+        self.sampler.grammar_mask = self.grammar.apply_masks
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
         )
@@ -102,19 +107,26 @@ class Scheduler:
             self.to_tokenizer.send(SchedulerReady(self.server_info()))
             while not self._stopped:
                 idle = not self.waiting and not self.running
-                for message in drain(self.inbox, timeout=0.05 if idle else 0):
+                wait = 0.002 if self.grammar.queue else 0.05
+                for message in drain(self.inbox, timeout=wait if idle else 0):
                     self.handle(message)
                 self.step()
         except Exception as exc:
             logger.exception("scheduler crashed")
             self.to_tokenizer.send(SchedulerFailed(f"{type(exc).__name__}: {exc}"))
             raise
+        finally:
+            self.grammar.shutdown()
 
     def stop(self) -> None:
         self._stopped = True
 
     def step(self) -> None:
         """One iteration: allocate decodes, admit prefill, run the forward, process results."""
+        if self.grammar.queue:
+            compiled, failed_compiles = self.grammar.poll()
+            self.waiting.extend(compiled)
+            self._emit(failed_compiles)
         if not self.waiting and not self.running:
             return
         decodes, retracted, failed = self.decodes.allocate(self.running)
@@ -159,6 +171,11 @@ class Scheduler:
         if outputs:
             self.to_detokenizer.send(TokenOutputBatch(outputs))
 
+    def _emit(self, finished: list[Req]) -> None:
+        """Send the final outputs of requests that finished outside a step."""
+        if finished:
+            self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for(finished)))
+
     # ---- incoming messages ------------------------------------------------------------------
 
     def handle(self, message: Any) -> None:
@@ -176,15 +193,20 @@ class Scheduler:
         seed = params.seed if params.seed is not None else self.rng.randrange(1 << 62)
         try:
             self._validate(msg)
+            spec = grammar_spec(msg.sampling_params)
         except ValueError as exc:
             req = Req(msg, seed)
             req.finish({"type": "abort", "status_code": 400, "message": str(exc)})
-            self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for([req])))
+            self._emit([req])
             return
         room = self.context_len - len(msg.input_ids)
         if params.max_new_tokens > room:
             msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
-        self.waiting.append(Req(msg, seed))
+        req = Req(msg, seed)
+        if spec is None:
+            self.waiting.append(req)
+        else:
+            self.grammar.enqueue(req, spec)
 
     def _validate(self, msg: GenerateRequest) -> None:
         ids = msg.input_ids
@@ -202,25 +224,30 @@ class Scheduler:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"input_ids must lie in [0, {vocab})")
         msg.sampling_params.validate(vocab)
-        if msg.sampling_params.has_grammar:
-            raise InvalidSamplingParams("json_schema", "constrained decoding is not enabled")
+        if msg.sampling_params.stop_regex:
+            StopRegex(msg.sampling_params.stop_regex)  # GrammarError names an unusable pattern
         if msg.return_logprob and msg.logprob_start_len >= len(ids):
             raise ValueError(f"logprob_start_len must be < the prompt length {len(ids)}")
 
     def _abort(self, rid: str) -> None:
         reason = {"type": "abort", "message": "aborted"}
+        queued = self.grammar.remove(rid)
+        if queued is not None:
+            queued.finish(reason)
+            self._emit([queued])
+            return
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
                 req.finish(reason)
-                self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for([req])))
+                self._emit([req])
                 return
         for req in self.running:
             if req.rid == rid:
                 self.running.remove(req)
                 req.finish(reason)
                 self.kv.release(req, keep_in_cache=False)
-                self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for([req])))
+                self._emit([req])
                 return
 
     def _control(self, message: ControlRequest) -> dict[str, Any]:
@@ -255,6 +282,7 @@ class Scheduler:
             "cache_hit_rate": self.stats["cached_tokens"] / prompt if prompt else 0.0,
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),
+            "num_grammar_queue_reqs": len(self.grammar.queue),
             "num_retracted_reqs": self.decodes.num_retracted,
             "new_token_ratio": self.ratio.value,
             "gen_throughput": self.stats["generated_tokens"] / elapsed,

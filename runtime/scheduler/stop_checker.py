@@ -3,11 +3,15 @@ stop regexes on the decoded text (across token boundaries), the grammar, and max
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from grammar import StopRegex
+from runtime.detokenizer import IncrementalDecoder
 from runtime.scheduler.req import Req
+
+# Prompt tokens given to an incremental decoder as context (SentencePiece spacing).
+PROMPT_TAIL = 6
 
 # Extra tokens decoded beyond a stop string's byte length: a window of this many tokens always
 # covers the string even when it starts in the middle of a token.
@@ -18,7 +22,6 @@ class StopChecker:
     def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
-        self._regex_cache: dict[str, re.Pattern[str]] = {}
 
     def check(self, req: Req) -> None:
         """Set ``req.finished_reason`` if the token just appended ends the request."""
@@ -54,15 +57,18 @@ class StopChecker:
         return False
 
     def _check_stop_regex(self, req: Req) -> bool:
-        text = self.tokenizer.decode(
-            req.output_ids, skip_special_tokens=req.sampling.skip_special_tokens
-        )
-        for pattern in req.sampling.stop_regex:
-            compiled = self._regex_cache.get(pattern)
-            if compiled is None:
-                compiled = self._regex_cache[pattern] = re.compile(pattern)
-            match = compiled.search(text)
-            if match:
-                req.finish({"type": "stop", "matched": pattern, "matched_text": match.group()})
-                return True
-        return False
+        if req.stop_regex is None:
+            req.stop_regex = (
+                StopRegex(req.sampling.stop_regex),
+                IncrementalDecoder(self.tokenizer, req.input_ids[-PROMPT_TAIL:],
+                                   req.sampling.skip_special_tokens, True),
+            )
+        matcher, decoder = req.stop_regex
+        before = len(decoder.text)
+        decoder.add(req.output_ids[-1:], final=False)
+        match = matcher.feed(decoder.text[before:])
+        if match is None:
+            return False
+        start, end = match
+        req.finish({"type": "stop", "matched": decoder.text[start:end]})
+        return True
