@@ -123,7 +123,7 @@ async def chat_completions(request: Request) -> Response:
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
     choice = body.tool_choice or ("auto" if functions else "none")
     constraints = _format_constraint(body)
-    tag = _tool_constraint(functions, choice)
+    tag = _tool_constraint(functions, choice, body.parallel_tool_calls)
     if tag is not None:
         constraints["structural_tag"] = tag
     tools_on = bool(functions) and choice != "none"
@@ -238,7 +238,7 @@ def _format_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def _tool_constraint(
-    functions: list[dict[str, Any]], choice: str | NamedToolChoice
+    functions: list[dict[str, Any]], choice: str | NamedToolChoice, parallel: bool
 ) -> dict[str, Any] | None:
     if choice in ("none", "auto"):
         return None
@@ -249,8 +249,8 @@ def _tool_constraint(
             raise ApiError(
                 400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
             )
-        return tool_call_constraint(functions, "named", choice.function.name)
-    return tool_call_constraint(functions, "required")
+        return tool_call_constraint(functions, "named", choice.function.name, parallel)
+    return tool_call_constraint(functions, "required", parallel=parallel)
 
 
 def _chat_prompt(state: ServerState, body: ChatCompletionRequest, with_tools: bool) -> list[int]:

@@ -35,12 +35,12 @@ class ToolCall:
 
 
 def tool_call_constraint(
-    tools: list[dict[str, Any]], mode: str, name: str | None = None
+    tools: list[dict[str, Any]], mode: str, name: str | None = None, parallel: bool = True
 ) -> dict[str, Any]:
     """The ``structural_tag`` sampling parameter for tool_choice "required" (any of ``tools``)
-    or "named" (only ``name``): one or more blocks whose arguments validate against the
-    tool's parameters schema. ``tools`` are OpenAI function definitions
-    ``{"name", "parameters", ...}``."""
+    or "named" (only ``name``): blocks whose arguments validate against the tool's parameters
+    schema — one or more with ``parallel``, exactly one without. ``tools`` are OpenAI function
+    definitions ``{"name", "parameters", ...}``."""
     return {
         "tools": [
             {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
@@ -48,6 +48,7 @@ def tool_call_constraint(
         ],
         "mode": mode,
         "name": name,
+        "parallel": parallel,
     }
 
 

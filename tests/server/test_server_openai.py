@@ -186,17 +186,40 @@ def test_tool_choice_required(client: openai.OpenAI, model: str):
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
-def test_tool_choice_named(client: openai.OpenAI, model: str):
+def test_tool_calls_stream_as_complete_deltas(client: openai.OpenAI, model: str):
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0,
+            stream=True,
+        )
+    )
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert deltas and [d.index for d in deltas] == list(range(len(deltas)))
+    for delta in deltas:
+        assert delta.function.name == "get_weather"
+        schema = WEATHER_TOOL["function"]["parameters"]
+        jsonschema.validate(json.loads(delta.function.arguments), schema)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_named_single_call(client: openai.OpenAI, model: str):
     response = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "What time is it?"}],
         tools=[WEATHER_TOOL, TIME_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
         max_tokens=120,
         temperature=0,
     )
+    assert response.choices[0].finish_reason == "tool_calls"
     calls = response.choices[0].message.tool_calls
-    assert calls and all(call.function.name == "get_time" for call in calls)
+    assert len(calls) == 1 and calls[0].function.name == "get_time"
     for call in calls:
         jsonschema.validate(
             json.loads(call.function.arguments), TIME_TOOL["function"]["parameters"]
