@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +129,16 @@ def test_abort_request_ends_the_request(server: ServerProcess):
         aborter.join()
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert chunks[-1]["meta_info"]["completion_tokens"] < 4000
+
+
+def test_constrained_generation_and_bad_constraint(server: ServerProcess):
+    regex = r"(yes|no), [0-9]{2}"
+    params = {"temperature": 0, "max_new_tokens": 16, "regex": regex}
+    result = _generate(server, {"text": "Answer:", "sampling_params": params}).json()
+    assert re.fullmatch(regex, result["text"]), result["text"]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params = {"temperature": 0, "max_new_tokens": 40, "json_schema": json.dumps(schema)}
+    result = _generate(server, {"text": "JSON:", "sampling_params": params}).json()
+    assert isinstance(json.loads(result["text"])["n"], int)
+    bad = _generate(server, {"text": "x", "sampling_params": {"regex": "(unclosed"}})
+    assert bad.status_code == 400 and bad.json()["error"]["message"]
