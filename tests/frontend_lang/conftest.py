@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 import frontend_lang as fl
-from tests.frontend_lang.helpers import skip_without_grammar
 
 REPO = Path(__file__).resolve().parents[2]
 ARBOR = Path(sys.executable).parent / "arbor"
@@ -86,10 +85,3 @@ def backend(request: pytest.FixtureRequest) -> fl.Backend:
     """Each semantic test runs on the in-process Engine and on a live server."""
     name = "engine_backend" if request.param == "engine" else "endpoint_backend"
     return request.getfixturevalue(name)
-
-
-@pytest.fixture
-def grammar_backend(backend: fl.Backend) -> fl.Backend:
-    """``backend``, for tests that need constrained decoding."""
-    skip_without_grammar(backend)
-    return backend

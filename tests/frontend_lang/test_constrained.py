@@ -1,5 +1,4 @@
-"""Constrained gens (regex, json_schema, choices, dtype) always give valid output. They run
-once the runtime enables constrained decoding; until then ``grammar_backend`` skips them."""
+"""Constrained gens (regex, json_schema, choices, dtype) always give valid output."""
 
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ def constrained(s: fl.ProgramState, prompt: str) -> None:
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_constrained_gens_are_always_valid(grammar_backend: fl.Backend, prompt: str):
-    state = constrained.run(prompt=prompt, backend=grammar_backend)
+def test_constrained_gens_are_always_valid(backend: fl.Backend, prompt: str):
+    state = constrained.run(prompt=prompt, backend=backend)
     assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", state["phone"])
     person = state.parsed("person")
     jsonschema.validate(person, PERSON)
@@ -44,13 +43,13 @@ def test_constrained_gens_are_always_valid(grammar_backend: fl.Backend, prompt: 
     assert isinstance(state["count"], int) and isinstance(state["ok"], bool)
 
 
-def test_run_batch_of_json_extractions(grammar_backend: fl.Backend):
+def test_run_batch_of_json_extractions(backend: fl.Backend):
     @fl.function
     def extract(s: fl.ProgramState, text: str) -> None:
         s += f"Text: {text}\nJSON: " + fl.gen("out", json_schema=PERSON, max_tokens=64)
 
     texts = [f"person number {i}" for i in range(4)]
-    states = extract.run_batch([{"text": t} for t in texts], backend=grammar_backend)
+    states = extract.run_batch([{"text": t} for t in texts], backend=backend)
     for state, text in zip(states, texts, strict=True):
         assert state.text().startswith(f"Text: {text}\n")
         jsonschema.validate(state.parsed("out"), PERSON)

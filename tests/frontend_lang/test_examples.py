@@ -11,7 +11,6 @@ from types import ModuleType
 import pytest
 
 import frontend_lang as fl
-from tests.frontend_lang.helpers import skip_without_grammar
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -49,7 +48,6 @@ def test_multi_turn_chat_reuses_the_history(engine_backend: fl.Engine):
 
 
 def test_rag_answers_match_the_schema(engine_backend: fl.Engine):
-    skip_without_grammar(engine_backend)
     example = load("rag")
     assert example.retrieve("what is evicted when memory runs out")[0] == 2
     for state in example.main(engine_backend, max_tokens=96):
@@ -58,7 +56,6 @@ def test_rag_answers_match_the_schema(engine_backend: fl.Engine):
 
 
 def test_batch_extraction_keeps_order_and_types(engine_backend: fl.Engine):
-    skip_without_grammar(engine_backend)
     example = load("batch_extraction")
     rows = example.main(engine_backend, max_tokens=4)
     assert len(rows) == len(example.RECORDS)

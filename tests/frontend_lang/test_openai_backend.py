@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import frontend_lang as fl
-from tests.frontend_lang.helpers import skip_without_grammar
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +83,7 @@ def test_gen_must_open_the_assistant_turn(openai_backend: fl.OpenAI):
         mid_turn.run(backend=openai_backend)
 
 
-def test_constrained_gen(openai_backend: fl.OpenAI, endpoint_backend: fl.RuntimeEndpoint):
-    skip_without_grammar(endpoint_backend)
-
+def test_constrained_gen(openai_backend: fl.OpenAI):
     @fl.function
     def typed(s: fl.ProgramState) -> None:
         s += "Number: " + fl.gen("n", dtype=int, max_tokens=8)
