@@ -9,8 +9,8 @@ schema ``pattern`` drops characters (``(?:x[0-9]{1,2})?`` lets "5" through). So 
 parsed here once: unsupported constructs are rejected by name, the rest is re-emitted either as
 a plain regex (``to_backend_regex``) or as a regex over the *escaped* text of a JSON string
 (``to_json_string_regex``), which we compile with xgrammar's plain regex mode. Both accept a
-subset of Python's language, so every output still matches. interegular parses the rewritten
-pattern too (it follows Python's semantics) and rejects patterns that match nothing.
+subset of Python's language, so every output still matches. interegular must parse the
+rewritten pattern too (it follows Python's semantics), which catches what the scan let through.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def to_backend_regex(pattern: str, what: str = "regex") -> str:
 
     ``what`` names the pattern in error messages. A leading ``^`` and trailing ``$`` are dropped
     (matching is full-match anyway); anchors elsewhere are rejected. Raises GrammarError for
-    invalid syntax, unsupported constructs, and patterns that match no string.
+    invalid syntax and unsupported constructs.
     """
     return _translate(pattern, what, json_string=False)
 
@@ -85,11 +85,10 @@ def _translate(pattern: str, what: str, json_string: bool) -> str:
         raise GrammarError(f"invalid {what} {pattern!r}: {exc}") from None
     plain = _Rewriter(pattern, what, json_string=False).run()
     try:
-        fsm = interegular.parse_pattern(plain).to_fsm()
+        interegular.parse_pattern(plain).to_fsm()
     except (interegular.Unsupported, interegular.InvalidSyntax) as exc:
-        raise GrammarError(f"unsupported {what} {pattern!r}: {exc}") from None
-    if fsm.empty():
-        raise GrammarError(f"{what} {pattern!r} matches no string")
+        reason = str(exc) or "interegular cannot parse it"
+        raise GrammarError(f"unsupported {what} {pattern!r}: {reason}") from None
     return _Rewriter(pattern, what, json_string=True).run() if json_string else plain
 
 

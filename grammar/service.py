@@ -77,10 +77,12 @@ class GrammarService:
                 return handle
             self._misses += 1
             future = self._in_flight.get(spec)
+            started = future is None
             if future is None:
                 future = self._pool.submit(self.backend.compile, spec)
                 self._in_flight[spec] = future
-                future.add_done_callback(lambda done: self._finished(spec, done))
+        if started:  # outside the lock: a compile already done runs the callback right here
+            future.add_done_callback(lambda done: self._finished(spec, done))
         handle.future = future
         return handle
 

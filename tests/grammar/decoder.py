@@ -195,3 +195,27 @@ def _sample(
         int(torch.multinomial(row, 1, generator=g))
         for row, g in zip(probs, generators, strict=True)
     ]
+
+
+def sample_random(
+    grammar: CompiledGrammar,
+    vocab_size: int,
+    seed: int,
+    max_tokens: int,
+    bias: torch.Tensor | None = None,
+) -> tuple[list[int], bool]:
+    """Tokens sampled under the grammar from seeded random logits (plus ``bias`` [V]), and
+    whether the grammar terminated; a model-free way to explore a grammar's outputs quickly."""
+    matcher = grammar.new_matcher()
+    generator = torch.Generator().manual_seed(seed)
+    bitmask = allocate_bitmask(1, vocab_size)
+    out: list[int] = []
+    while len(out) < max_tokens and not matcher.is_terminated():
+        logits = torch.randn(1, vocab_size, generator=generator)
+        if bias is not None:
+            logits += bias
+        matcher.fill_mask(bitmask, 0)
+        kernels.apply_token_bitmask(logits, bitmask)
+        out.append(_sample(logits, [generator], 1.0)[0])
+        assert matcher.accept_token(out[-1])
+    return out, matcher.is_terminated()

@@ -1,0 +1,209 @@
+"""Fail closed: features xgrammar would drop are rejected, naming the keyword and its pointer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import pytest
+
+from grammar import (
+    GrammarBackend,
+    GrammarError,
+    GrammarOptions,
+    GrammarService,
+    GrammarSpec,
+    UnsupportedSchemaFeature,
+)
+from tests.grammar.decoder import ConstrainedDecoder, sample_random
+from tests.grammar.schema_corpus import validate_output
+
+BEST_EFFORT = GrammarOptions(best_effort=True)
+
+# (keyword, pointer of the subschema holding it, schema)
+REJECTED: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "allOf",
+        "",
+        {"allOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]},
+    ),
+    (
+        "minLength",
+        "/properties/code",
+        {
+            "type": "object",
+            "properties": {"code": {"type": "string", "pattern": "^[a-z]+$", "minLength": 5}},
+        },
+    ),
+    ("maxLength", "", {"type": "string", "format": "email", "maxLength": 20}),
+    ("format", "", {"type": "string", "format": "date", "pattern": "^2"}),
+    ("multipleOf", "", {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}),
+    ("multipleOf", "", {"type": "integer", "multipleOf": 2.5}),
+    (
+        "uniqueItems",
+        "/properties/tags",
+        {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+    ),
+    ("contains", "", {"type": "array", "contains": {"const": 3}}),
+    ("maxContains", "", {"type": "array", "maxContains": 1}),
+    ("if", "", {"if": {"type": "integer"}, "then": {"minimum": 0}}),
+    ("then", "/items", {"type": "array", "items": {"then": {"minimum": 0}}}),
+    ("not", "/anyOf/1", {"anyOf": [{"type": "null"}, {"not": {"const": 0}}]}),
+    ("$ref", "", {"$ref": "https://example.com/schemas/thing.json"}),
+    ("$ref", "", {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 3}),
+    (
+        "format",
+        "/properties/host",
+        {"properties": {"host": {"type": "string", "format": "hostname"}}},
+    ),
+    ("format", "", {"type": "string", "format": "made-up"}),
+    ("format", "", {"type": "string", "format": "json-pointer"}),
+    (
+        "oneOf",
+        "",
+        {"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]},
+    ),
+    ("dependentRequired", "", {"type": "object", "dependentRequired": {"a": ["b"]}}),
+    ("dependentSchemas", "", {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}),
+    ("required", "", {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}),
+    (
+        "propertyNames",
+        "",
+        {"type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 2}},
+    ),
+    ("$anchor", "/$defs/a", {"$defs": {"a": {"$anchor": "here", "type": "integer"}}}),
+    ("$id", "/$defs/a", {"$defs": {"a": {"$id": "https://x.org/a", "type": "integer"}}}),
+]
+
+
+@pytest.mark.parametrize(("keyword", "pointer", "schema"), REJECTED)
+def test_rejected_with_keyword_and_pointer(
+    keyword: str, pointer: str, schema: dict[str, Any]
+) -> None:
+    with pytest.raises(UnsupportedSchemaFeature) as info:
+        GrammarSpec.for_json_schema(schema)
+    assert (info.value.keyword, info.value.pointer) == (keyword, pointer)
+    assert f"{pointer}/{keyword}" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(("keyword", "pointer", "schema"), REJECTED[:-3])
+def test_best_effort_compiles_anyway(
+    keyword: str, pointer: str, schema: dict[str, Any], service: GrammarService
+) -> None:
+    if keyword == "$ref" and "example.com" in str(schema):
+        pytest.skip("a non-local reference cannot be compiled even best-effort")
+    service.compile(GrammarSpec.for_json_schema(schema, BEST_EFFORT))
+
+
+# Schemas where ignoring the keyword shows up as invalid output: the evidence for the rules.
+EVIDENCE = [
+    ("allOf", {"allOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}),
+    ("pattern+minLength", {"type": "string", "pattern": "^[a-z]+$", "minLength": 6}),
+    ("multipleOf", {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}),
+    (
+        "uniqueItems",
+        {
+            "type": "array",
+            "items": {"enum": [0, 1]},
+            "minItems": 3,
+            "maxItems": 3,
+            "uniqueItems": True,
+        },
+    ),
+    (
+        "contains",
+        {"type": "array", "items": {"enum": [1, 2]}, "maxItems": 2, "contains": {"const": 3}},
+    ),
+    ("not", {"type": "integer", "minimum": 0, "maximum": 1, "not": {"const": 0}}),
+    (
+        "if/then",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}},
+            "required": ["a"],
+            "if": {"required": ["a"]},
+            "then": {"required": ["b"]},
+        },
+    ),
+    (
+        "oneOf",
+        {
+            "oneOf": [
+                {"type": "integer", "minimum": 0, "maximum": 5},
+                {"type": "integer", "minimum": 3, "maximum": 9},
+            ]
+        },
+    ),
+    (
+        "dependentRequired",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}},
+            "required": ["a"],
+            "dependentRequired": {"a": ["b"]},
+        },
+    ),
+    ("required", {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["a", "b"]}),
+    (
+        "$ref+sibling",
+        {
+            "$defs": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "$ref": "#/$defs/n",
+            "maximum": 5,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "schema"), EVIDENCE, ids=[e[0] for e in EVIDENCE])
+def test_rejected_features_are_really_dropped_by_the_backend(
+    name: str, schema: dict[str, Any], backend: GrammarBackend, decoder: ConstrainedDecoder
+) -> None:
+    """Best-effort output violates each schema for some seed: the rejection is not overcautious."""
+    compiled = backend.compile(GrammarSpec.for_json_schema(schema, BEST_EFFORT))
+    violations = 0
+    for seed in range(40):
+        tokens, done = sample_random(compiled, decoder.vocab_size, seed, 64, 4.0 * decoder.closing)
+        if done:
+            try:
+                validate_output(schema, decoder.tokenizer.decode(tokens[:-1]))
+            except (ValueError, jsonschema.ValidationError):
+                violations += 1
+    assert violations > 0, f"{name}: the backend now enforces it; the rejection can go"
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "strnig"}, "invalid JSON schema at /type"),
+        ({"properties": {"a": {"minimum": "0"}}}, "invalid JSON schema at /properties/a/minimum"),
+        ({"$ref": "#/$defs/missing"}, "points nowhere"),
+        ({"type": "integer", "const": "a"}, "admits no value"),
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength 5 > maxLength 2"),
+        ({"type": "string", "pattern": "(?<=a)b"}, "lookbehind"),
+        ({"type": "string", "pattern": "[unclosed"}, "is not a 'regex'"),
+        ("{not json", "not valid JSON"),
+        ([1, 2], "must be an object"),
+    ],
+)
+def test_invalid_schemas_are_errors(schema: Any, message: str) -> None:
+    with pytest.raises(GrammarError, match=message.replace("[", r"\[")):
+        GrammarSpec.for_json_schema(schema)
+    with pytest.raises(GrammarError):
+        GrammarSpec.for_json_schema(schema, BEST_EFFORT)
+
+
+def test_accepted_features() -> None:
+    accepted = [
+        {"allOf": [{"type": "integer"}]},
+        {"type": "integer", "multipleOf": 3},
+        {"type": "array", "uniqueItems": False},
+        {"type": "string", "minLength": 1, "maxLength": 3},
+        {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        {"oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
+        {"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "description": "annotated"},
+        {"type": "object", "properties": {"ab": {}}, "propertyNames": {"maxLength": 2}},
+    ]
+    for schema in accepted:
+        GrammarSpec.for_json_schema(schema)
