@@ -8,9 +8,10 @@ the largest of the three:
 - top-k: the k-th largest probability. Non-negative float32 values order like their int32
   bit patterns, so the value is found exactly, 4 bits per pass (8 passes), by counting for 16
   candidate prefixes at once how many tokens lie at or above each.
-- top-p: the largest value v whose kept mass ``sum(p_t >= max(v, kth))`` still reaches
-  top_p of the top-k mass, found the same way with masses instead of counts. Equal values
-  are all kept or all dropped, as in ``kernels.reference.sampling.filter_probs``.
+- top-p: the largest value v whose mass ``sum(p_t >= v)`` still reaches top_p of the top-k
+  mass, found the same way with masses instead of counts. Above the k-th value that mass
+  counts only top-k tokens, and below it the top-k threshold wins anyway. Equal values are
+  all kept or all dropped, as in ``kernels.reference.sampling.filter_probs``.
 - min-p: min_p times the row maximum.
 
 The draw takes u = philox(seed, offset) in [0, 1) (``tl.rand``) and returns the first token
@@ -72,10 +73,9 @@ def _kth_largest(row_ptr, vocab_size, stride_col, k, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _top_p_cut(row_ptr, vocab_size, stride_col, floor, target, BLOCK_V: tl.constexpr):
-    """The largest value v with sum(p_t : p_t >= max(v, floor)) >= target."""
+def _top_p_cut(row_ptr, vocab_size, stride_col, target, BLOCK_V: tl.constexpr):
+    """The largest value v with sum(p_t : p_t >= v) >= target."""
     digits = tl.arange(0, 16)
-    floor_key = floor.to(tl.int32, bitcast=True)
     prefix = tl.zeros([], tl.int32)
     for level in tl.static_range(8):
         shift = 28 - 4 * level
@@ -83,7 +83,7 @@ def _top_p_cut(row_ptr, vocab_size, stride_col, floor, target, BLOCK_V: tl.const
         masses = tl.zeros([16], tl.float32)
         for start in range(0, vocab_size, BLOCK_V):
             p, _, keys = _load_tile(row_ptr, start, vocab_size, stride_col, BLOCK_V)
-            kept = (keys[:, None] >= candidates[None, :]) & (keys >= floor_key)[:, None]
+            kept = keys[:, None] >= candidates[None, :]
             masses += tl.sum(tl.where(kept, p[:, None], 0.0), axis=0)
         prefix = _select_digit(masses, target, candidates, prefix, shift)
     return prefix.to(tl.float32, bitcast=True)
@@ -130,7 +130,7 @@ def _filtered_sample_kernel(
         threshold = _kth_largest(row_ptr, vocab_size, stride_col, top_k, BLOCK_V)
     if top_p < 1.0:
         top_k_mass = _mass_at_or_above(row_ptr, vocab_size, stride_col, threshold, BLOCK_V)
-        cut = _top_p_cut(row_ptr, vocab_size, stride_col, threshold, top_p * top_k_mass, BLOCK_V)
+        cut = _top_p_cut(row_ptr, vocab_size, stride_col, top_p * top_k_mass, BLOCK_V)
         threshold = tl.maximum(threshold, cut)
     threshold = tl.maximum(threshold, min_p * row_max)
     tl.store(thresholds_ptr + row, threshold)
