@@ -12,6 +12,7 @@ from kernels.ops import (
     sample_from_probs,
     silu_and_mul,
 )
+from kernels.reference.sampling import filter_probs, row_uniform
 
 __all__ = [
     "BACKENDS",
@@ -19,9 +20,11 @@ __all__ = [
     "apply_token_bitmask",
     "decode_attention",
     "extend_attention",
+    "filter_probs",
     "fused_add_rms_norm",
     "kernel_backend",
     "rms_norm",
+    "row_uniform",
     "sample_from_probs",
     "set_kernel_backend",
     "silu_and_mul",

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from grammar import verify_draft
 from runtime.scheduler.req import Req
+
+# Salt that puts draft-verification uniforms in a stream apart from the sampling draws.
+_DRAFT_STREAM = 0x5DEECE66D
 
 GrammarMaskFn = Callable[[torch.Tensor, Sequence[Req]], None]
 
@@ -42,6 +46,58 @@ class Sampler:
             self.grammar_mask(logits, reqs)
         tokens = self._draw(logits, reqs)
         return SampleOutput(tokens.tolist(), self._logprobs(raw, tokens, reqs))
+
+    def verify_draft(
+        self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor
+    ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
+        """Accept the longest prefix of ``req.draft`` the model agrees with, plus one token.
+
+        raw: [n + 1, V] logits of the positions from the last sampled token through the draft;
+        bitmask: [n + 1, W] the grammar's mask at each of them. Row i goes through the same
+        pipeline as a token-by-token step at output length len(output_ids) + i (requests with
+        penalties never draft). Greedy accepts while the argmax equals the draft token;
+        sampling uses the speculative rule, so outputs keep the token-by-token distribution.
+        Returns the emitted tokens and their logprobs (None unless requested).
+        """
+        params = req.sampling
+        logits = raw.clone()
+        if params.logit_bias:
+            logits[:, list(params.logit_bias)] += torch.tensor(
+                list(params.logit_bias.values()), device=logits.device
+            )
+        for i in range(logits.shape[0]):
+            if len(req.output_ids) + i < params.min_new_tokens:
+                logits[i, self._stop_ids(req)] = float("-inf")
+        kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
+        if params.is_greedy:
+            verdict = verify_draft(req.draft, logits, True, lambda: 0.0)
+        else:
+            n = logits.shape[0]
+            probs = torch.softmax(logits / params.temperature, dim=-1)
+            kept = kernels.filter_probs(
+                probs,
+                torch.full((n,), params.top_k, device=probs.device),
+                torch.full((n,), params.top_p, device=probs.device),
+                torch.full((n,), params.min_p, device=probs.device),
+            )
+
+            def uniform() -> float:
+                req.draft_draws += 1
+                return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft_draws)
+
+            verdict = verify_draft(req.draft, kept / kept.sum(-1, keepdim=True), False, uniform)
+        tokens = req.draft[: verdict.accepted] + [verdict.next_token]
+        rows = raw[: len(tokens)]
+        logprobs: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(tokens)
+        if req.return_logprob:
+            table = torch.log_softmax(rows, dim=-1)
+            for i, token in enumerate(tokens):
+                logprobs[i] = (float(table[i, token]), top_logprobs(table[i], req.top_logprobs_num))
+        return tokens, logprobs
+
+    def _stop_ids(self, req: Req) -> list[int]:
+        ids = list(req.sampling.stop_token_ids)
+        return ids if req.sampling.ignore_eos else ids + self.eos_token_ids
 
     def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for i, req in enumerate(reqs):
@@ -79,11 +135,7 @@ class Sampler:
     def _mask_stop_tokens_below_min(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for i, req in enumerate(reqs):
             if len(req.output_ids) < req.sampling.min_new_tokens:
-                stop_ids = list(req.sampling.stop_token_ids)
-                if not req.sampling.ignore_eos:
-                    stop_ids += self.eos_token_ids
-                if stop_ids:
-                    logits[i, stop_ids] = float("-inf")
+                logits[i, self._stop_ids(req)] = float("-inf")
 
     def _draw(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
         tokens = logits.argmax(-1)

@@ -21,7 +21,8 @@ class DecodeManager:
         self.num_retracted = 0
 
     def allocate(self, running: list[Req]) -> tuple[list[Req], list[Req], list[Req]]:
-        """Give each decoding request (pending_len == 1) a slot for this step.
+        """Give each decoding request (pending_len == 1) slots for this step: one, plus its
+        jump-forward draft.
 
         Returns (decodes ready to run, requests retracted back to the queue, requests failed
         for lack of memory). Partially prefilled requests may be retracted too.
@@ -34,8 +35,11 @@ class DecodeManager:
         failed: list[Req] = []
         while queue:
             req = queue[0]
-            if self.kv.alloc_extend(req, 1):
+            if self.kv.alloc_extend(req, req.step_len):
                 ready.append(queue.pop(0))
+                continue
+            if req.draft:  # under pressure, drop the draft before retracting anyone
+                req.draft = []
                 continue
             # Out of memory: retract the cheapest request not yet served this step.
             victim = victims.pop(0) if victims else queue.pop()

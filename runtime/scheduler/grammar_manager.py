@@ -36,15 +36,20 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
         options = GrammarSpec.from_sampling_params({"json_object": True, **_options(params)})
         assert options is not None
         return GrammarSpec.for_tool_calls(
-            tag["tools"], tag["mode"], tag.get("name"), bool(tag.get("parallel", True)),
+            tag["tools"],
+            tag["mode"],
+            tag.get("name"),
+            bool(tag.get("parallel", True)),
             options.options,
         )
     return GrammarSpec.from_sampling_params(params)
 
 
 def _options(params: SamplingParams) -> dict[str, Any]:
-    return {"grammar_best_effort": params.grammar_best_effort,
-            "grammar_max_whitespace": params.grammar_max_whitespace}
+    return {
+        "grammar_best_effort": params.grammar_best_effort,
+        "grammar_max_whitespace": params.grammar_max_whitespace,
+    }
 
 
 class GrammarManager:

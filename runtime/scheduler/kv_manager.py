@@ -77,6 +77,16 @@ class KVCacheManager:
         last_slot = int(self.req_to_token_pool.req_to_token[req.row, req.kv_len - 1])
         return self.allocator.alloc_continuing(last_slot, n)
 
+    def truncate(self, req: Req, kv_len: int) -> None:
+        """Forget positions [kv_len, req.kv_len) (rejected draft tokens): free the pages past
+        the one holding position kv_len - 1; that page's unused tail stays the request's."""
+        if kv_len >= req.kv_len:
+            return
+        assert kv_len >= req.cached_len, "cannot truncate into the cached prefix"
+        keep_until = -(-kv_len // self.page_size) * self.page_size
+        self._free_range(req, keep_until, req.kv_len)
+        req.kv_len = kv_len
+
     def cache_prefix(self, req: Req) -> None:
         """Hand the computed positions [0, kv_len) to the tree (a chunked prefill's progress),
         keeping the request's lock on them; the trailing partial page stays private."""
@@ -97,6 +107,8 @@ class KVCacheManager:
         """
         if req.row is None:
             return
+        # A request stopped inside a verified draft holds KV past its last kept token.
+        self.truncate(req, min(req.kv_len, len(req.all_ids)))
         if self.tree is not None and keep_in_cache:
             self._insert(req)
             aligned = req.kv_len - req.kv_len % self.page_size

@@ -29,24 +29,40 @@ class OutputProcessor:
         for req, token, logprob in zip(
             step.sample_reqs, sampled.token_ids, sampled.logprobs, strict=True
         ):
-            if req.finished_reason is not None:  # aborted while the step ran
-                continue
             if req.sampling.max_new_tokens == 0:  # scoring only: prompt logprobs, no output
                 req.finish({"type": "length", "length": 0})
                 continue
+            self.emit_tokens(req, [token], [logprob], grammar_advanced=False)
+
+    def emit_tokens(
+        self,
+        req: Req,
+        tokens: list[int],
+        logprobs: list[tuple[float, list[tuple[float, int]]] | None],
+        grammar_advanced: bool,
+    ) -> None:
+        """Append new tokens one by one until the request stops (the rest are dropped).
+
+        grammar_advanced: the matcher already accepted them (a verified draft)."""
+        last = len(tokens) - 1
+        for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+            if req.finished_reason is not None:  # aborted while the step ran, or stopped
+                return
             req.append_output(token)
             if logprob is not None:
                 req.output_logprobs.append((logprob[0], token, logprob[1]))
-            if req.grammar is not None and not req.grammar.accept_token(token):
-                req.finish(
-                    {
-                        "type": "abort",
-                        "status_code": 500,
-                        "message": f"grammar rejected sampled token {token}",
-                    }
-                )
-                continue
-            self.stop_checker.check(req)
+            if not grammar_advanced and req.grammar is not None:
+                if not req.grammar.accept_token(token):
+                    req.finish(
+                        {
+                            "type": "abort",
+                            "status_code": 500,
+                            "message": f"grammar rejected sampled token {token}",
+                        }
+                    )
+                    return
+            # An advanced matcher is already at the end of the emission: ask it only there.
+            self.stop_checker.check(req, check_grammar=not grammar_advanced or i == last)
 
     @staticmethod
     def _record_prompt_logprobs(req: Req, rows: torch.Tensor, first_token: int) -> None:

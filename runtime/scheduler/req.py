@@ -39,6 +39,8 @@ class Req:
         # State
         self.grammar: Any = None  # a grammar matcher once compiled
         self.grammar_pending: Any = None  # a compile handle while waiting in the grammar queue
+        self.draft: list[int] = []  # jump-forward tokens the grammar forces next, to verify
+        self.draft_draws = 0  # uniforms used verifying drafts (a stream apart from sampling)
         self.finished_reason: dict[str, Any] | None = None
         self.to_abort: str | None = None
         self.arrival = time.monotonic()
@@ -60,6 +62,16 @@ class Req:
     def pending_len(self) -> int:
         """Tokens of ``all_ids`` that still need KV before the next token can be sampled."""
         return len(self.all_ids) - self.kv_len
+
+    @property
+    def step_len(self) -> int:
+        """Tokens a decode step runs: the last sampled token plus any draft to verify."""
+        return 1 + len(self.draft)
+
+    def step_tokens(self, n: int) -> list[int]:
+        """The ids of the n positions ending at kv_len (a draft follows ``all_ids``)."""
+        sequence = self.all_ids + self.draft if self.draft else self.all_ids
+        return sequence[self.kv_len - n : self.kv_len]
 
     @property
     def remaining_new_tokens(self) -> int:
@@ -93,6 +105,7 @@ class Req:
     def reset_for_retract(self) -> None:
         """Back to the queue: outputs so far are kept; KV placement starts over."""
         self.row, self.kv_len, self.cached_len, self.last_node = None, 0, 0, None
+        self.draft = []
         self.retractions += 1
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 import kernels
-from grammar import StopRegex
+from grammar import DraftVerdict, StopRegex, commit_draft, fill_draft_masks
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
 from runtime.ipc import (
@@ -44,6 +44,9 @@ from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# Longest jump-forward draft verified in one step.
+MAX_DRAFT_TOKENS = 32
 
 
 class Scheduler:
@@ -79,9 +82,7 @@ class Scheduler:
         self.admission = PrefillAdmission(args, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio)
         self.sampler = Sampler(config.vocab_size, config.eos_token_ids)
-        self.grammar = GrammarManager(
-            args, self.tokenizer, config.vocab_size, config.eos_token_ids
-        )
+        self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
         self.sampler.grammar_mask = self.grammar.apply_masks
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
@@ -89,12 +90,15 @@ class Scheduler:
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
+        self.jump_forward = not args.disable_jump_forward
         self.stats = {
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "generated_tokens": 0,
             "requests_finished": 0,
             "forward_steps": 0,
+            "draft_tokens_proposed": 0,
+            "draft_tokens_accepted": 0,
         }
         self._started = time.monotonic()
         self._stopped = False
@@ -154,12 +158,42 @@ class Scheduler:
         logits = self.runner.forward(step.to_forward_batch(self.runner))
         sampled = self.sampler.sample(logits[step.sample_rows], step.sample_reqs)
         self.outputs.process(step, logits, sampled)
+        for draft in step.drafts:
+            self._verify_draft(draft.req, logits[draft.row : draft.row + draft.req.step_len])
         self.stats["forward_steps"] += 1
         self.stats["generated_tokens"] += len(step.sample_reqs)
         for req, n in step.work:
             # Prefill progress goes into the tree now, so requests sharing it can reuse it.
-            if n > 1 and req.finished_reason is None:
+            if n > 1 and not req.draft and req.finished_reason is None:
                 self.kv.cache_prefix(req)
+        if self.jump_forward:
+            for req, _ in step.work:
+                self._propose_draft(req)
+
+    def _verify_draft(self, req: Req, rows: torch.Tensor) -> None:
+        """Accept what the model agrees with of ``req.draft`` (rows: its positions' logits),
+        drop the KV of the rest, and emit the accepted tokens plus one."""
+        draft = req.draft
+        mask = self.grammar.bitmask(len(draft) + 1)
+        fill_draft_masks(req.grammar, draft, mask, 0)
+        tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
+        commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1]))
+        self.kv.truncate(req, req.kv_len - (len(draft) + 1 - len(tokens)))
+        req.draft = []
+        self.stats["generated_tokens"] += len(tokens)
+        self.stats["draft_tokens_proposed"] += len(draft)
+        self.stats["draft_tokens_accepted"] += len(tokens) - 1
+        self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=True)
+
+    def _propose_draft(self, req: Req) -> None:
+        """Let the grammar propose the continuation it forces, for the next step to verify."""
+        if req.grammar is None or req.finished_reason is not None or req.pending_len != 1:
+            return
+        if req.sampling.has_penalties or req.grammar.is_terminated():
+            return  # penalties depend on every token before; drafts would need them per row
+        budget = min(req.remaining_new_tokens - 1, MAX_DRAFT_TOKENS)
+        if budget > 0:
+            req.draft = req.grammar.jump_forward_tokens(budget)
 
     def _finish_and_emit(self, failed: list[Req]) -> None:
         done = [r for r in self.running if r.finished_reason is not None]

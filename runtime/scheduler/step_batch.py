@@ -22,6 +22,15 @@ class PromptLogprobSpan:
 
 
 @dataclass
+class DraftRows:
+    """A jump-forward request's logit rows [row, row + len(req.draft) + 1): one per position
+    from its last sampled token through its draft."""
+
+    req: Req
+    row: int
+
+
+@dataclass
 class StepBatch:
     """``work``: (request, new tokens) with every multi-token entry before the one-token ones.
 
@@ -33,12 +42,12 @@ class StepBatch:
     sample_reqs: list[Req] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
     prompt_spans: list[PromptLogprobSpan] = field(default_factory=list)
+    drafts: list[DraftRows] = field(default_factory=list)
 
     @classmethod
     def from_parts(cls, prefill: list[tuple[Req, int]], decodes: list[Req]) -> StepBatch:
-        multi = [(r, n) for r, n in prefill if n > 1]
-        single = [(r, n) for r, n in prefill if n == 1] + [(r, 1) for r in decodes]
-        return cls(multi + single)
+        work = prefill + [(r, r.step_len) for r in decodes]
+        return cls([w for w in work if w[1] > 1] + [w for w in work if w[1] == 1])
 
     @property
     def num_tokens(self) -> int:
@@ -46,8 +55,9 @@ class StepBatch:
 
     def to_forward_batch(self, runner: ModelRunner) -> ForwardBatch:
         """Pack the work and decide the logit rows: each request that reaches the end of its
-        known tokens samples from its last row; prompt-logprob requests also get the rows
-        that predict their prompt tokens from ``logprob_start_len`` on."""
+        known tokens samples from its last row; a request verifying a draft gets a row per
+        position; prompt-logprob requests also get the rows that predict their prompt tokens
+        from ``logprob_start_len`` on."""
         logit_rows: list[int] = []
         offset = 0
         for req, n in self.work:
@@ -60,7 +70,10 @@ class StepBatch:
                         PromptLogprobSpan(req, len(logit_rows), last - first, first + 1)
                     )
                     logit_rows.extend(range(offset + first - start, offset + last - start))
-            if req.kv_len == len(req.all_ids):
+            if req.draft:
+                self.drafts.append(DraftRows(req, len(logit_rows)))
+                logit_rows.extend(range(offset, offset + n))
+            elif req.kv_len == len(req.all_ids):
                 self.sample_reqs.append(req)
                 self.sample_rows.append(len(logit_rows))
                 logit_rows.append(offset + n - 1)
@@ -68,6 +81,6 @@ class StepBatch:
         return runner.build_batch(
             [req.row for req, _ in self.work],
             [req.kv_len - n for req, n in self.work],
-            [req.all_ids[req.kv_len - n : req.kv_len] for req, n in self.work],
+            [req.step_tokens(n) for req, n in self.work],
             logits=torch.tensor(logit_rows, dtype=torch.int64, device=runner.device),
         )

@@ -23,8 +23,11 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
 
-    def check(self, req: Req) -> None:
-        """Set ``req.finished_reason`` if the token just appended ends the request."""
+    def check(self, req: Req, check_grammar: bool = True) -> None:
+        """Set ``req.finished_reason`` if the token just appended ends the request.
+
+        check_grammar: whether the matcher's state belongs to this token (not when it has
+        already accepted tokens after it)."""
         params = req.sampling
         token = req.output_ids[-1]
         produced = len(req.output_ids)
@@ -39,7 +42,7 @@ class StopChecker:
                 return
             if params.stop_regex and self._check_stop_regex(req):
                 return
-        if req.grammar is not None and req.grammar.is_terminated():
+        if check_grammar and req.grammar is not None and req.grammar.is_terminated():
             req.finish({"type": "stop", "matched": None})
             return
         if produced >= params.max_new_tokens:
@@ -60,8 +63,12 @@ class StopChecker:
         if req.stop_regex is None:
             req.stop_regex = (
                 StopRegex(req.sampling.stop_regex),
-                IncrementalDecoder(self.tokenizer, req.input_ids[-PROMPT_TAIL:],
-                                   req.sampling.skip_special_tokens, True),
+                IncrementalDecoder(
+                    self.tokenizer,
+                    req.input_ids[-PROMPT_TAIL:],
+                    req.sampling.skip_special_tokens,
+                    True,
+                ),
             )
         matcher, decoder = req.stop_regex
         before = len(decoder.text)

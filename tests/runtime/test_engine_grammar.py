@@ -199,3 +199,77 @@ def test_stop_regex_ends_and_trims(engine: Engine):
     out = engine.generate(PROMPT, {**free, "stop_regex": [re.escape(word.group())]})
     assert out["text"] == text[: word.start()]
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+FIXED_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_identification_number": {"type": "integer", "minimum": 0, "maximum": 99},
+        "preferred_communication_channel": {"enum": ["email", "telephone"]},
+        "account_status_description": {"type": "string", "maxLength": 6},
+    },
+    "required": [
+        "customer_identification_number",
+        "preferred_communication_channel",
+        "account_status_description",
+    ],
+}
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_jump_forward_keeps_greedy_output_and_saves_steps(tiny_model_path: Path, page_size: int):
+    params = {"json_schema": FIXED_KEYS, "temperature": 0, "max_new_tokens": 120}
+    runs = {}
+    for disabled in (True, False):
+        with Engine(
+            tiny_model_path,
+            max_total_tokens=4096,
+            page_size=page_size,
+            disable_jump_forward=disabled,
+            debug_invariants=True,
+        ) as eng:
+            outs = eng.generate([PROMPT, PROMPT + " again"], params)
+            runs[disabled] = (outs, eng.get_server_info())
+            eng.check_invariants()
+    (off, off_info), (on, on_info) = runs[True], runs[False]
+    assert [o["output_ids"] for o in on] == [o["output_ids"] for o in off]
+    for out in on:
+        validate_output(FIXED_KEYS, out["text"])
+    assert on_info["draft_tokens_accepted"] > 20
+    assert on_info["forward_steps"] < off_info["forward_steps"] - 20
+
+
+def test_jump_forward_sampling_stays_valid_and_seeded(tiny_model_path: Path):
+    params = [
+        {"json_schema": FIXED_KEYS, "temperature": 1.0, "seed": s, "max_new_tokens": 120}
+        for s in range(4)
+    ]
+    with Engine(tiny_model_path, max_total_tokens=4096) as eng:
+        first = eng.generate([PROMPT] * 4, params)
+        second = eng.generate([PROMPT] * 4, params)
+    assert [o["output_ids"] for o in first] == [o["output_ids"] for o in second]
+    for out in first:
+        if out["meta_info"]["finish_reason"]["type"] == "stop":
+            validate_output(FIXED_KEYS, out["text"])
+
+
+def test_stop_string_inside_a_draft(tiny_model_path: Path):
+    params = {
+        "json_schema": FIXED_KEYS,
+        "temperature": 0,
+        "max_new_tokens": 120,
+        "stop": ["communication"],
+    }
+    outs = []
+    for disabled in (True, False):
+        with Engine(
+            tiny_model_path,
+            max_total_tokens=4096,
+            disable_jump_forward=disabled,
+            debug_invariants=True,
+        ) as eng:
+            outs.append(eng.generate(PROMPT, params))
+            eng.check_invariants()
+    assert outs[0]["text"] == outs[1]["text"]
+    assert outs[1]["text"].endswith('"preferred_')
+    assert outs[1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": "communication"}
