@@ -17,6 +17,7 @@ interpreter (interpreted timings mean nothing).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 from collections.abc import Callable
@@ -84,14 +85,14 @@ def _time_impls(
     impls: dict[str, Callable[..., Any]], args: tuple[Any, ...], device: torch.device
 ) -> dict[str, float]:
     """Milliseconds per call of each implementation on the same arguments."""
-    return {name: _time_ms(lambda fn=fn: fn(*args), device) for name, fn in impls.items()}
+    return {name: _time_ms(functools.partial(fn, *args), device) for name, fn in impls.items()}
 
 
 def _max_error(impls: dict[str, Callable[..., Any]], args: tuple[Any, ...]) -> dict[str, str]:
     """max |impl - torch reference| over the outputs, for impls that return tensors: a GPU run
     checks the compiled kernels at full size while it times them."""
     expected = impls["torch"](*args)
-    errors = {}
+    errors: dict[str, str] = {}
     for name, fn in impls.items():
         out = fn(*args)
         pairs = zip(out, expected, strict=True) if isinstance(out, tuple) else [(out, expected)]

@@ -77,10 +77,8 @@ def paged_batch(
     )
 
 
-def tolerance(dtype: torch.dtype) -> dict[str, float]:
-    """assert_close tolerances for outputs in ``dtype`` (a few units in the last place)."""
-    if dtype == torch.float32:
-        return {"atol": 2e-5, "rtol": 2e-5}
-    if dtype == torch.float16:
-        return {"atol": 4e-3, "rtol": 4e-3}
-    return {"atol": 3e-2, "rtol": 3e-2}
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """torch.testing.assert_close at tolerances for ``dtype`` (a few units in the last place)."""
+    tolerances = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+    tol = tolerances[dtype]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.reference import attention as reference
-from tests.kernels.kv_cases import paged_batch, tolerance
+from tests.kernels.kv_cases import assert_close, paged_batch
 
 # A single-token sequence, lengths ending mid-tile, and one spanning several tiles per split.
 SEQ_LENS = [1, 19, 70, 33]
@@ -48,24 +48,24 @@ def test_matches_reference(
 ) -> None:
     out, expected = _run_both(triton_ops, SEQ_LENS, heads, kv_heads, 32, page_size, dtype, 3)
     assert out.dtype == dtype
-    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    assert_close(out, expected, dtype)
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 2, 8])
 def test_any_split_count(triton_ops: ModuleType, num_kv_splits: int) -> None:
     # 8 splits of short sequences leave most splits empty: they must weigh nothing.
     out, expected = _run_both(triton_ops, SEQ_LENS, 4, 2, 32, 16, torch.float32, num_kv_splits)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)
 
 
 def test_float16_runs_the_native_16_bit_dot(triton_ops: ModuleType) -> None:
     out, expected = _run_both(triton_ops, SEQ_LENS, 8, 2, 32, 16, torch.float16, 3)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float16))
+    assert_close(out, expected, torch.float16)
 
 
 def test_head_dim_that_is_not_a_power_of_two(triton_ops: ModuleType) -> None:
     out, expected = _run_both(triton_ops, [5, 40], 4, 4, 24, 1, torch.float32, 2)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)
 
 
 @settings(max_examples=12, deadline=None)
@@ -87,4 +87,4 @@ def test_any_batch(
     out, expected = _run_both(
         triton_ops, seq_lens, group, 1, 16, page_size, torch.float32, num_kv_splits, seed
     )
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)

@@ -16,7 +16,7 @@ import torch
 import kernels
 from kernels import dispatch
 from kernels.reference import attention as reference
-from tests.kernels.kv_cases import paged_batch, tolerance
+from tests.kernels.kv_cases import assert_close, paged_batch
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = [
@@ -81,7 +81,7 @@ def test_forced_triton_runs_the_kernel_through_the_op(
     assert len(launches) == 1
     ref = batch.finite()
     expected = reference.extend_attention(q, ref.k_buffer, ref.v_buffer, *args)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)
 
 
 class _CountingKernel:

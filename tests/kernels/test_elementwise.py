@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.reference import elementwise as reference
-from tests.kernels.kv_cases import tolerance
+from tests.kernels.kv_cases import assert_close
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -25,7 +25,7 @@ def test_rms_norm(triton_ops: ModuleType, dtype: torch.dtype, hidden: int) -> No
     out = triton_ops.norm.rms_norm(x, weight, 1e-6)
     expected = reference.rms_norm(x, weight, 1e-6)
     assert out.dtype == expected.dtype and out.shape == expected.shape
-    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    assert_close(out, expected, dtype)
 
 
 def test_rms_norm_with_a_float32_weight_returns_float32(triton_ops: ModuleType) -> None:
@@ -33,7 +33,7 @@ def test_rms_norm_with_a_float32_weight_returns_float32(triton_ops: ModuleType) 
     weight = _randn(48, seed=1)
     out = triton_ops.norm.rms_norm(x, weight, 1e-5)
     assert out.dtype == torch.float32
-    torch.testing.assert_close(out, reference.rms_norm(x, weight, 1e-5), **tolerance(x.dtype))
+    assert_close(out, reference.rms_norm(x, weight, 1e-5), x.dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -43,8 +43,8 @@ def test_fused_add_rms_norm(triton_ops: ModuleType, dtype: torch.dtype) -> None:
     x_before, residual_before = x.clone(), residual.clone()
     out, summed = triton_ops.norm.fused_add_rms_norm(x, residual, weight, 1e-6)
     expected, expected_sum = reference.fused_add_rms_norm(x, residual, weight, 1e-6)
-    torch.testing.assert_close(summed, expected_sum, **tolerance(dtype))
-    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    assert_close(summed, expected_sum, dtype)
+    assert_close(out, expected, dtype)
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
 
 
@@ -62,8 +62,8 @@ def test_rotary(
     emb = torch.cat([angles, angles], dim=-1)
     q_out, k_out = triton_ops.rotary.apply_rotary_emb(q, k, emb.cos(), emb.sin())
     q_expected, k_expected = reference.apply_rotary_emb(q, k, emb.cos(), emb.sin())
-    torch.testing.assert_close(q_out, q_expected, **tolerance(dtype))
-    torch.testing.assert_close(k_out, k_expected, **tolerance(dtype))
+    assert_close(q_out, q_expected, dtype)
+    assert_close(k_out, k_expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -72,4 +72,4 @@ def test_silu_and_mul(triton_ops: ModuleType, dtype: torch.dtype) -> None:
     out = triton_ops.activation.silu_and_mul(x, block=32)
     expected = reference.silu_and_mul(x)
     assert out.shape == (2, 3, 72)
-    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    assert_close(out, expected, dtype)

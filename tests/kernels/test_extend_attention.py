@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.reference import attention as reference
-from tests.kernels.kv_cases import paged_batch, tolerance
+from tests.kernels.kv_cases import assert_close, paged_batch
 
 # (prefix_len, extend_len) per request: empty prefixes, single new tokens, prefixes and
 # extensions that end mid-tile and that span several 16-wide tiles.
@@ -71,13 +71,13 @@ def test_matches_reference(
     out, expected = _run_both(triton_ops, MIXED_BATCH, heads, kv_heads, 32, page_size, dtype)
     assert out.dtype == dtype
     assert out.shape == expected.shape
-    torch.testing.assert_close(out, expected, **tolerance(dtype))
+    assert_close(out, expected, dtype)
 
 
 def test_float16_runs_the_native_16_bit_dot(triton_ops: ModuleType) -> None:
     # float16 tiles go into tl.dot as float16, the path bfloat16 takes on a GPU.
     out, expected = _run_both(triton_ops, MIXED_BATCH, 8, 2, 32, 16, torch.float16)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float16))
+    assert_close(out, expected, torch.float16)
 
 
 def test_head_dims_that_are_not_powers_of_two(triton_ops: ModuleType) -> None:
@@ -85,7 +85,7 @@ def test_head_dims_that_are_not_powers_of_two(triton_ops: ModuleType) -> None:
         triton_ops, [(9, 12), (0, 3)], 4, 2, 24, 16, torch.float32, head_dim_v=40
     )
     assert out.shape == (15, 4, 40)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)
 
 
 def test_strided_query_from_a_fused_projection(triton_ops: ModuleType) -> None:
@@ -98,7 +98,7 @@ def test_strided_query_from_a_fused_projection(triton_ops: ModuleType) -> None:
     )
     ref = batch.finite()
     expected = reference.extend_attention(q.contiguous(), ref.k_buffer, ref.v_buffer, *args)
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)
 
 
 @settings(max_examples=12, deadline=None)
@@ -118,4 +118,4 @@ def test_any_batch_composition(
     out, expected = _run_both(
         triton_ops, requests, 2 * group, 2, 16, page_size, torch.float32, seed
     )
-    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+    assert_close(out, expected, torch.float32)
