@@ -10,6 +10,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.path.exists("/dev/nvidia0"):
+    # Without a GPU, triton kernels run under the interpreter. Set before anything imports
+    # triton (transformers pulls it in through torch._dynamo during collection).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
