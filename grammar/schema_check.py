@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.schema_formats import SUPPORTED_FORMATS
@@ -137,7 +137,8 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
 
 
 def _check_object(root: dict[str, Any], sub: dict[str, Any], reject: Any) -> None:
-    properties = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+    declared = sub.get("properties")
+    properties: dict[str, Any] = declared if isinstance(declared, dict) else {}
     required = sub.get("required")
     if isinstance(required, list):
         missing = [name for name in required if name not in properties]

@@ -15,7 +15,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from grammar.errors import GrammarError
 from grammar.regex import to_json_string_regex

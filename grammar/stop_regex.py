@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import interegular
 
@@ -28,7 +29,7 @@ class StopRegex:
         self.patterns = tuple(patterns)
         self._fsms = [_compile(p) for p in self.patterns]
         self._live = [frozenset(s for s in fsm.states if fsm.islive(s)) for fsm in self._fsms]
-        self._active: list[dict[int, int]] = [{} for _ in self._fsms]  # state -> earliest start
+        self._active: list[dict[Any, int]] = [{} for _ in self._fsms]  # state -> earliest start
         self._offset = 0
         self.match: tuple[int, int] | None = None
 
@@ -51,9 +52,10 @@ class StopRegex:
                 symbol = fsm.alphabet[ch]
             except KeyError:
                 symbol = None
-            moved: dict[int, int] = {}
+            moved: dict[Any, int] = {}
             for state, start in active.items():
-                target = fsm.map.get(state, {}).get(symbol) if symbol is not None else None
+                transitions = fsm.map.get(state)
+                target = transitions.get(symbol) if transitions and symbol is not None else None
                 if target is not None and target in self._live[k]:
                     moved[target] = min(start, moved.get(target, start))
             self._active[k] = moved

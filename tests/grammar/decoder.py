@@ -71,8 +71,7 @@ class ConstrainedDecoder:
     ) -> list[Generated]:
         """One batch, one sequence per (grammar or None, seed)."""
         pool = self.runner.req_to_token_pool
-        rows = [pool.alloc() for _ in grammars]
-        assert all(r is not None for r in rows)
+        rows = [self._alloc() for _ in grammars]
         lens = [len(self.prompt)] * len(rows)
         matchers = [g.new_matcher() if g is not None else None for g in grammars]
         generators = [torch.Generator().manual_seed(s) for s in seeds]
@@ -115,10 +114,9 @@ class ConstrainedDecoder:
         constrained = [i for i, m in enumerate(matchers) if m is not None]
         if not constrained:
             return
-        bitmask = allocate_bitmask(len(constrained), self.vocab_size)
-        self.backend.fill_masks(
-            [matchers[i] for i in constrained], bitmask, list(range(len(constrained)))
-        )
+        present = [m for m in matchers if m is not None]
+        bitmask = allocate_bitmask(len(present), self.vocab_size)
+        self.backend.fill_masks(present, bitmask, list(range(len(present))))
         kernels.apply_token_bitmask(logits, bitmask, torch.tensor(constrained))
 
     def generate_jump_forward(
@@ -132,8 +130,7 @@ class ConstrainedDecoder:
     ) -> Generated:
         """One sequence; with jump_forward, forced text is drafted and verified in one step."""
         pool = self.runner.req_to_token_pool
-        row = pool.alloc()
-        assert row is not None
+        row = self._alloc()
         matcher = grammar.new_matcher()
         generator = torch.Generator().manual_seed(seed)
         kv_len = len(self.prompt)
@@ -173,6 +170,11 @@ class ConstrainedDecoder:
         finally:
             pool.free(row)
         return self._result(out, matcher.is_terminated(), steps)
+
+    def _alloc(self) -> int:
+        row = self.runner.req_to_token_pool.alloc()
+        assert row is not None, "out of request rows"
+        return row
 
     def _forward(
         self, rows: list[int], prefix_lens: list[int], ids: list[list[int]], logits: str = "last"

@@ -13,7 +13,7 @@ import datetime
 import json
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 _FORMATS = jsonschema.FormatChecker(
     formats=list(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)

@@ -6,7 +6,8 @@ import json
 import re
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
+import pydantic
 import pytest
 import torch
 
@@ -38,8 +39,6 @@ def test_corpus_outputs_validate(decoder: ConstrainedDecoder, service: GrammarSe
 
 
 def test_pydantic_model_schema(decoder: ConstrainedDecoder, service: GrammarService) -> None:
-    pydantic = pytest.importorskip("pydantic")
-
     class Item(pydantic.BaseModel):
         sku: str = pydantic.Field(pattern=r"^[A-Z]{3}[0-9]{2}$")
         count: int = pydantic.Field(ge=1, le=5)
@@ -95,7 +94,9 @@ def test_choice_returns_one_choice(decoder: ConstrainedDecoder, service: Grammar
 
 
 def test_json_object_is_an_object(decoder: ConstrainedDecoder, service: GrammarService) -> None:
-    compiled = service.compile(GrammarSpec.from_sampling_params({"json_object": True}))
+    spec = GrammarSpec.from_sampling_params({"json_object": True})
+    assert spec is not None
+    compiled = service.compile(spec)
     results = decoder.generate([compiled] * 4, range(4), MAX_TOKENS, 1.0, BIAS)
     for result in results:
         if result.terminated:
@@ -104,7 +105,7 @@ def test_json_object_is_an_object(decoder: ConstrainedDecoder, service: GrammarS
             assert "  " not in result.text
 
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -118,7 +119,7 @@ WEATHER = {
         },
     },
 }
-SEARCH = {
+SEARCH: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "search",

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 import pytest
 
 from grammar import GrammarError, GrammarOptions, GrammarSpec
@@ -104,8 +105,6 @@ def test_const_object_data_keeps_its_key_order() -> None:
 
 
 def test_pydantic_class() -> None:
-    pydantic = pytest.importorskip("pydantic")
-
     class Point(pydantic.BaseModel):
         x: int
         y: int

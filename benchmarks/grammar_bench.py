@@ -1,0 +1,238 @@
+"""Grammar overhead on a 150k-vocab tokenizer with the ``small`` test model (fp32, CPU).
+
+1. Compile time of a few specs, cold (our cache and xgrammar's both empty) and cached.
+2. Per decode step at batch 1 and 16 during JSON-schema generation: mask fill (all constrained
+   rows) + mask apply (one ``kernels.apply_token_bitmask`` call), against the model's decode
+   step, for a schema of short structured fields and one with free-text fields.
+3. Jump-forward: model forward steps with it off and on (greedy, identical output), and
+   constrained vs unconstrained tokens/s for the same output length, measured with the test
+   suite's stand-in decoding loop over ModelRunner. ``engine_measurements`` is the same through
+   ``runtime.Engine``; it is left for the scheduler integration to finish.
+
+    python -m benchmarks.grammar_bench [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+import kernels
+from benchmarks.common import best_time, print_table, write_json
+from grammar import (
+    GrammarBackend,
+    GrammarService,
+    GrammarSpec,
+    allocate_bitmask,
+    create_backend,
+)
+from runtime.model_config import ModelConfig
+from runtime.model_runner import ModelRunner
+from runtime.test_model import cached_test_model
+from tests.grammar.decoder import ConstrainedDecoder
+from tests.grammar.schema_corpus import SCHEMAS
+
+VOCAB = 151936
+STRUCTURED = dict(SCHEMAS)["event"]
+FREE_TEXT = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 48},
+        "summary": {"type": "string"},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+    },
+    "required": ["title", "summary", "rating"],
+}
+LONG_KEYS = dict(SCHEMAS)["long_fixed_keys"]
+TOOLS = [
+    {
+        "name": "get_current_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+        },
+    }
+]
+
+
+def compile_times(backend: GrammarBackend) -> list[list[Any]]:
+    specs = {
+        "json_schema (event)": GrammarSpec.for_json_schema(STRUCTURED),
+        "json_schema (free text)": GrammarSpec.for_json_schema(FREE_TEXT),
+        "json_schema (long keys)": GrammarSpec.for_json_schema(LONG_KEYS),
+        "regex (phone)": GrammarSpec.for_regex(r"\+?[0-9]{2,3} [0-9]{3}-[0-9]{4}"),
+        "tool_calls (1 tool)": GrammarSpec.for_tool_calls(TOOLS),
+    }
+    service = GrammarService(backend)
+    rows = []
+    for name, spec in specs.items():
+        start = time.perf_counter()
+        service.compile(spec)
+        cold = time.perf_counter() - start
+        start = time.perf_counter()
+        handle = service.submit(spec)
+        assert service.poll(handle) is not None
+        cached = time.perf_counter() - start
+        rows.append([name, cold * 1e3, cached * 1e6])
+    service.shutdown()
+    return rows
+
+
+def mask_overhead(
+    runner: ModelRunner, backend: GrammarBackend, schema: dict[str, Any], batch: int, steps: int
+) -> dict[str, float]:
+    """Median ms per step of the model's decode, the mask fill and the mask apply, at ``batch``
+    (medians: the dev machine is shared, and a busy neighbour inflates single steps)."""
+    compiled = backend.compile(GrammarSpec.for_json_schema(schema))
+    pool = runner.req_to_token_pool
+    rows = [row for row in (pool.alloc() for _ in range(batch)) if row is not None]
+    assert len(rows) == batch
+    span = min(runner.kv_slots // batch, runner.context_len)
+    for i, row in enumerate(rows):
+        pool.write(row, 0, torch.arange(i * span, (i + 1) * span))
+    matchers = [compiled.new_matcher() for _ in rows]
+    generator = torch.Generator().manual_seed(0)
+    bitmask = allocate_bitmask(batch, VOCAB)
+    prompt = [[5, 6, 7, 8]] * batch
+    logits = runner.forward(runner.build_batch(rows, [0] * batch, prompt)).clone()
+    times: dict[str, list[float]] = {"forward_ms": [], "fill_ms": [], "apply_ms": []}
+    for step in range(steps + 2):  # the first two steps warm up and are not recorded
+        start = time.perf_counter()
+        backend.fill_masks(matchers, bitmask, list(range(batch)))
+        filled = time.perf_counter()
+        kernels.apply_token_bitmask(logits, bitmask)
+        applied = time.perf_counter()
+        tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).flatten()
+        for i, token in enumerate(tokens.tolist()):
+            assert matchers[i].accept_token(token)
+            if matchers[i].is_terminated():  # keep the batch full: start a new output
+                matchers[i] = compiled.new_matcher()
+        batch_ids = [[t] for t in tokens.tolist()]
+        decode_start = time.perf_counter()
+        logits = runner.forward(runner.build_batch(rows, [4 + step] * batch, batch_ids)).clone()
+        if step >= 2:
+            times["fill_ms"].append((filled - start) * 1e3)
+            times["apply_ms"].append((applied - filled) * 1e3)
+            times["forward_ms"].append((time.perf_counter() - decode_start) * 1e3)
+    for row in rows:
+        pool.free(row)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def jump_forward_and_throughput(decoder: ConstrainedDecoder, service: GrammarService) -> dict:
+    """Greedy, batch 1, best of two runs each: steps and tokens/s with jump-forward off and on,
+    and unconstrained decoding of the same number of tokens."""
+    compiled = service.compile(GrammarSpec.for_json_schema(LONG_KEYS))
+    plain = decoder.generate_jump_forward(compiled, 96, jump_forward=False)
+    fast = decoder.generate_jump_forward(compiled, 96, jump_forward=True)
+    assert fast.token_ids == plain.token_ids
+    tokens = len(plain.token_ids)
+    plain_s = best_time(lambda: decoder.generate_jump_forward(compiled, 96, False), repeat=2)
+    fast_s = best_time(lambda: decoder.generate_jump_forward(compiled, 96, True), repeat=2)
+    # A -1e9 "closing bias" bans stop tokens: unconstrained output runs to the same length.
+    free_s = best_time(lambda: decoder.generate([None], [0], tokens, 0.0, -1e9), repeat=2)
+    return {
+        "output_tokens": tokens,
+        "forward_steps_off": plain.forward_steps,
+        "forward_steps_on": fast.forward_steps,
+        "tokens_per_s_unconstrained": tokens / free_s,
+        "tokens_per_s_constrained": tokens / plain_s,
+        "tokens_per_s_constrained_jump_forward": tokens / fast_s,
+    }
+
+
+def engine_measurements(model_path: str, schema: dict[str, Any], max_new_tokens: int) -> dict:
+    """Through ``runtime.Engine``: constrained vs unconstrained tokens/s at equal length.
+
+    LEAD: to finish at scheduler integration. Also report the scheduler's forward-step count
+    with jump-forward off and on (its server flag and step counter are the scheduler's to name).
+    """
+    from runtime import Engine
+
+    with Engine(model_path) as engine:
+        start = time.perf_counter()
+        out = engine.generate(
+            "Reply in JSON:", {"json_schema": schema, "max_new_tokens": max_new_tokens}
+        )
+        constrained_s = time.perf_counter() - start
+        tokens = out["meta_info"]["completion_tokens"]
+        start = time.perf_counter()
+        engine.generate("Reply in JSON:", {"max_new_tokens": tokens, "ignore_eos": True})
+        free_s = time.perf_counter() - start
+    return {
+        "output_tokens": tokens,
+        "tokens_per_s_constrained": tokens / constrained_s,
+        "tokens_per_s_unconstrained": tokens / free_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer decode steps")
+    parser.add_argument("--out", default=None, help="JSON results path")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    path = cached_test_model("small", "llama", vocab_size=VOCAB)  # ~2 min the first time
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = ModelConfig.from_pretrained(path)
+    backend = create_backend("xgrammar", tokenizer, config.vocab_size, config.eos_token_ids)
+
+    print("== compile (150k vocab)")
+    compile_rows = compile_times(backend)
+    print_table(["spec", "cold ms", "cached us"], compile_rows)
+
+    print("\n== mask overhead per decode step (small model, 150k vocab)")
+    runner = ModelRunner(str(path), kv_slots=16 * 512, max_requests=16, context_len=512)
+    steps = 8 if args.quick else 32
+    overhead_rows = []
+    for label, schema in (("structured", STRUCTURED), ("free text", FREE_TEXT)):
+        for batch in (1, 16):
+            m = mask_overhead(runner, backend, schema, batch, steps)
+            share = (m["fill_ms"] + m["apply_ms"]) / m["forward_ms"] * 100
+            overhead_rows.append(
+                [label, batch, m["forward_ms"], m["fill_ms"], m["apply_ms"], share]
+            )
+    print_table(
+        ["schema", "batch", "decode ms", "fill ms", "apply ms", "mask % of decode"], overhead_rows
+    )
+
+    print("\n== jump-forward and throughput (greedy, batch 1, long fixed keys)")
+    decoder = ConstrainedDecoder(runner, tokenizer, backend)
+    service = GrammarService(backend)
+    jf = jump_forward_and_throughput(decoder, service)
+    service.shutdown()
+    print_table(["metric", "value"], [[k, v] for k, v in jf.items()])
+
+    write_json(
+        "grammar_bench",
+        {
+            "compile": [
+                dict(zip(["spec", "cold_ms", "cached_us"], r, strict=True)) for r in compile_rows
+            ],
+            "mask_overhead": [
+                dict(
+                    zip(
+                        ["schema", "batch", "decode_ms", "fill_ms", "apply_ms", "mask_pct"],
+                        r,
+                        strict=True,
+                    )
+                )
+                for r in overhead_rows
+            ],
+            "jump_forward": jf,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
