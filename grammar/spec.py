@@ -35,6 +35,7 @@ _PARAM_KINDS = {
     "structural_tag": "structural_tag",
     "json_object": "json_object",
 }
+_OPTION_KEYS = ("grammar_best_effort", "grammar_max_whitespace")
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
@@ -171,9 +172,6 @@ class GrammarSpec:
             "parallel": bool(parallel),
         }
         return cls("tool_calls", json.dumps(payload, ensure_ascii=False), options)
-
-
-_OPTION_KEYS = ("grammar_best_effort", "grammar_max_whitespace")
 
 
 def parse_schema(schema: Any) -> dict[str, Any]:

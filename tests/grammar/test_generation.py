@@ -11,8 +11,8 @@ import pydantic
 import pytest
 import torch
 
-from grammar import GrammarService, GrammarSpec
-from tests.grammar.decoder import ConstrainedDecoder
+from grammar import GrammarOptions, GrammarService, GrammarSpec
+from tests.grammar.decoder import ConstrainedDecoder, sample_random
 from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
 from tests.grammar.schema_corpus import SCHEMAS, validate_output
 
@@ -201,3 +201,77 @@ def test_max_tokens_cut_is_not_terminated(
     compiled = service.compile(GrammarSpec.for_regex("a{50}"))
     (result,) = decoder.generate([compiled], [0], 5)
     assert not result.terminated and len(result.token_ids) == 5
+
+
+def test_structural_tag_content_validates(
+    decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    inner = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 6}, "n": {"enum": [1, 2]}},
+        "required": ["city", "n"],
+    }
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<answer>",
+            "content": {"type": "json_schema", "json_schema": inner},
+            "end": "</answer>",
+        },
+    }
+    compiled = service.compile(GrammarSpec.for_structural_tag(tag))
+    finished = 0
+    for result in decoder.generate([compiled] * 4, range(4), 64, 1.0, BIAS):
+        if result.terminated:
+            finished += 1
+            match = re.fullmatch(r"<answer>(.*)</answer>", result.text, re.DOTALL)
+            assert match, result.text
+            validate_output(inner, match.group(1))
+    assert finished >= 2
+
+
+def _whitespace_bias(decoder: ConstrainedDecoder) -> torch.Tensor:
+    """+6 on every token made only of whitespace: a model that loves blanks."""
+    bias = torch.zeros(decoder.vocab_size)
+    for token in range(len(decoder.tokenizer)):
+        text = decoder.tokenizer.decode([token])
+        if text and not text.strip():
+            bias[token] = 6.0
+    return bias + 4.0 * decoder.closing
+
+
+WHITESPACE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "xs": {"type": "array", "items": {"type": "integer", "maximum": 9}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["xs", "ok"],
+}
+
+
+def test_compact_json_has_no_whitespace(decoder: ConstrainedDecoder, backend: Any) -> None:
+    compiled = backend.compile(GrammarSpec.for_json_schema(WHITESPACE_SCHEMA))
+    bias = _whitespace_bias(decoder)
+    for seed in range(10):
+        tokens, done = sample_random(compiled, decoder.vocab_size, seed, 64, bias)
+        text = decoder.tokenizer.decode(tokens[:-1] if done else tokens)
+        assert not re.search(r"\s", text), text
+        if done:
+            validate_output(WHITESPACE_SCHEMA, text)
+
+
+def test_whitespace_runs_are_capped(decoder: ConstrainedDecoder, backend: Any) -> None:
+    options = GrammarOptions(max_whitespace=2)
+    compiled = backend.compile(GrammarSpec.for_json_schema(WHITESPACE_SCHEMA, options))
+    bias = _whitespace_bias(decoder)
+    saw_whitespace = False
+    for seed in range(10):
+        tokens, done = sample_random(compiled, decoder.vocab_size, seed, 96, bias)
+        text = decoder.tokenizer.decode(tokens[:-1] if done else tokens)
+        assert not re.search(r"\s{3}", text), text
+        saw_whitespace |= bool(re.search(r"\s", text))
+        if done:
+            validate_output(WHITESPACE_SCHEMA, text)
+    assert saw_whitespace

@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from grammar import GrammarError, GrammarOptions, GrammarSpec
+from grammar import GrammarError, GrammarOptions, GrammarSpec, UnsupportedSchemaFeature
 
 
 def test_no_constraint_is_none() -> None:
@@ -154,3 +154,19 @@ def test_tool_call_specs() -> None:
 def test_unknown_kind() -> None:
     with pytest.raises(GrammarError, match="unknown grammar kind"):
         GrammarSpec("yaml", "")
+
+
+def test_structural_tag_schemas_are_checked() -> None:
+    def tag(content: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "structural_tag",
+            "format": {"type": "tag", "begin": "<a>", "content": content, "end": "</a>"},
+        }
+
+    unique = {"type": "json_schema", "json_schema": {"type": "array", "uniqueItems": True}}
+    with pytest.raises(UnsupportedSchemaFeature, match="uniqueItems"):
+        GrammarSpec.for_structural_tag(tag(unique))
+    GrammarSpec.for_structural_tag(tag(unique), GrammarOptions(best_effort=True))
+    xml = {"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"}
+    with pytest.raises(GrammarError, match="style 'qwen_xml' is not supported"):
+        GrammarSpec.for_structural_tag(tag(xml))
