@@ -50,7 +50,12 @@ class XGrammarMatcher(GrammarMatcher):
     def jump_forward_string(self) -> str:
         if self._matcher.is_terminated():
             return ""
-        return self._matcher.find_jump_forward_string()
+        try:
+            return self._matcher.find_jump_forward_string()
+        except UnicodeDecodeError:
+            # The last token ended inside a UTF-8 character, so the forced bytes do not start
+            # a character and xgrammar cannot return them as text. Nothing is drafted this step.
+            return ""
 
     def jump_forward_tokens(self, max_tokens: int) -> list[int]:
         text = self.jump_forward_string() if max_tokens > 0 else ""

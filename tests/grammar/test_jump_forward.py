@@ -40,6 +40,18 @@ def test_forced_string_and_draft_tokens(service: GrammarService, tokenizer: Any)
         assert matcher.accept_token(token)
 
 
+def test_no_draft_inside_a_utf8_character(service: GrammarService, tokenizer: Any) -> None:
+    text = "日本語テキスト"
+    matcher = service.compile(GrammarSpec.for_choice([text, "x"])).new_matcher()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(tokenizer.decode(ids[:1])) == 1 and tokenizer.decode(ids[:1]) != text[0]
+    assert matcher.accept_token(ids[0])  # one byte of a three-byte character
+    assert matcher.jump_forward_string() == "" and matcher.jump_forward_tokens(8) == []
+    for token in ids[1:3]:
+        assert matcher.accept_token(token)
+    assert matcher.jump_forward_string() == text[1:]
+
+
 def test_draft_mask_rows_and_commit(service: GrammarService, tokenizer: Any) -> None:
     compiled = service.compile(GrammarSpec.for_json_schema(LONG_KEYS))
     matcher = compiled.new_matcher()
