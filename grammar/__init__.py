@@ -7,7 +7,8 @@ Typical use by a scheduler::
     spec = GrammarSpec.from_sampling_params(params)   # None, or GrammarError at the API edge
     handle = service.submit(spec)                     # then each loop: service.poll(handle)
     matcher = compiled.new_matcher()
-    matcher.fill_mask(bitmask, row); ...; matcher.accept_token(token)
+    apply_grammar_masks(backend, logits, [matcher or None per row])   # each step
+    matcher.accept_token(token)                                       # after sampling
 
 See docs/grammar.md for the integration protocol and what the backend enforces.
 """
@@ -23,6 +24,7 @@ from grammar.backend import (
 )
 from grammar.errors import GrammarCompileTimeout, GrammarError, UnsupportedSchemaFeature
 from grammar.jump_forward import DraftVerdict, commit_draft, fill_draft_masks, verify_draft
+from grammar.masking import apply_grammar_masks
 from grammar.options import GrammarOptions
 from grammar.regex import to_backend_regex
 from grammar.schema_check import check_schema
@@ -48,6 +50,7 @@ __all__ = [
     "StopRegex",
     "UnsupportedSchemaFeature",
     "allocate_bitmask",
+    "apply_grammar_masks",
     "check_schema",
     "commit_draft",
     "create_backend",

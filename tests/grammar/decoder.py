@@ -26,6 +26,7 @@ from grammar import (
     GrammarBackend,
     GrammarMatcher,
     allocate_bitmask,
+    apply_grammar_masks,
     commit_draft,
     fill_draft_masks,
     verify_draft,
@@ -111,13 +112,7 @@ class ConstrainedDecoder:
 
     def apply_masks(self, logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> None:
         """Mask the constrained rows of logits [B, V] in one op; other rows stay untouched."""
-        constrained = [i for i, m in enumerate(matchers) if m is not None]
-        if not constrained:
-            return
-        present = [m for m in matchers if m is not None]
-        bitmask = allocate_bitmask(len(present), self.vocab_size)
-        self.backend.fill_masks(present, bitmask, list(range(len(present))))
-        kernels.apply_token_bitmask(logits, bitmask, torch.tensor(constrained))
+        apply_grammar_masks(self.backend, logits, matchers)
 
     def generate_jump_forward(
         self,
