@@ -1,0 +1,175 @@
+"""``arbor bench``: run a workload on Arbor and on the baselines, side by side.
+
+    arbor bench WORKLOAD [--model-path DIR] [--baseline transformers|llama.cpp|all|none]
+                         [--quick] [--plot out.png] [--out result.json]
+    arbor bench serve --rate R [--model-path DIR] [--requests-from random|few-shot|json] ...
+
+(equivalently ``python -m benchmarks.suite ...`` from the repository root). Workloads:
+few-shot, multi-turn, tree-of-thought, agent, json, random. Arbor runs the workload first; each
+baseline then replays exactly the calls Arbor made (same prompt tokens, same output token
+counts). Prints a table, writes JSON (default ``benchmarks/results/bench-WORKLOAD.json``) and,
+with ``--plot``, a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any
+
+from benchmarks.common import write_json
+from benchmarks.suite import report
+from benchmarks.suite.metrics import optimal_hit_rate, output_agreement, summarize
+from benchmarks.suite.trace import SystemRun
+from benchmarks.suite.workloads import WORKLOADS, Workload
+from benchmarks.suite.workloads.base import RequestListWorkload
+
+BASELINES = ("transformers", "llama.cpp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="arbor bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model-path", help="HF model folder (default: the small test model)")
+    common.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
+    common.add_argument("--requests", type=int, help="override the workload's request count")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--max-total-tokens", type=int, default=65536, help="Arbor's KV pool")
+    common.add_argument("--plot", metavar="PNG", help="write a chart (needs matplotlib)")
+    common.add_argument("--out", metavar="JSON", help="result file (default under results/)")
+    commands = parser.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
+    for name, workload in WORKLOADS.items():
+        offline = commands.add_parser(name, parents=[common], help=workload.summary)
+        offline.add_argument(
+            "--baseline",
+            action="append",
+            choices=[*BASELINES, "all", "none"],
+            help="baselines to run (repeatable; default: all)",
+        )
+        offline.add_argument("--hf-batch", type=int, default=16, help="transformers batch size")
+        offline.add_argument("--gguf", help="llama.cpp: use this GGUF instead of converting")
+    serve = commands.add_parser(
+        "serve", parents=[common], help="online: Poisson arrivals against arbor serve"
+    )
+    serve.add_argument("--rate", type=float, required=True, help="mean arrivals per second")
+    serve.add_argument(
+        "--requests-from",
+        default="random",
+        choices=[n for n, w in WORKLOADS.items() if issubclass(w, RequestListWorkload)],
+        help="the workload whose requests are sent",
+    )
+    serve.add_argument("--max-seconds", type=float, help="deadline (default 300, quick 120)")
+    serve.add_argument("--slo-ttft", type=float, default=2.0, help="goodput SLO: TTFT, s")
+    serve.add_argument("--slo-itl", type=float, default=200.0, help="goodput SLO: mean ITL, ms")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.plot:
+        report.require_matplotlib()
+    model_path = args.model_path or _default_model()
+    if args.workload == "serve":
+        from benchmarks.suite.online import run_serve
+
+        return run_serve(args, model_path, argv)
+    workload = make_workload(args.workload, args.quick, args.requests, args.seed)
+    baselines = _chosen_baselines(args.baseline)
+    load_before = os.getloadavg()
+    ours = run_arbor(workload, model_path, args.max_total_tokens)
+    runs: list[SystemRun] = [ours]
+    unavailable: dict[str, str] = {}
+    checks: dict[str, Any] = {}
+    note = _replay_note(ours)
+    if "transformers" in baselines:
+        from benchmarks.suite.systems.transformers_baseline import TransformersBaseline
+
+        runs.append(TransformersBaseline(model_path, args.hf_batch).replay(ours.calls, note))
+    if "llama.cpp" in baselines:
+        from benchmarks.suite.systems import llama_cpp_baseline
+
+        outcome = llama_cpp_baseline.replay(model_path, ours.calls, note, args.gguf)
+        checks["llama.cpp"] = outcome.check
+        if outcome.run is None:
+            unavailable["llama.cpp"] = outcome.reason
+        else:
+            runs.append(outcome.run)
+    load_after = os.getloadavg()
+    summaries = [summarize(run) for run in runs]
+    optimal = optimal_hit_rate(ours.calls)
+    ratios = report.ratio_lines(summaries)
+    agreement = {run.system: output_agreement(ours, run) for run in runs[1:]}
+    print(f"\n{workload.name}: {model_path}")
+    print(f"load average before {_load(load_before)}, after {_load(load_after)}\n")
+    report.print_systems(summaries, optimal)
+    for system, reason in unavailable.items():
+        print(f"  {system}: unavailable: {reason}")
+    for system, ratio in ratios.items():
+        same = agreement[system]
+        agree = "" if same is None else f"; identical greedy outputs on {same:.0%} of calls"
+        print(f"arbor / {system}: {ratio:.2f}x output tokens/s{agree}")
+    payload = {
+        "command": ["arbor", "bench", *argv],
+        "model_path": model_path,
+        "workload": workload.describe(),
+        "load_average": {"before": load_before, "after": load_after},
+        "optimal_hit_rate": optimal,
+        "systems": summaries,
+        "ratios": ratios,
+        "output_agreement": agreement,
+        "unavailable": unavailable,
+        "checks": checks,
+    }
+    write_json(f"bench-{workload.name}", payload, args.out)
+    if args.plot:
+        report.plot(args.plot, f"{workload.name} on {os.path.basename(model_path)}", summaries)
+    return 0
+
+
+def make_workload(name: str, quick: bool, requests: int | None, seed: int) -> Workload:
+    workload = WORKLOADS[name].preset(quick)
+    if requests is not None:
+        workload = workload.with_count(requests)
+    return dataclasses.replace(workload, seed=seed)
+
+
+def run_arbor(workload: Workload, model_path: str, max_total_tokens: int) -> SystemRun:
+    """Arbor's run on a fresh in-process Engine (float32, as on CPU), stopped afterwards so
+    the baselines get the whole machine."""
+    from runtime import Engine
+
+    with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
+        return workload.run_arbor(engine)
+
+
+def _replay_note(ours: SystemRun) -> str:
+    constrained = sum(c.constrained for c in ours.calls)
+    if not constrained:
+        return ""
+    return f"{constrained} constrained calls replayed unconstrained, same token counts"
+
+
+def _chosen_baselines(chosen: list[str] | None) -> set[str]:
+    names = set(chosen or ["all"])
+    if "none" in names:
+        return set()
+    return set(BASELINES) if "all" in names else names
+
+
+def _default_model() -> str:
+    from runtime.test_model import cached_test_model
+
+    return str(cached_test_model("small", "llama"))
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

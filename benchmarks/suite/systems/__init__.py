@@ -1,0 +1,1 @@
+"""The systems a workload runs on: Arbor, and the baselines that replay its calls."""
