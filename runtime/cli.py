@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from runtime.server_args import ServerArgs
 from runtime.test_model import ARCHITECTURES, PRESETS
@@ -35,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ServerArgs.add_cli_args(serve)
 
+    commands.add_parser(
+        "bench",
+        add_help=False,
+        help="benchmark workloads against baselines (source checkout; `arbor bench -h`)",
+    )
+
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["bench"]:  # the benchmark suite parses its own flags
+        return _bench(arguments[1:])
     args = parser.parse_args(argv)
     if args.command == "make-test-model":
         return _make_test_model(args)
@@ -47,6 +57,24 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch_server(ServerArgs.from_cli(args))
     return 2
+
+
+def _bench(argv: list[str]) -> int:
+    """Dispatch to ``benchmarks.suite`` (not an installed package): it is imported from the
+    checkout this ``runtime`` package lives in, as ``python -m benchmarks.suite`` would be."""
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "benchmarks" / "suite" / "cli.py").is_file():
+        print(
+            f"arbor bench needs a source checkout: {checkout / 'benchmarks'} is missing "
+            "(install arbor in editable mode from a clone: pip install -e .)",
+            file=sys.stderr,
+        )
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from benchmarks.suite.cli import main as bench_main
+
+    return bench_main(argv)
 
 
 def _make_test_model(args: argparse.Namespace) -> int:
