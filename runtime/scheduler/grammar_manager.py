@@ -15,8 +15,14 @@ from typing import Any
 
 import torch
 
-import kernels
-from grammar import GrammarError, GrammarService, GrammarSpec, allocate_bitmask, create_backend
+from grammar import (
+    GrammarError,
+    GrammarService,
+    GrammarSpec,
+    allocate_bitmask,
+    apply_grammar_masks,
+    create_backend,
+)
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.req import Req
 from runtime.server_args import ServerArgs
@@ -95,22 +101,17 @@ class GrammarManager:
         return None
 
     def bitmask(self, rows: int) -> torch.Tensor:
-        """A CPU bitmask with at least ``rows`` rows (reused across steps), all allowed."""
+        """A reusable CPU bitmask buffer with at least ``rows`` rows (fills overwrite rows)."""
         if self._bitmask.shape[0] < rows:
             self._bitmask = allocate_bitmask(max(rows, 2 * self._bitmask.shape[0]), self.vocab_size)
-        mask = self._bitmask[:rows]
-        mask.fill_(-1)
-        return mask
+        return self._bitmask[:rows]
 
     def apply_masks(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place)."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
-            return
-        mask = self.bitmask(len(rows))
-        self.backend.fill_masks([reqs[i].grammar for i in rows], mask, list(range(len(rows))))
-        indices = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        kernels.apply_token_bitmask(logits, mask.to(logits.device, non_blocking=True), indices)
+        matchers = [r.grammar for r in reqs]
+        constrained = sum(m is not None for m in matchers)
+        if constrained:
+            apply_grammar_masks(self.backend, logits, matchers, self.bitmask(constrained))
 
     def shutdown(self) -> None:
         self.service.shutdown()
