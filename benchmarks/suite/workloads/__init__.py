@@ -12,4 +12,13 @@ WORKLOADS: dict[str, type[Workload]] = {
     w.name: w for w in (FewShot, MultiTurn, TreeOfThought, Agent, JsonExtraction, RandomLengths)
 }
 
-__all__ = ["WORKLOADS", "Workload"]
+__all__ = [
+    "WORKLOADS",
+    "Agent",
+    "FewShot",
+    "JsonExtraction",
+    "MultiTurn",
+    "RandomLengths",
+    "TreeOfThought",
+    "Workload",
+]
