@@ -155,7 +155,7 @@ def test_tool_calls_required(
 ) -> None:
     compiled = service.compile(GrammarSpec.for_tool_calls(TOOLS, "required", parallel=parallel))
     names = set()
-    for result in decoder.generate([compiled] * 6, range(6), MAX_TOKENS, 1.0, BIAS):
+    for result in decoder.generate([compiled] * 4, range(4), MAX_TOKENS, 1.0, BIAS):
         if result.terminated:
             calls = _tool_calls(result.text)
             assert parallel or len(calls) == 1
