@@ -1,9 +1,10 @@
 """The sampling pipeline, batched: bias, penalties, grammar mask, temperature, top-k/p, min-p, draw.
 
 The order is fixed (DESIGN.md): logit_bias, repetition / presence / frequency penalties, the
-stop-token mask below min_new_tokens, the grammar mask, then temperature, top-k, top-p, min-p
-and the draw. Greedy rows (temperature 0 or top_k 1) take the argmax of the processed logits.
-A row's draw depends only on its request's seed and output length, never on the batch.
+grammar mask and the stop-token mask below min_new_tokens (which yields where the grammar
+allows only its end), then temperature, top-k, top-p, min-p and the draw. Greedy rows
+(temperature 0 or top_k 1) take the argmax of the processed logits. A row's draw depends only
+on its request's seed and output length, never on the batch.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ class Sampler:
         raw = logits
         logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
-        self._mask_stop_tokens_below_min(logits, reqs)
         if self.grammar_mask is not None and any(r.grammar is not None for r in reqs):
             self.grammar_mask(logits, reqs)
+        for i, req in enumerate(reqs):
+            self._mask_stop_below_min(logits[i], req, len(req.output_ids))
         tokens = self._draw(logits, reqs)
         return SampleOutput(tokens.tolist(), self._logprobs(raw, tokens, reqs))
 
@@ -65,10 +67,9 @@ class Sampler:
             logits[:, list(params.logit_bias)] += torch.tensor(
                 list(params.logit_bias.values()), device=logits.device
             )
-        for i in range(logits.shape[0]):
-            if len(req.output_ids) + i < params.min_new_tokens:
-                logits[i, self._stop_ids(req)] = float("-inf")
         kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
+        for i in range(logits.shape[0]):
+            self._mask_stop_below_min(logits[i], req, len(req.output_ids) + i)
         if params.is_greedy:
             verdict = verify_draft(req.draft, logits, True, lambda: 0.0)
         else:
@@ -132,10 +133,16 @@ class Sampler:
             req.token_counts = (counts, seen)
         return req.token_counts
 
-    def _mask_stop_tokens_below_min(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
-        for i, req in enumerate(reqs):
-            if len(req.output_ids) < req.sampling.min_new_tokens:
-                logits[i, self._stop_ids(req)] = float("-inf")
+    def _mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
+        """Forbid stop tokens while fewer than min_new_tokens are out (row [V], in place) —
+        unless the grammar allows nothing else: its end wins over min_new_tokens."""
+        if produced >= req.sampling.min_new_tokens:
+            return
+        stop_ids = self._stop_ids(req)
+        masked = row.clone()
+        masked[stop_ids] = float("-inf")
+        if req.grammar is None or bool(torch.isfinite(masked).any()):
+            row.copy_(masked)
 
     def _draw(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
         tokens = logits.argmax(-1)

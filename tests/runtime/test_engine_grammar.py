@@ -273,3 +273,9 @@ def test_stop_string_inside_a_draft(tiny_model_path: Path):
     assert outs[0]["text"] == outs[1]["text"]
     assert outs[1]["text"].endswith('"preferred_')
     assert outs[1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": "communication"}
+
+
+def test_min_new_tokens_yields_to_the_end_of_a_grammar(engine: Engine):
+    out = engine.generate(PROMPT, {"choice": ["ok"], "min_new_tokens": 10, "temperature": 1.0})
+    assert out["text"] == "ok"
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
