@@ -21,6 +21,7 @@ from typing import Any
 
 from benchmarks.common import write_json
 from benchmarks.suite import report
+from benchmarks.suite.contention import measured
 from benchmarks.suite.metrics import optimal_hit_rate, output_agreement, summarize
 from benchmarks.suite.trace import SystemRun
 from benchmarks.suite.workloads import WORKLOADS, Workload
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if "transformers" in baselines:
         from benchmarks.suite.systems.transformers_baseline import TransformersBaseline
 
-        runs.append(TransformersBaseline(model_path, args.hf_batch).replay(ours.calls, note))
+        baseline = TransformersBaseline(model_path, args.hf_batch)
+        runs.append(measured(lambda: baseline.replay(ours.calls, note)))
     if "llama.cpp" in baselines:
         from benchmarks.suite.systems import llama_cpp_baseline
 
@@ -144,7 +146,7 @@ def run_arbor(workload: Workload, model_path: str, max_total_tokens: int) -> Sys
     from runtime import Engine
 
     with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
-        return workload.run_arbor(engine)
+        return measured(lambda: workload.run_arbor(engine))
 
 
 def _replay_note(ours: SystemRun) -> str:

@@ -67,7 +67,7 @@ def optimal_hit_rate(calls: Sequence[Call]) -> float:
 
 def summarize(run: SystemRun) -> dict[str, Any]:
     """The run's numbers: calls, output tokens, wall time, output tokens/s, calls/s, groups/s,
-    TTFT percentiles (s), ITL percentiles (ms), cache hit rate."""
+    TTFT percentiles (s), ITL percentiles (ms), cache hit rate, other processes' CPU share."""
     output_tokens = sum(len(t.token_times) for t in run.timings)
     first, gaps = ttfts(run.timings), inter_token_latencies(run.timings)
     groups = len({c.group for c in run.calls})
@@ -85,6 +85,7 @@ def summarize(run: SystemRun) -> dict[str, Any]:
         **{f"ttft_p{q}_s": percentile(first, q) for q in PERCENTILES},
         **{f"itl_p{q}_ms": percentile(gaps, q) * 1000 for q in PERCENTILES},
         "cache_hit_rate": run.cache_hit_rate,
+        "other_cpu_share": run.other_cpu_share,
         "note": run.note,
     }
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from benchmarks.common import write_json
 from benchmarks.suite import report
+from benchmarks.suite.contention import others_share, sample
 from benchmarks.suite.metrics import optimal_hit_rate, summarize
 from benchmarks.suite.server_process import ServerProcess
 from benchmarks.suite.systems.arbor import Request
@@ -128,10 +129,14 @@ async def drive(url: str, requests: list[Request], config: OnlineConfig) -> list
 
 
 def summarize_online(
-    results: list[ClientResult], config: OnlineConfig, cache_hit_rate: float | None
+    results: list[ClientResult],
+    config: OnlineConfig,
+    cache_hit_rate: float | None,
+    other_cpu_share: float | None = None,
 ) -> dict[str, Any]:
     """Latency and throughput over completed requests, plus sent/completed/failed counts and
-    goodput (the fraction of sent requests that met both SLOs, and those per second)."""
+    goodput (the fraction of sent requests that met both SLOs, and those per second).
+    ``other_cpu_share``: what processes other than the client and the server's used."""
     done = [r for r in results if r.completed]
     start = min((r.timing.arrival for r in results), default=0.0)
     end = max((r.timing.finish for r in done), default=start)
@@ -143,6 +148,7 @@ def summarize_online(
         wall_s=end - start,
         cache_hit_rate=cache_hit_rate,
         note=f"Poisson arrivals at {config.rate:g} req/s, streaming native /generate",
+        other_cpu_share=other_cpu_share,
     )
     good = [r for r in done if _meets_slo(r.timing, config)]
     errors = sorted({r.error for r in results if r.error})
@@ -194,12 +200,15 @@ def run_serve(args: argparse.Namespace, model_path: str, argv: list[str]) -> int
         ).raise_for_status()
         httpx.post(f"{server.url}/flush_cache", timeout=30.0).raise_for_status()
         before = httpx.get(f"{server.url}/get_server_info", timeout=30.0).json()
+        pids = server.pids(before)
+        start = sample(pids)
         results = asyncio.run(drive(server.url, requests, config))
+        busy = others_share(start, sample(pids))
         after = httpx.get(f"{server.url}/get_server_info", timeout=30.0).json()
     load_after = os.getloadavg()
     prompt = after["prompt_tokens"] - before["prompt_tokens"]
     hit_rate = (after["cached_tokens"] - before["cached_tokens"]) / prompt if prompt else None
-    summary = summarize_online(results, config, hit_rate)
+    summary = summarize_online(results, config, hit_rate, busy)
     print(f"\nserve ({workload.name} requests at {config.rate:g} req/s): {model_path}")
     print(f"load average before {_load(load_before)}, after {_load(load_after)}\n")
     report.print_systems([summary], optimal_hit_rate(list(_calls(requests))))

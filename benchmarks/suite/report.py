@@ -8,6 +8,7 @@ from typing import Any
 
 from benchmarks.common import print_table
 
+BUSY = 0.10  # other processes' CPU share above which a row is flagged
 PLOT_HINT = "--plot needs matplotlib: .venv/bin/pip install -c constraints.txt -e '.[bench]'"
 
 
@@ -24,14 +25,14 @@ def print_systems(summaries: list[dict[str, Any]], optimal_hit_rate: float | Non
     """One row per system: throughput, TTFT and ITL percentiles, cache hit rates."""
     headers = [
         "system", "calls", "out tok", "wall s", "tok/s", "req/s", "TTFT p50 s", "p90", "p99",
-        "ITL p50 ms", "p90", "p99", "hit rate", "optimal",
+        "ITL p50 ms", "p90", "p99", "hit rate", "optimal", "others' CPU",
     ]  # fmt: skip
     rows = [
         [
             s["system"], s["calls"], s["output_tokens"], s["wall_s"], s["output_tokens_per_s"],
             s["requests_per_s"], s["ttft_p50_s"], s["ttft_p90_s"], s["ttft_p99_s"],
             s["itl_p50_ms"], s["itl_p90_ms"], s["itl_p99_ms"], _rate(s["cache_hit_rate"]),
-            _rate(optimal_hit_rate),
+            _rate(optimal_hit_rate), _rate(s.get("other_cpu_share")),
         ]
         for s in summaries
     ]  # fmt: skip
@@ -39,6 +40,11 @@ def print_systems(summaries: list[dict[str, Any]], optimal_hit_rate: float | Non
     for s in summaries:
         if s["note"]:
             print(f"  {s['system']}: {s['note']}")
+        if (s.get("other_cpu_share") or 0) > BUSY:
+            print(
+                f"  warning: other processes used {s['other_cpu_share']:.0%} of the CPU while "
+                f"{s['system']} ran; its numbers are slowed by them"
+            )
 
 
 def ratio_lines(summaries: list[dict[str, Any]]) -> dict[str, float]:

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -86,6 +87,12 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+    def pids(self, server_info: dict[str, Any]) -> tuple[int, ...]:
+        """The server's three processes, given its ``/get_server_info``."""
+        assert self.process is not None
+        children = (server_info.get("scheduler_pid"), server_info.get("detokenizer_pid"))
+        return (self.process.pid, *(int(pid) for pid in children if pid))
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

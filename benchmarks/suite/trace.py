@@ -48,7 +48,8 @@ class SystemRun:
     """One system's run of a workload: ``calls[i]`` took ``timings[i]`` and generated
     ``outputs[i]``. ``cache_hit_rate`` is prompt tokens served from a prefix cache over all
     prompt tokens (None where the system has no such cache); ``note`` says how the system was
-    made comparable."""
+    made comparable; ``other_cpu_share`` is the share of the machine other processes used
+    during the run (see ``contention``; None when not measured)."""
 
     system: str
     calls: list[Call]
@@ -57,6 +58,7 @@ class SystemRun:
     wall_s: float
     cache_hit_rate: float | None
     note: str = ""
+    other_cpu_share: float | None = None
 
 
 class Clock:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks.suite.contention import CpuSample, others_share, sample
 from benchmarks.suite.metrics import (
     inter_token_latencies,
     optimal_hit_rate,
@@ -119,3 +120,15 @@ def test_output_agreement_skips_constrained_and_scoring_calls() -> None:
     ours = SystemRun("arbor", calls, [], [c.output_ids for c in calls], 1.0, None)
     theirs = SystemRun("x", calls, [], [(2, 3), (9,), (7,), ()], 1.0, None)
     assert output_agreement(ours, theirs) == 0.5
+
+
+def test_others_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    start = CpuSample(machine_busy_s=100.0, process_s=10.0, wall_s=0.0)
+    # 4 s of capacity; the machine was busy 3 s, of which 1 s was ours: others took half
+    assert others_share(start, CpuSample(103.0, 11.0, 2.0)) == pytest.approx(0.5)
+    assert others_share(start, CpuSample(101.0, 11.0, 2.0)) == 0.0  # never negative
+    assert others_share(CpuSample(None, 0.0, 0.0), CpuSample(None, 1.0, 1.0)) is None
+    before = sample()
+    sum(i * i for i in range(300_000))
+    assert sample().process_s > before.process_s

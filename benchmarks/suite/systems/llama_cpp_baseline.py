@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from benchmarks.suite.contention import measured
 from benchmarks.suite.systems.gguf_export import UnsupportedModel, export_gguf
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing, replay_arrival
 
@@ -64,9 +65,8 @@ def replay(model_path: str, calls: list[Call], note: str = "", gguf: str | None 
     check = check_against_transformers(llm, model_path)
     if not check["ok"]:
         return Outcome(reason=f"conversion check failed: {check}", check=check)
-    return Outcome(
-        run=LlamaCppReplay(llm).run(calls, "; ".join(x for x in (NOTE, note) if x)), check=check
-    )
+    full_note = "; ".join(x for x in (NOTE, note) if x)
+    return Outcome(run=measured(lambda: LlamaCppReplay(llm).run(calls, full_note)), check=check)
 
 
 def converted(model_path: str) -> Path:
