@@ -14,7 +14,6 @@ with ``--plot``, a PNG chart.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from typing import Any
@@ -24,7 +23,7 @@ from benchmarks.suite import report
 from benchmarks.suite.contention import measured
 from benchmarks.suite.metrics import optimal_hit_rate, output_agreement, summarize
 from benchmarks.suite.trace import SystemRun
-from benchmarks.suite.workloads import WORKLOADS, Workload
+from benchmarks.suite.workloads import WORKLOADS, Workload, create_workload
 from benchmarks.suite.workloads.base import RequestListWorkload
 
 BASELINES = ("transformers", "llama.cpp")
@@ -39,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
     common.add_argument("--requests", type=int, help="override the workload's request count")
     common.add_argument("--seed", type=int, default=0)
-    common.add_argument("--max-total-tokens", type=int, default=65536, help="Arbor's KV pool")
+    common.add_argument("--max-total-tokens", type=int, default=131072, help="Arbor's KV pool")
     common.add_argument("--plot", metavar="PNG", help="write a chart (needs matplotlib)")
     common.add_argument("--out", metavar="JSON", help="result file (default under results/)")
     commands = parser.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
@@ -79,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.suite.online import run_serve
 
         return run_serve(args, model_path, argv)
-    workload = make_workload(args.workload, args.quick, args.requests, args.seed)
+    return run_offline(args, model_path, argv)
+
+
+def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> int:
+    """Arbor, then each chosen baseline on Arbor's calls; the table, JSON and chart."""
+    workload = create_workload(args.workload, args.quick, args.requests, args.seed)
     baselines = _chosen_baselines(args.baseline)
     load_before = os.getloadavg()
     ours = run_arbor(workload, model_path, args.max_total_tokens)
@@ -107,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios = report.ratio_lines(summaries)
     agreement = {run.system: output_agreement(ours, run) for run in runs[1:]}
     print(f"\n{workload.name}: {model_path}")
-    print(f"load average before {_load(load_before)}, after {_load(load_after)}\n")
+    print(
+        f"load average before {report.format_load(load_before)}, after "
+        f"{report.format_load(load_after)}\n"
+    )
     report.print_systems(summaries, optimal)
     for system, reason in unavailable.items():
         print(f"  {system}: unavailable: {reason}")
@@ -131,13 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         report.plot(args.plot, f"{workload.name} on {os.path.basename(model_path)}", summaries)
     return 0
-
-
-def make_workload(name: str, quick: bool, requests: int | None, seed: int) -> Workload:
-    workload = WORKLOADS[name].preset(quick)
-    if requests is not None:
-        workload = workload.with_count(requests)
-    return dataclasses.replace(workload, seed=seed)
 
 
 def run_arbor(workload: Workload, model_path: str, max_total_tokens: int) -> SystemRun:
@@ -167,10 +167,6 @@ def _default_model() -> str:
     from runtime.test_model import cached_test_model
 
     return str(cached_test_model("small", "llama"))
-
-
-def _load(load: tuple[float, float, float]) -> str:
-    return " ".join(f"{x:.2f}" for x in load)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from benchmarks.suite.metrics import optimal_hit_rate, summarize
 from benchmarks.suite.server_process import ServerProcess
 from benchmarks.suite.systems.arbor import Request
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing
-from benchmarks.suite.workloads import WORKLOADS
+from benchmarks.suite.workloads import create_workload
 from benchmarks.suite.workloads.base import RequestListWorkload
 
 
@@ -177,10 +177,7 @@ def run_serve(args: argparse.Namespace, model_path: str, argv: list[str]) -> int
     the table, write JSON (and a chart), and stop the server whatever happens."""
     from transformers import AutoTokenizer
 
-    workload = WORKLOADS[args.requests_from].preset(args.quick)
-    if args.requests is not None:
-        workload = workload.with_count(args.requests)
-    workload = dataclasses.replace(workload, seed=args.seed)
+    workload = create_workload(args.requests_from, args.quick, args.requests, args.seed)
     assert isinstance(workload, RequestListWorkload)
     requests = workload.requests(AutoTokenizer.from_pretrained(model_path))
     config = OnlineConfig(
@@ -210,8 +207,12 @@ def run_serve(args: argparse.Namespace, model_path: str, argv: list[str]) -> int
     hit_rate = (after["cached_tokens"] - before["cached_tokens"]) / prompt if prompt else None
     summary = summarize_online(results, config, hit_rate, busy)
     print(f"\nserve ({workload.name} requests at {config.rate:g} req/s): {model_path}")
-    print(f"load average before {_load(load_before)}, after {_load(load_after)}\n")
-    report.print_systems([summary], optimal_hit_rate(list(_calls(requests))))
+    print(
+        f"load average before {report.format_load(load_before)}, after "
+        f"{report.format_load(load_after)}\n"
+    )
+    optimal = optimal_hit_rate(_calls(requests))
+    report.print_systems([summary], optimal)
     print(
         f"sent {summary['sent']}, completed {summary['completed']}, failed {summary['failed']}; "
         f"goodput {summary['goodput']:.1%} (TTFT <= {config.slo_ttft_s:g} s and mean ITL <= "
@@ -225,6 +226,7 @@ def run_serve(args: argparse.Namespace, model_path: str, argv: list[str]) -> int
         "workload": workload.describe(),
         "online": dataclasses.asdict(config),
         "load_average": {"before": load_before, "after": load_after},
+        "optimal_hit_rate": optimal,
         "systems": [summary],
     }
     write_json(f"bench-serve-{workload.name}", payload, args.out)
@@ -237,7 +239,3 @@ def _calls(requests: list[Request]) -> list[Call]:
     """The requests as calls with no output (online arrivals overlap, so outputs of earlier
     requests are not counted as reusable)."""
     return [Call(r.prompt_ids, ()) for r in requests]
-
-
-def _load(load: tuple[float, float, float]) -> str:
-    return " ".join(f"{x:.2f}" for x in load)

@@ -95,3 +95,8 @@ def _rate(value: float | None) -> str:
 
 def _finite(value: float) -> float:
     return 0.0 if math.isnan(value) else value
+
+
+def format_load(load: tuple[float, float, float]) -> str:
+    """A load average triple as ``os.getloadavg`` gives it: "1.20 0.85 0.60"."""
+    return " ".join(f"{x:.2f}" for x in load)

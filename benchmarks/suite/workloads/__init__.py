@@ -1,5 +1,7 @@
 """The benchmark workloads, by name."""
 
+import dataclasses
+
 from benchmarks.suite.workloads.agent import Agent
 from benchmarks.suite.workloads.base import Workload
 from benchmarks.suite.workloads.few_shot import FewShot
@@ -12,6 +14,16 @@ WORKLOADS: dict[str, type[Workload]] = {
     w.name: w for w in (FewShot, MultiTurn, TreeOfThought, Agent, JsonExtraction, RandomLengths)
 }
 
+
+def create_workload(name: str, quick: bool, count: int | None = None, seed: int = 0) -> Workload:
+    """The named workload at its default (or ``quick``) size; ``count`` overrides its request
+    count (questions, sessions, ...)."""
+    workload = WORKLOADS[name].preset(quick)
+    if count is not None:
+        workload = workload.with_count(count)
+    return dataclasses.replace(workload, seed=seed)
+
+
 __all__ = [
     "WORKLOADS",
     "Agent",
@@ -21,4 +33,5 @@ __all__ = [
     "RandomLengths",
     "TreeOfThought",
     "Workload",
+    "create_workload",
 ]
