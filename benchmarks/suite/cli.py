@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--out", metavar="JSON", help="result file (default under results/)")
     commands = parser.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
     for name, workload in WORKLOADS.items():
-        offline = commands.add_parser(name, parents=[common], help=workload.summary)
+        offline = commands.add_parser(
+            name, parents=[common], help=workload.summary, description=workload.__doc__
+        )
         offline.add_argument(
             "--baseline",
             action="append",
