@@ -26,8 +26,10 @@ class ServerArgs:
     mem_fraction_static: float = 0.3
     # Scheduling
     max_running_requests: int = 128
-    max_prefill_tokens: int = 8192  # new prompt tokens admitted per step
-    chunked_prefill_size: int = 2048  # longest prefill chunk; <= 0 disables chunking
+    # New prompt tokens per step and the longest chunk of one prompt (<= 0: no chunking).
+    # None: 2048 / 1024 on CPU, where a big step stalls every running stream, 16384 / 8192 on GPU.
+    max_prefill_tokens: int | None = None
+    chunked_prefill_size: int | None = None
     schedule_policy: str = "lpm"
     schedule_conservativeness: float = 1.0  # scales the KV reserved for running decodes
     starvation_timeout_s: float = 10.0  # a request waiting this long is admitted first
@@ -63,6 +65,15 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
+
+    def prefill_budgets(self, device_type: str) -> tuple[int, int]:
+        """(max_prefill_tokens, chunked_prefill_size) with device defaults filled in."""
+        cpu = device_type == "cpu"
+        step = self.max_prefill_tokens or (2048 if cpu else 16384)
+        chunk = self.chunked_prefill_size
+        if chunk is None:
+            chunk = 1024 if cpu else 8192
+        return step, chunk
 
     @property
     def model_name(self) -> str:

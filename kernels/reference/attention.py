@@ -26,8 +26,8 @@ def extend_attention(
     ):
         prefix = seq_len - ext
         slots = req_to_token[row, :seq_len]
-        k = k_buffer[slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq_len, D]
-        v = v_buffer[slots].transpose(0, 1).unsqueeze(0)
+        k = k_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq_len, D]
+        v = v_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)
         qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
         if prefix == 0:
             o = F.scaled_dot_product_attention(
@@ -54,12 +54,18 @@ def decode_attention(
     seq_lens: torch.Tensor,
     sm_scale: float,
 ) -> torch.Tensor:
-    max_len = int(seq_lens.max())
-    slots = req_to_token[req_pool_indices, :max_len]  # [B, L]; entries past seq_len are masked
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
-    k = k_buffer[slots].transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_buffer[slots].transpose(1, 2)
-    o = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], scale=sm_scale, enable_gqa=True
-    )  # [B, H, 1, D]
-    return o.squeeze(2)
+    # One request at a time: padding a batch to its longest sequence and gathering through a
+    # 2-D index costs ~10x more on CPU (measured at batch 128, lengths 48-1280) than gathering
+    # each sequence's exact rows with index_select.
+    out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
+    for b, (row, seq_len) in enumerate(
+        zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
+    ):
+        slots = req_to_token[row, :seq_len]
+        k = k_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        v = v_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            q[b : b + 1].unsqueeze(2), k, v, scale=sm_scale, enable_gqa=True
+        )  # [1, H, 1, D]
+        out[b] = o[0, :, 0]
+    return out

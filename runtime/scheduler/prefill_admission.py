@@ -21,12 +21,13 @@ IN_BATCH_SHARING_THRESHOLD = 32
 
 
 class PrefillAdmission:
-    def __init__(self, args: ServerArgs, kv: KVCacheManager, ratio: NewTokenRatio) -> None:
+    def __init__(
+        self, args: ServerArgs, device_type: str, kv: KVCacheManager, ratio: NewTokenRatio
+    ) -> None:
         self.kv = kv
         self.ratio = ratio
         self.max_running = args.max_running_requests
-        self.max_prefill_tokens = args.max_prefill_tokens
-        chunk = args.chunked_prefill_size
+        self.max_prefill_tokens, chunk = args.prefill_budgets(device_type)
         self.chunk_size = chunk if chunk > 0 else 1 << 62
 
     def schedule(

@@ -79,7 +79,7 @@ class Scheduler:
         self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token_pool)
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.policy = make_policy(args.schedule_policy, args.lpm_max_queue)
-        self.admission = PrefillAdmission(args, self.kv, self.ratio)
+        self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio)
         self.sampler = Sampler(config.vocab_size, config.eos_token_ids)
         self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
