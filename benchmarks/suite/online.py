@@ -25,11 +25,11 @@ from benchmarks.common import write_json
 from benchmarks.suite import report
 from benchmarks.suite.contention import others_share, sample
 from benchmarks.suite.metrics import optimal_hit_rate, summarize
-from benchmarks.suite.server_process import ServerProcess
 from benchmarks.suite.systems.arbor import Request
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing
 from benchmarks.suite.workloads import create_workload
 from benchmarks.suite.workloads.base import RequestListWorkload
+from runtime.server import ServerProcess
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from benchmarks.suite.online import OnlineConfig, drive, poisson_arrivals, summarize_online
-from benchmarks.suite.server_process import ServerProcess
 from benchmarks.suite.systems.arbor import Request
 from runtime.cli import main
+from runtime.server import ServerProcess
 
 
 def test_poisson_arrivals() -> None:

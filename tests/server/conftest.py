@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.server_process import ServerProcess
+from runtime.server import ServerProcess
+from tests.server.server_process import POOL
 
 
 @pytest.fixture(scope="session")
 def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(tiny_model_path)
+    process = ServerProcess(tiny_model_path, *POOL)
     try:
         process.wait_ready()
         yield process

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.server.server_process import ServerProcess, pid_alive
+from runtime.server import ServerProcess
+from tests.server.server_process import POOL, pid_alive
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,8 +24,8 @@ API_KEY = "sk-test-arbor"
 @pytest.fixture(scope="module")
 def servers(tiny_model_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     """Two servers started together: one with an API key, one to crash."""
-    with_key = ServerProcess(tiny_model_path, api_key=API_KEY)
-    to_crash = ServerProcess(tiny_model_path)
+    with_key = ServerProcess(tiny_model_path, *POOL, api_key=API_KEY)
+    to_crash = ServerProcess(tiny_model_path, *POOL)
     try:
         with_key.wait_ready()
         to_crash.wait_ready()

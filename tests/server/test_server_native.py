@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from runtime import Engine
-from tests.server.server_process import ServerProcess, sse_payloads
+from runtime.server import ServerProcess
+from tests.server.server_process import sse_payloads
 
 pytestmark = pytest.mark.timeout(300)
 

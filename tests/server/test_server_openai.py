@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.server_process import ServerProcess
+from runtime.server import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 

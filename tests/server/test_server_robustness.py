@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.server_process import ServerProcess, sse_payloads
+from runtime.server import ServerProcess
+from tests.server.server_process import sse_payloads
 
 pytestmark = pytest.mark.timeout(300)
 
