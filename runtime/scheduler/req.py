@@ -9,6 +9,9 @@ from radix_cache import TreeNode
 from runtime.ipc import GenerateRequest
 from runtime.sampling_params import SamplingParams
 
+# A first draft is this long at most; the limit then follows what the model accepts.
+INITIAL_DRAFT_LIMIT = 4
+
 
 class Req:
     """A request from arrival to finish.
@@ -41,6 +44,9 @@ class Req:
         self.grammar_pending: Any = None  # a compile handle while waiting in the grammar queue
         self.draft: list[int] = []  # jump-forward tokens the grammar forces next, to verify
         self.draft_draws = 0  # uniforms used verifying drafts (a stream apart from sampling)
+        self.draft_limit = INITIAL_DRAFT_LIMIT  # longest draft to propose next (adapts)
+        self.draft_misses = 0  # drafts in a row the model rejected outright
+        self.draft_cooldown = 0  # steps to wait before proposing again after a miss
         self.finished_reason: dict[str, Any] | None = None
         self.to_abort: str | None = None
         self.arrival = time.monotonic()

@@ -45,8 +45,9 @@ from runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# Longest jump-forward draft verified in one step.
-MAX_DRAFT_TOKENS = 32
+# Longest jump-forward draft verified in one step, and the longest pause after misses.
+MAX_DRAFT_TOKENS = 16
+MAX_DRAFT_COOLDOWN = 64
 
 
 class Scheduler:
@@ -90,7 +91,7 @@ class Scheduler:
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self.jump_forward = not args.disable_jump_forward
+        self.jump_forward = args.jump_forward_enabled(self.runner.device.type)
         self.stats = {
             "prompt_tokens": 0,
             "cached_tokens": 0,
@@ -162,9 +163,10 @@ class Scheduler:
             self._verify_draft(draft.req, logits[draft.row : draft.row + draft.req.step_len])
         self.stats["forward_steps"] += 1
         self.stats["generated_tokens"] += len(step.sample_reqs)
+        drafted = {id(d.req) for d in step.drafts}
         for req, n in step.work:
             # Prefill progress goes into the tree now, so requests sharing it can reuse it.
-            if n > 1 and not req.draft and req.finished_reason is None:
+            if n > 1 and id(req) not in drafted and req.finished_reason is None:
                 self.kv.cache_prefix(req)
         if self.jump_forward:
             for req, _ in step.work:
@@ -179,11 +181,26 @@ class Scheduler:
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
         commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1]))
         self.kv.truncate(req, req.kv_len - (len(draft) + 1 - len(tokens)))
+        self._adapt_draft_limit(req, proposed=len(draft), accepted=len(tokens) - 1)
         req.draft = []
         self.stats["generated_tokens"] += len(tokens)
         self.stats["draft_tokens_proposed"] += len(draft)
         self.stats["draft_tokens_accepted"] += len(tokens) - 1
         self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=True)
+
+    @staticmethod
+    def _adapt_draft_limit(req: Req, proposed: int, accepted: int) -> None:
+        """Every draft position costs a logits row, so draft only as far as the model tends to
+        agree: double the limit after a full acceptance, cut it to one past the agreed part
+        otherwise, and pause exponentially after outright rejections (a model that prefers
+        another split of the same text than the grammar's tokenization)."""
+        if accepted == proposed:
+            req.draft_limit = min(2 * req.draft_limit, MAX_DRAFT_TOKENS)
+        else:
+            req.draft_limit = accepted + 1
+        req.draft_misses = req.draft_misses + 1 if accepted == 0 else 0
+        if req.draft_misses:
+            req.draft_cooldown = min(2**req.draft_misses, MAX_DRAFT_COOLDOWN)
 
     def _propose_draft(self, req: Req) -> None:
         """Let the grammar propose the continuation it forces, for the next step to verify."""
@@ -191,7 +208,10 @@ class Scheduler:
             return
         if req.sampling.has_penalties or req.grammar.is_terminated():
             return  # penalties depend on every token before; drafts would need them per row
-        budget = min(req.remaining_new_tokens - 1, MAX_DRAFT_TOKENS)
+        if req.draft_cooldown:
+            req.draft_cooldown -= 1
+            return
+        budget = min(req.remaining_new_tokens - 1, req.draft_limit)
         if budget > 0:
             req.draft = req.grammar.jump_forward_tokens(budget)
 
