@@ -166,29 +166,37 @@ def _best_cpu(fn: Callable[[], Any], repeat: int = 2) -> float:
     return min(times)
 
 
-def engine_measurements(model_path: str, schema: dict[str, Any], max_new_tokens: int) -> dict:
-    """Through ``runtime.Engine``: constrained vs unconstrained tokens/s at equal length.
-
-    LEAD: to finish at scheduler integration. Also report the scheduler's forward-step count
-    with jump-forward off and on (its server flag and step counter are the scheduler's to name).
-    """
+def engine_measurements(model_path: str, schema: dict[str, Any], batch: int) -> dict[str, Any]:
+    """Through ``runtime.Engine``, greedy, ``batch`` copies of one prompt: wall time and forward
+    steps constrained with jump-forward off and on, and unconstrained at the same length."""
     from runtime import Engine
 
+    prompts = [f"Reply in JSON ({i}):" for i in range(batch)]
+    result: dict[str, Any] = {"batch": batch}
+    lengths: list[int] = []
+    for label, disabled in (("constrained", True), ("constrained+jf", False)):
+        with Engine(model_path, disable_jump_forward=disabled) as engine:
+            params = {"json_schema": schema, "max_new_tokens": 160, "temperature": 0}
+            engine.generate(prompts[0], params)  # warm the compile cache and the kernels
+            before = engine.get_server_info()["forward_steps"]
+            start = time.perf_counter()
+            outs = engine.generate(prompts, params)
+            seconds = time.perf_counter() - start
+            steps = engine.get_server_info()["forward_steps"] - before
+        lengths = [o["meta_info"]["completion_tokens"] for o in outs]
+        result[f"{label}_tok_per_s"] = sum(lengths) / seconds
+        result[f"{label}_forward_steps"] = steps
     with Engine(model_path) as engine:
+        free = [{"max_new_tokens": n, "ignore_eos": True, "temperature": 0} for n in lengths]
+        engine.generate(prompts[0], free[0])
+        before = engine.get_server_info()["forward_steps"]
         start = time.perf_counter()
-        out = engine.generate(
-            "Reply in JSON:", {"json_schema": schema, "max_new_tokens": max_new_tokens}
-        )
-        constrained_s = time.perf_counter() - start
-        tokens = out["meta_info"]["completion_tokens"]
-        start = time.perf_counter()
-        engine.generate("Reply in JSON:", {"max_new_tokens": tokens, "ignore_eos": True})
-        free_s = time.perf_counter() - start
-    return {
-        "output_tokens": tokens,
-        "tokens_per_s_constrained": tokens / constrained_s,
-        "tokens_per_s_unconstrained": tokens / free_s,
-    }
+        engine.generate(prompts, free)
+        seconds = time.perf_counter() - start
+        result["unconstrained_tok_per_s"] = sum(lengths) / seconds
+        result["unconstrained_forward_steps"] = engine.get_server_info()["forward_steps"] - before
+    result["output_tokens"] = sum(lengths)
+    return result
 
 
 def main() -> None:
@@ -236,6 +244,32 @@ def main() -> None:
     service.shutdown()
     print_table(["metric", "value"], [[k, v] for k, v in jf.items()])
 
+    print("\n== through the Engine (greedy, long fixed keys): tokens/s and forward steps")
+    engine_rows = [engine_measurements(str(path), LONG_KEYS, batch) for batch in (1, 16)]
+    keys = [
+        "batch",
+        "output_tokens",
+        "unconstrained_tok_per_s",
+        "constrained_tok_per_s",
+        "constrained+jf_tok_per_s",
+        "unconstrained_forward_steps",
+        "constrained_forward_steps",
+        "constrained+jf_forward_steps",
+    ]
+    print_table(
+        [
+            "batch",
+            "out tok",
+            "free tok/s",
+            "constr tok/s",
+            "constr+jf tok/s",
+            "free steps",
+            "constr steps",
+            "constr+jf steps",
+        ],
+        [[row[k] for k in keys] for row in engine_rows],
+    )
+
     write_json(
         "grammar_bench",
         {
@@ -261,6 +295,7 @@ def main() -> None:
                 for r in overhead_rows
             ],
             "jump_forward": jf,
+            "engine": engine_rows,
         },
         args.out,
     )
