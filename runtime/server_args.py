@@ -41,9 +41,7 @@ class ServerArgs:
     # Grammar
     grammar_backend: str = "xgrammar"
     grammar_compile_timeout: float = 30.0
-    # None: off on CPU, where every draft position costs a full-vocabulary logits row (measured
-    # 10-20% slower with random-weight models that reject most drafts), on elsewhere.
-    disable_jump_forward: bool | None = None
+    disable_jump_forward: bool = False
     # Serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -77,11 +75,6 @@ class ServerArgs:
             chunk = 1024 if cpu else 8192
         return step, chunk
 
-    def jump_forward_enabled(self, device_type: str) -> bool:
-        if self.disable_jump_forward is None:
-            return device_type != "cpu"
-        return not self.disable_jump_forward
-
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
@@ -102,8 +95,6 @@ class ServerArgs:
             flag = "--" + f.name.replace("_", "-")
             if f.type == "bool":
                 parser.add_argument(flag, action="store_true", default=f.default)
-            elif f.type == "bool | None":  # --x / --no-x, unset: the field's automatic choice
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
             elif f.name == "model_path":
                 parser.add_argument(flag, required=True)
             else:

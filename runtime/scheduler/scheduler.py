@@ -91,7 +91,7 @@ class Scheduler:
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self.jump_forward = args.jump_forward_enabled(self.runner.device.type)
+        self.jump_forward = not args.disable_jump_forward
         self.stats = {
             "prompt_tokens": 0,
             "cached_tokens": 0,

@@ -282,8 +282,3 @@ def test_min_new_tokens_yields_to_the_end_of_a_grammar(engine: Engine):
     assert out["text"] == "ok"
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
-
-def test_jump_forward_default_is_off_on_cpu(engine: Engine):
-    before = engine.get_server_info()["draft_tokens_proposed"]
-    engine.generate(PROMPT, {"json_schema": FIXED_KEYS, "temperature": 0, "max_new_tokens": 60})
-    assert engine.get_server_info()["draft_tokens_proposed"] == before
