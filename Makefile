@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
 
-.PHONY: install demo test lint model bench clean
+.PHONY: install demo test lint model clean
 
 install: $(STAMP) model
 
