@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -32,7 +33,7 @@ class Engine:
     """In-process inference. ``Engine(model_path, max_total_tokens=2048, page_size=4, ...)``
     takes any ServerArgs field as a keyword argument."""
 
-    def __init__(self, model_path: str, **server_args: Any) -> None:
+    def __init__(self, model_path: str | os.PathLike[str], **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(str(model_path), **server_args)
         to_scheduler, to_detokenizer, to_tokenizer = QueueChannel(), QueueChannel(), QueueChannel()
         self._channels = (to_scheduler, to_detokenizer, to_tokenizer)

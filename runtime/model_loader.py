@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.model_config import ModelConfig
-from runtime.models import get_model_class
+from runtime.models import CausalLM, get_model_class
 
 
 def checkpoint_files(model_path: str | Path) -> list[Path]:
@@ -36,7 +36,7 @@ def iter_checkpoint(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]
                 yield name, shard.get_tensor(name)
 
 
-def load_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def load_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
     """Instantiate the registered class for ``config.architecture`` and load its weights."""
     model_cls = get_model_class(config.architecture)
     with torch.device(device):

@@ -65,7 +65,7 @@ class ModelRunner:
         rows: list[int],
         prefix_lens: list[int],
         new_token_ids: list[list[int]],
-        logits: str = "last",
+        logits: str | torch.Tensor = "last",
     ) -> ForwardBatch:
         return ForwardBatch.build(
             rows, prefix_lens, new_token_ids, self.kv_pool, self.req_to_token_pool, logits

@@ -43,6 +43,8 @@ def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torc
 class RotaryEmbedding(torch.nn.Module):
     """Computes cos/sin for a batch's positions once per forward; layers share them."""
 
+    inv_freq: torch.Tensor  # [head_dim // 2] float32, a non-persistent buffer
+
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
         self.register_buffer(

@@ -13,7 +13,7 @@ from runtime.layers.attention import PagedAttention
 from runtime.layers.basic import Embedding, Linear, RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.model_config import ModelConfig
-from runtime.models.registry import register_model
+from runtime.models.registry import CausalLM, register_model
 
 # Checkpoint tensor name -> (our stacked parameter, shard within it).
 _STACKED = {
@@ -124,7 +124,7 @@ class LlamaModel(torch.nn.Module):
 
 
 @register_model("LlamaForCausalLM", "MistralForCausalLM")
-class LlamaForCausalLM(torch.nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Loads Hugging Face checkpoints of this family; q/k/v and gate/up are stacked on load."""
 
     qk_norm = False
@@ -175,20 +175,23 @@ class LlamaForCausalLM(torch.nn.Module):
                 leaf, shard = _STACKED[leaf]
                 module_name = f"{parent}.{leaf}"
             param_name = f"{module_name}.{param_kind}"
-            target = params.get(param_name)
-            if target is None:
+            param = params.get(param_name)
+            if param is None:
                 raise ValueError(
                     f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}"
                 )
+            target = param.data
             if shard:
-                offset, size = modules[module_name].shard_offsets[shard]
-                target = target.data[offset : offset + size]
+                linear = modules[module_name]
+                assert isinstance(linear, Linear)
+                offset, size = linear.shard_offsets[shard]
+                target = target[offset : offset + size]
             if tuple(target.shape) != tuple(tensor.shape):
                 raise ValueError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(target.shape)}"
                 )
-            target.data.copy_(tensor)
+            target.copy_(tensor)
             pending.discard((param_name, shard))
         if pending:
             missing = sorted(f"{m}[{s}]" if s else m for m, s in pending)

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-_MODELS: dict[str, type[torch.nn.Module]] = {}
-M = TypeVar("M", bound=type[torch.nn.Module])
+if TYPE_CHECKING:
+    from runtime.forward_batch import ForwardBatch
+
+
+class CausalLM(torch.nn.Module, ABC):
+    """What the runner needs of a model: ``cls(config: ModelConfig, dtype)`` builds it on the
+    current default device, ``load_weights`` fills it from checkpoint tensors, ``forward`` runs
+    a packed batch."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) into the parameters."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices``."""
+
+
+_MODELS: dict[str, type[CausalLM]] = {}
+M = TypeVar("M", bound=type[CausalLM])
 
 
 def register_model(*architectures: str) -> Callable[[M], M]:
@@ -20,7 +39,7 @@ def register_model(*architectures: str) -> Callable[[M], M]:
     return wrap
 
 
-def get_model_class(architecture: str) -> type[torch.nn.Module]:
+def get_model_class(architecture: str) -> type[CausalLM]:
     try:
         return _MODELS[architecture]
     except KeyError:

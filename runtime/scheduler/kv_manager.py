@@ -92,6 +92,7 @@ class KVCacheManager:
         keeping the request's lock on them; the trailing partial page stays private."""
         if self.tree is None:
             return
+        assert req.row is not None and req.last_node is not None, "cache_prefix needs admission"
         self._insert(req)
         match = self.tree.match_prefix(req.all_ids[: req.kv_len])
         self.req_to_token_pool.write(req.row, 0, match.slots)

@@ -78,8 +78,10 @@ class StepBatch:
                 self.sample_rows.append(len(logit_rows))
                 logit_rows.append(offset + n - 1)
             offset += n
+        rows = [req.row for req, _ in self.work]
+        assert None not in rows, "every request in a step is admitted"
         return runner.build_batch(
-            [req.row for req, _ in self.work],
+            rows,  # type: ignore[arg-type]
             [req.kv_len - n for req, n in self.work],
             [req.step_tokens(n) for req, n in self.work],
             logits=torch.tensor(logit_rows, dtype=torch.int64, device=runner.device),

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -44,7 +45,8 @@ def make_test_model(
     try:
         tokenizer = train_tokenizer(vocab, seed, add_bos=(arch == "llama"))
         tokenizer.save_pretrained(tmp)
-        ids = {name: tokenizer.convert_tokens_to_ids(name) for name in (BOS, EOS, PAD, IM_END)}
+        vocab_map = tokenizer.get_vocab()
+        ids = {name: vocab_map[name] for name in (BOS, EOS, PAD, IM_END)}
         config = _hf_config(shape, arch, vocab, ids)
         config.save_pretrained(tmp)
         generation = {
@@ -93,7 +95,7 @@ def cached_test_model(
 
 
 def _hf_config(shape: Preset, arch: str, vocab: int, ids: dict[str, int]) -> PretrainedConfig:
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab,
         hidden_size=shape.hidden_size,
         num_hidden_layers=shape.num_layers,
