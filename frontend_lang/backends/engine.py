@@ -38,6 +38,11 @@ class Engine(NativeBackend):
         except (ValueError, runtime.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
+    def _prompt_tokens(self, text: str) -> int:
+        # The engine's own tokenizer, in this process: no round trip. The scoring batch then
+        # prefills the prefix once (the runtime holds back requests that share it one round).
+        return len(self.engine.tokenizer(text).input_ids)
+
     def _load_chat_template(self) -> ChatTemplate:
         return template_or_error(lambda: ChatTemplate.from_tokenizer(self.engine.tokenizer))
 

@@ -66,14 +66,12 @@ class NativeBackend(Backend):
         return GenOutput(text, meta)
 
     def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> ChoiceLogprobs:
-        """Two calls: the prefix alone (caches it and gives its length), then the prefix and
-        every prefix + choice in one batch, scored from HEAL_WINDOW tokens before the prefix's
-        end. The batch's prompt logprobs start there, so the cache serves everything before."""
+        """The prefix's token count (a call that also caches it, unless the backend can count
+        locally), then the prefix and every prefix + choice in one batch, scored from
+        HEAL_WINDOW tokens before the prefix's end. The batch's prompt logprobs start there, so
+        the cache serves everything before."""
         prefix = prompt.text
-        prefix_len = 1
-        if prefix:
-            primed = self._call({"text": prefix, "sampling_params": SCORE_ONLY})
-            prefix_len = primed["meta_info"]["prompt_tokens"]
+        prefix_len = self._prompt_tokens(prefix) if prefix else 1
         start = max(1, prefix_len - HEAL_WINDOW)
         with_prefix = prefix_len > start
         texts = ([prefix] if with_prefix else []) + [prefix + c for c in choices]
@@ -93,6 +91,11 @@ class NativeBackend(Backend):
             choice_logprobs=[[e[0] for e in row] for row in entries],
             meta=[_score_meta(r["meta_info"]) for r in results[int(with_prefix) :]],
         )
+
+    def _prompt_tokens(self, text: str) -> int:
+        """How many tokens the runtime makes of ``text``; asking also caches its prefill."""
+        primed = self._call({"text": text, "sampling_params": SCORE_ONLY})
+        return int(primed["meta_info"]["prompt_tokens"])
 
     def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
         results = self._call(
