@@ -64,3 +64,12 @@ class DecodeManager:
             self.num_retracted += len(retracted)
             self.ratio.on_retract()
         return ready, retracted, failed
+
+    def retract_cheapest(self, running: list[Req]) -> Req:
+        """Retract the running request with the least computed KV; return it."""
+        victim = min(running, key=lambda r: r.kv_len)
+        self.kv.release(victim, keep_in_cache=True)
+        victim.reset_for_retract()
+        self.num_retracted += 1
+        self.ratio.on_retract()
+        return victim

@@ -150,6 +150,12 @@ class Scheduler:
                 self.stats["cached_tokens"] += req.cached_tokens
         if prefill or decodes:
             self._run(StepBatch.from_parts(prefill, decodes))
+        elif len(self.running) > 1:
+            # Nothing could run: partial prefills hold the memory each other needs. Admission
+            # budgets make this unlikely; if it happens, free the cheapest one to make progress.
+            victim = self.decodes.retract_cheapest(self.running)
+            self.running.remove(victim)
+            self.waiting.append(victim)
         self._finish_and_emit(failed)
         self.ratio.step()
         if self.args.debug_invariants:
