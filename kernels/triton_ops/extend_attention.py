@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kernels.dispatch import register
 from kernels.triton_ops.launch import dot_dtype, dot_precision, padded_dim
+from kernels.triton_ops.paged_tiles import load_kv_tile, online_softmax_step
 
 _LOG2E = 1.4426950408889634
 
@@ -101,29 +102,16 @@ def _extend_attention_kernel(
     for n_start in range(0, kv_end, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
-        slots = tl.load(
-            req_to_token_ptr + table_row * stride_table + offs_n * stride_pos, mask=mask_n, other=0
-        )
-        k = tl.load(
-            k_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None] * stride_kd,
-            mask=mask_n[None, :] & mask_d[:, None],
-            other=0.0,
-        ).to(DOT_DTYPE)  # [BLOCK_D, BLOCK_N]
+        k, v = load_kv_tile(
+            req_to_token_ptr, k_ptr, v_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
+            offs_dv, mask_dv, stride_table, stride_pos, stride_kt, stride_kh, stride_kd,
+            stride_vt, stride_vh, stride_vd, DOT_DTYPE,
+        )  # fmt: skip
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        # Every row sees key 0 in the first block, so its max is finite from there on.
         qk = tl.where(visible, qk, float("-inf"))
-        # Every row sees key 0 in the first block, so m_new is finite from there on.
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :] * stride_vd,
-            mask=mask_n[:, None] & mask_dv[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)  # [BLOCK_N, BLOCK_DV]
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_DTYPE, DOT_PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(

@@ -1,0 +1,59 @@
+"""Tile steps shared by the paged attention kernels (inlined into them by triton)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_kv_tile(
+    req_to_token_ptr,
+    k_ptr,
+    v_ptr,
+    table_row,
+    offs_n,
+    mask_n,
+    kv_head,
+    offs_d,
+    mask_d,
+    offs_dv,
+    mask_dv,
+    stride_table,
+    stride_pos,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    DOT_DTYPE: tl.constexpr,
+):
+    """K^T [BLOCK_D, BLOCK_N] and V [BLOCK_N, BLOCK_DV] of positions ``offs_n`` of one
+    sequence, read through its request-to-slot row; masked entries are 0."""
+    slots = tl.load(
+        req_to_token_ptr + table_row * stride_table + offs_n * stride_pos, mask=mask_n, other=0
+    )
+    k = tl.load(
+        k_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None] * stride_kd,
+        mask=mask_n[None, :] & mask_d[:, None],
+        other=0.0,
+    ).to(DOT_DTYPE)
+    v = tl.load(
+        v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :] * stride_vd,
+        mask=mask_n[:, None] & mask_dv[None, :],
+        other=0.0,
+    ).to(DOT_DTYPE)
+    return k, v
+
+
+@triton.jit
+def online_softmax_step(qk, v, m_i, l_i, acc, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold one tile of base-2 scores ``qk`` [ROWS, BLOCK_N] (-inf where masked; every row
+    finite somewhere by now) and its V into the running max, sum and output accumulator."""
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
