@@ -19,7 +19,8 @@ from transformers import AutoTokenizer
 
 from runtime.channels import QueueChannel
 from runtime.detokenizer import DetokenizerManager
-from runtime.errors import SchedulerDied
+from runtime.errors import RequestError, SchedulerDied
+from runtime.request_checks import check_text
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
@@ -41,7 +42,7 @@ class Engine:
         tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or self.args.model_path)
         self.tokenizer = tokenizer
         self.detokenizer = DetokenizerManager(tokenizer)
-        self.tokenizer_manager = TokenizerManager(tokenizer, to_scheduler)
+        self.tokenizer_manager = TokenizerManager(tokenizer, to_scheduler, max_n=self.args.max_n)
         self._loop = asyncio.new_event_loop()
         self._threads = [
             threading.Thread(target=self._run_scheduler, name="scheduler", daemon=True),
@@ -117,18 +118,16 @@ class Engine:
         options: tuple[int, ...],
         rid: str | None,
     ) -> Any:
-        requests = self._expand(prompt, params, input_ids)
+        requests = await self._expand(prompt, params, input_ids)
         batched = isinstance(prompt, list) or (input_ids is not None and _is_batch(input_ids))
         tasks = []
         for i, (ids, sampling) in enumerate(requests):
             copies = []
             for j in range(sampling.n):  # n samples: n requests, the prompt's KV shared
-                seed = None if sampling.seed is None else sampling.seed + j
                 sub_rid = rid
                 if rid is not None and (len(requests) > 1 or sampling.n > 1):
                     sub_rid = f"{rid}-{i}-{j}"
-                copy = dataclasses.replace(sampling, n=1, seed=seed)
-                copies.append(self._one(ids, copy, sub_rid, options))
+                copies.append(self._one(ids, sampling.for_sample(j), sub_rid, options))
             tasks.append(asyncio.gather(*copies))
         results = [r[0] if len(r) == 1 else r for r in await asyncio.gather(*tasks)]
         return results if batched else results[0]
@@ -153,7 +152,7 @@ class Engine:
         options: tuple[int, ...],
         rid: str | None,
     ) -> AsyncIterator[dict[str, Any]]:
-        requests = self._expand(prompt, params, input_ids)
+        requests = await self._expand(prompt, params, input_ids)
         if len(requests) != 1 or requests[0][1].n != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
         ids, sampling = requests[0]
@@ -169,24 +168,33 @@ class Engine:
         ):
             yield chunk
 
-    def _expand(
+    async def _expand(
         self, prompt: Prompt, params: Params, input_ids: Any
     ) -> list[tuple[list[int], SamplingParams]]:
-        """(input ids, parsed sampling params) per prompt."""
+        """(input ids, parsed sampling params) per prompt, everything validated (as the HTTP
+        APIs do) before anything is tokenized. Raises ValueError subclasses naming the field."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt and input_ids")
-        if prompt is not None:
-            prompts = prompt if isinstance(prompt, list) else [prompt]
-            ids_list = [self.tokenizer_manager.tokenize(p) for p in prompts]
-        else:
-            ids_list = input_ids if _is_batch(input_ids) else [input_ids]
+        manager = self.tokenizer_manager
+        prompts = prompt if isinstance(prompt, list) else [prompt]
+        count = len(prompts)
+        if input_ids is not None:
+            count = len(input_ids) if _is_batch(input_ids) else 1
         if isinstance(params, list):
-            if len(params) != len(ids_list):
-                raise ValueError(f"{len(params)} sampling_params for {len(ids_list)} prompts")
-            parsed = [SamplingParams.from_dict(p) for p in params]
+            if len(params) != count:
+                raise ValueError(f"{len(params)} sampling_params for {count} prompts")
+            parsed = [SamplingParams.from_dict(p, manager.limits) for p in params]
         else:
-            parsed = [SamplingParams.from_dict(params)] * len(ids_list)
-        return list(zip([list(ids) for ids in ids_list], parsed, strict=True))
+            parsed = [SamplingParams.from_dict(params, manager.limits)] * count
+        if prompt is not None:
+            for i, text in enumerate(prompts):
+                if not isinstance(text, str):
+                    raise RequestError(f"prompt: expected text, got {type(text).__name__}")
+                check_text(text, f"prompt.{i}" if isinstance(prompt, list) else "prompt")
+            ids_list = [await manager.tokenize(str(p), "prompt") for p in prompts]
+        else:
+            ids_list = [list(ids) for ids in (input_ids if _is_batch(input_ids) else [input_ids])]
+        return list(zip(ids_list, parsed, strict=True))
 
     # ---- control ------------------------------------------------------------------------
 

@@ -90,6 +90,9 @@ class TextOutput:
     cached_tokens: int
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
+    # The detokenizer failed this request while the scheduler still runs it: the tokenizer
+    # manager fails the caller, aborts it, and waits for the scheduler's final output.
+    detokenizer_failed: bool = False
 
 
 @dataclass

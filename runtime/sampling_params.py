@@ -1,13 +1,48 @@
-"""Per-request sampling and stopping parameters (SGLang's native field names), validated."""
+"""Per-request sampling and stopping parameters (SGLang's native field names), validated.
+
+``SamplingParamsInput`` is the one typed, strict model of what a request may ask (the native
+API's ``sampling_params`` object, the OpenAI APIs' fields mapped onto it, and the Engine's
+dicts): no string-to-bool or float-to-int coercion, ranges that the kernels can hold, bounded
+stop lists. ``SamplingParams.from_dict`` validates through it (plus the checks that need the
+model: vocabulary size and ``--max-n``, as ``RequestLimits``) and returns the frozen dataclass
+the runtime passes around.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from runtime.request_checks import (
+    INT64_MAX,
+    INT64_MIN,
+    InvalidRequestValue,
+    check_json_value,
+    main_error,
+)
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag", "choice", "json_object")
+
+# Bounds on what one request may ask; docs/serving.md lists them.
+MAX_STOP_STRINGS = 64
+MAX_STOP_LENGTH = 1024  # characters
+MAX_STOP_TOKEN_IDS = 1024
+MAX_STOP_REGEXES = 16
+MAX_STOP_REGEX_LENGTH = 1024
+MAX_CHOICES = 4096
+MAX_GRAMMAR_WHITESPACE = 64
+DEFAULT_MAX_N = 128
+# Temperatures below this sample greedily: dividing logits by less overflows float32.
+GREEDY_TEMPERATURE = 1e-5
+# |logit_bias| beyond this acts as this: the distribution is already its limit in float32
+# (e^-10000 is 0), and larger values would turn logits into infinities.
+MAX_LOGIT_BIAS = 1e4
+_DECIMAL = re.compile(r"-?[0-9]{1,30}")
 
 
 class InvalidSamplingParams(ValueError):
@@ -16,6 +51,70 @@ class InvalidSamplingParams(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"sampling_params.{field_name}: {message}")
         self.field = field_name
+        self.reason = message
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request is checked against once the model is known."""
+
+    vocab_size: int
+    max_n: int = DEFAULT_MAX_N
+
+
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
+StopRegexPattern = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_REGEX_LENGTH)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+class SamplingParamsInput(BaseModel):
+    """A request's sampling parameters as sent: strict types, bounded sizes, finite numbers.
+
+    Token ids are checked against the vocabulary, ``top_k`` against its size and ``n`` against
+    ``--max-n`` by ``SamplingParams.from_dict`` when limits are given.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    max_new_tokens: Count = 128
+    min_new_tokens: Count = 0
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, le=INT64_MAX, description="-1: off; else 1..vocab size")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0**16)
+    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=True)]] | None = Field(
+        None, description="token id -> bias; -Infinity bans the token"
+    )
+    seed: Int64 | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    stop_regex: (
+        StopRegexPattern | Annotated[list[StopRegexPattern], Field(max_length=MAX_STOP_REGEXES)]
+    ) | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    n: int = Field(1, ge=1, le=INT64_MAX)
+    json_schema: dict[str, Any] | str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    choice: (
+        Annotated[str, StringConstraints(min_length=1)]
+        | Annotated[
+            list[Annotated[str, StringConstraints(min_length=1)]],
+            Field(min_length=1, max_length=MAX_CHOICES),
+        ]
+    ) | None = None
+    json_object: bool = False
+    grammar_best_effort: bool = False
+    grammar_max_whitespace: int = Field(0, ge=0, le=MAX_GRAMMAR_WHITESPACE)
 
 
 @dataclass(frozen=True)
@@ -51,7 +150,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_grammar(self) -> bool:
@@ -65,93 +164,135 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    def for_sample(self, index: int) -> SamplingParams:
+        """The params of sample ``index`` of ``n``: n == 1 and, with a seed, seed + index
+        (wrapping around within int64, so any valid seed works with any n)."""
+        seed = self.seed
+        if seed is not None:
+            seed = (seed + index - INT64_MIN) % 2**64 + INT64_MIN
+        return dataclasses.replace(self, n=1, seed=seed)
+
     @classmethod
-    def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
-        """Parse and validate; raise InvalidSamplingParams naming the first bad field."""
-        params = dict(params or {})
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(params) - names)
-        if unknown:
-            raise InvalidSamplingParams(unknown[0], "unknown parameter")
-        for name in ("stop", "stop_regex", "choice"):
-            value = params.get(name)
-            if isinstance(value, str):
-                params[name] = (value,)
-            elif value is not None:
-                params[name] = tuple(value)
-        if params.get("stop_token_ids") is not None:
-            params["stop_token_ids"] = tuple(params["stop_token_ids"])
-        if params.get("logit_bias") is not None:
-            try:
-                params["logit_bias"] = {int(k): float(v) for k, v in params["logit_bias"].items()}
-            except (AttributeError, TypeError, ValueError):
-                raise InvalidSamplingParams("logit_bias", "must map token ids to numbers") from None
-        for name in ("stop", "stop_token_ids", "stop_regex"):
-            if params.get(name) is None:
-                params.pop(name, None)
+    def from_dict(
+        cls, params: dict[str, Any] | None, limits: RequestLimits | None = None
+    ) -> SamplingParams:
+        """Parse and validate; raise InvalidSamplingParams naming the first bad field.
+
+        ``json_schema`` may also be a pydantic model class (the Engine's callers); ``logit_bias``
+        keys may be ints or their decimal strings.
+        """
+        if params is not None and not isinstance(params, dict):
+            raise InvalidSamplingParams("", f"must be an object, got {type(params).__name__}")
+        raw = dict(params or {})
+        schema = raw.get("json_schema")
+        if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+            raw["json_schema"] = schema.model_json_schema()
+        bias = raw.get("logit_bias")
+        if isinstance(bias, dict):
+            raw["logit_bias"] = {_bias_key(k): v for k, v in bias.items()}
         try:
-            result = cls(**params)
-        except TypeError as exc:
-            raise InvalidSamplingParams("?", str(exc)) from None
-        result.validate()
+            checked = SamplingParamsInput.model_validate(raw)
+        except ValidationError as exc:
+            loc, message, kind = main_error(exc.errors())
+            item = next((f"item {p}: " for p in loc[1:] if isinstance(p, int)), "")
+            message = "unknown parameter" if kind == "extra_forbidden" else item + message
+            raise InvalidSamplingParams(str(loc[0]) if loc else "", message) from None
+        result = cls._from_input(checked)
+        result.validate(limits)
         return result
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        _check_int(self, "max_new_tokens", low=0)
-        _check_int(self, "min_new_tokens", low=0)
-        _check_int(self, "n", low=1)
-        _check_int(self, "top_k", low=-1)
+    @classmethod
+    def _from_input(cls, checked: SamplingParamsInput) -> SamplingParams:
+        values = checked.model_dump()
+        for name in ("stop", "stop_regex", "choice"):
+            value = values[name]
+            if isinstance(value, str):
+                values[name] = (value,)
+            elif value is not None:
+                values[name] = tuple(value)
+        for name in ("stop", "stop_regex"):
+            values[name] = values[name] or ()
+        values["stop_token_ids"] = tuple(values["stop_token_ids"] or ())
+        if values["logit_bias"] is not None:
+            values["logit_bias"] = {
+                _token_id(k): _clamped_bias(v) for k, v in values["logit_bias"].items()
+            }
+        return cls(**values)
+
+    def validate(self, limits: RequestLimits | int | None = None) -> None:
+        """The checks beyond the input model's: cross-field rules, surrogates and nesting in
+        text and constraints, and (given ``limits``, or just a vocabulary size) token ids,
+        ``top_k`` and ``n``. Raise InvalidSamplingParams naming the field."""
+        if isinstance(limits, int):
+            limits = RequestLimits(vocab_size=limits, max_n=INT64_MAX)
         if self.top_k == 0:
             raise InvalidSamplingParams("top_k", "must be -1 (off) or >= 1, got 0")
-        _check_number(self, "temperature", low=0.0)
-        _check_number(self, "top_p", low=0.0, high=1.0, low_open=True)
-        _check_number(self, "min_p", low=0.0, high=1.0)
-        _check_number(self, "frequency_penalty", low=-2.0, high=2.0)
-        _check_number(self, "presence_penalty", low=-2.0, high=2.0)
-        _check_number(self, "repetition_penalty", low=0.0, low_open=True, high=2.0**16)
         if self.min_new_tokens > self.max_new_tokens:
             raise InvalidSamplingParams(
                 "min_new_tokens",
                 f"{self.min_new_tokens} exceeds max_new_tokens {self.max_new_tokens}",
             )
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidSamplingParams("seed", f"must be an integer, got {self.seed!r}")
-        for text in self.stop:
-            if not isinstance(text, str) or not text:
-                raise InvalidSamplingParams("stop", "stop strings must be non-empty strings")
-        for token in self.stop_token_ids:
-            if not isinstance(token, int) or token < 0 or (vocab_size and token >= vocab_size):
-                raise InvalidSamplingParams("stop_token_ids", f"invalid token id {token!r}")
         for token, bias in (self.logit_bias or {}).items():
-            if token < 0 or (vocab_size and token >= vocab_size):
-                raise InvalidSamplingParams("logit_bias", f"token id {token} is out of range")
-            if not math.isfinite(bias) and bias != -math.inf:
-                raise InvalidSamplingParams("logit_bias", f"bias {bias} for {token} is invalid")
+            if math.isnan(bias) or bias == math.inf:
+                raise InvalidSamplingParams(
+                    "logit_bias", f"bias {bias} for token {token} is invalid"
+                )
         grammars = [n for n in GRAMMAR_FIELDS if getattr(self, n) not in (None, False, (), "")]
         if len(grammars) > 1:
             raise InvalidSamplingParams(
                 grammars[1], f"only one constraint per request; also got {grammars[0]}"
             )
+        try:
+            for name in ("stop", "stop_regex", "choice", "regex", "ebnf"):
+                check_json_value(getattr(self, name), name)
+            for name in ("json_schema", "structural_tag"):
+                check_json_value(getattr(self, name), name)
+        except InvalidRequestValue as exc:
+            raise InvalidSamplingParams(exc.field.split(".")[0], exc.reason) from None
+        if limits is not None:
+            self._validate_limits(limits)
+
+    def _validate_limits(self, limits: RequestLimits) -> None:
+        vocab = limits.vocab_size
+        if self.top_k > vocab:
+            raise InvalidSamplingParams(
+                "top_k",
+                f"must be -1 (off) or at most the vocabulary size {vocab}, got {self.top_k}",
+            )
+        if self.n > limits.max_n:
+            raise InvalidSamplingParams(
+                "n", f"must be at most {limits.max_n} (--max-n), got {self.n}"
+            )
+        for token in self.stop_token_ids:
+            if token >= vocab:
+                raise InvalidSamplingParams(
+                    "stop_token_ids", f"token id {token} is outside the vocabulary [0, {vocab})"
+                )
+        for token in self.logit_bias or {}:
+            if not 0 <= token < vocab:
+                raise InvalidSamplingParams(
+                    "logit_bias", f"token id {token} is outside the vocabulary [0, {vocab})"
+                )
 
 
-def _check_int(params: SamplingParams, name: str, low: int) -> None:
-    value = getattr(params, name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSamplingParams(name, f"must be an integer, got {value!r}")
-    if value < low:
-        raise InvalidSamplingParams(name, f"must be >= {low}, got {value}")
+def _bias_key(key: Any) -> Any:
+    """logit_bias keys arrive as JSON strings ("42") or, from Python, as ints."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    return key
 
 
-def _check_number(
-    params: SamplingParams,
-    name: str,
-    low: float,
-    high: float = math.inf,
-    low_open: bool = False,
-) -> None:
-    value = getattr(params, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidSamplingParams(name, f"must be a number, got {value!r}")
-    if value < low or (low_open and value == low) or value > high:
-        bracket = "(" if low_open else "["
-        raise InvalidSamplingParams(name, f"must lie in {bracket}{low}, {high}], got {value}")
+def _clamped_bias(bias: float) -> float:
+    """-inf (a ban), NaN and +inf (refused later) as given; the rest within MAX_LOGIT_BIAS."""
+    if math.isinf(bias) or math.isnan(bias):
+        return bias
+    return max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, bias))
+
+
+def _token_id(key: str) -> int:
+    if not _DECIMAL.fullmatch(key):
+        raise InvalidSamplingParams("logit_bias", f"keys must be token ids, got {key!r}")
+    token = int(key)
+    if not 0 <= token <= INT64_MAX:
+        raise InvalidSamplingParams("logit_bias", f"token id {token} is out of range")
+    return token

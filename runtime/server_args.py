@@ -40,7 +40,8 @@ class ServerArgs:
     random_seed: int = 0
     # Grammar
     grammar_backend: str = "xgrammar"
-    grammar_compile_timeout: float = 30.0
+    grammar_compile_timeout: float = 30.0  # hard deadline of one constraint's preparation
+    grammar_workers: int = 2  # processes that prepare constraints (each killable)
     disable_jump_forward: bool = False
     # Serving
     host: str = "127.0.0.1"
@@ -49,6 +50,10 @@ class ServerArgs:
     served_model_name: str | None = None
     stream_interval: int = 1
     max_request_bytes: int = 8 * 1024 * 1024
+    body_timeout_s: float = 30.0  # a request body must arrive within this (else 408)
+    timeout_keep_alive_s: int = 5  # idle keep-alive connections are closed after this
+    max_connections: int = 4096  # concurrent connections; beyond them uvicorn answers 503
+    max_n: int = 128  # the largest n (samples per prompt) a request may ask for
     # Debugging
     debug_invariants: bool = False  # check radix-cache accounting after every step
     log_level: str = "info"
@@ -63,6 +68,8 @@ class ServerArgs:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
 

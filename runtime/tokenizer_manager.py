@@ -1,16 +1,28 @@
 """The front of the runtime: tokenizes requests, sends them to the scheduler, and turns the
 detokenizer's outputs into results and streams. Runs on an asyncio loop (uvicorn's in serve mode,
-a private thread's in the Engine); messages arrive from a receiver thread."""
+a private thread's in the Engine); messages arrive from a receiver thread.
+
+Request ids: the scheduler and the detokenizer know each request by an id of its own, unique
+for the life of the process, which is released only once the request's final output has come
+back (its KV freed, its decoder dropped). The caller's ``rid`` is a label: it must be unique
+among the requests its callers are still waiting for, and can be reused as soon as its caller
+stops waiting (a disconnect), since nothing of the old request can reach the new one.
+
+Tokenization and chat templates run on a small thread pool (the fast tokenizers release the
+GIL), so a huge prompt never stalls the event loop that serves health checks and streams.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.channels import Receiver, Sender
 from runtime.errors import RequestError, SchedulerDied
@@ -24,13 +36,21 @@ from runtime.ipc import (
     TextOutput,
     TextOutputBatch,
 )
-from runtime.sampling_params import SamplingParams
+from runtime.request_checks import InvalidRequestValue, check_token_ids
+from runtime.sampling_params import DEFAULT_MAX_N, RequestLimits, SamplingParams
+
+Result = TypeVar("Result")
+
+# Threads that tokenize prompts and render chat templates.
+TOKENIZE_THREADS = 2
 
 
 @dataclass
 class _RequestState:
     queue: asyncio.Queue[TextOutput | Exception]
     created: float
+    label: str  # the id the caller knows (its rid, or the internal id when it gave none)
+    draining: bool = False  # the caller is gone; waiting for the final output to release it
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[Any] = field(default_factory=list)
@@ -38,15 +58,32 @@ class _RequestState:
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, to_scheduler: Sender) -> None:
+    def __init__(self, tokenizer: Any, to_scheduler: Sender, max_n: int = DEFAULT_MAX_N) -> None:
         self.tokenizer = tokenizer
         self.to_scheduler = to_scheduler
+        self.max_n = max_n
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()
         self.server_info: dict[str, Any] = {}
         self.dead: str | None = None
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: dict[str, _RequestState] = {}  # by internal id
+        self._labels: dict[str, str] = {}  # caller's rid -> internal id, while it waits
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:12]
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+
+    @property
+    def limits(self) -> RequestLimits:
+        """What requests are checked against (the vocabulary is known once the scheduler is
+        ready; before, the tokenizer's length stands in)."""
+        vocab = int(self.server_info.get("vocab_size") or len(self.tokenizer))
+        return RequestLimits(vocab_size=vocab, max_n=self.max_n)
+
+    @property
+    def num_tracked(self) -> int:
+        """Requests whose final output has not come back yet (callers waiting or gone)."""
+        return len(self._requests)
 
     # ---- receiving (from a background thread) -------------------------------------------
 
@@ -69,7 +106,12 @@ class TokenizerManager:
         if isinstance(message, TextOutputBatch):
             for out in message.outputs:
                 state = self._requests.get(out.rid)
-                if state is not None:
+                if state is None:
+                    continue
+                if state.draining:
+                    if out.finished_reason is not None:
+                        del self._requests[out.rid]  # gone from scheduler and detokenizer
+                else:
                     state.queue.put_nowait(out)
         elif isinstance(message, ControlReply):
             future = self._controls.pop(message.request_id, None)
@@ -87,14 +129,32 @@ class TokenizerManager:
         self.ready.set()
         for state in self._requests.values():
             state.queue.put_nowait(SchedulerDied(f"the scheduler stopped: {error}"))
+        self._requests = {rid: s for rid, s in self._requests.items() if not s.draining}
         for future in self._controls.values():
             if not future.done():
                 future.set_exception(SchedulerDied(f"the scheduler stopped: {error}"))
 
     # ---- requests ----------------------------------------------------------------------
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text).input_ids
+    async def tokenize(self, text: str, field: str = "text") -> list[int]:
+        """Token ids of ``text`` (special tokens added as the tokenizer does), computed on the
+        tokenizer threads. RequestError 400 naming ``field`` if the tokenizer refuses it."""
+        return await self.run_tokenizer(lambda: self.tokenizer(text).input_ids, field)
+
+    async def run_tokenizer(self, work: Callable[[], Result], field: str) -> Result:
+        """Run ``work`` (tokenizing, rendering a template) on the tokenizer threads."""
+        assert self.loop is not None
+        try:
+            return await self.loop.run_in_executor(self._pool, work)
+        except (ValueError, TypeError, OverflowError, UnicodeError) as exc:
+            raise RequestError(f"{field}: the tokenizer refused it: {exc}") from None
+
+    def check_input_ids(self, ids: list[int], field: str = "input_ids") -> None:
+        """RequestError 400 unless every id is in the vocabulary."""
+        try:
+            check_token_ids(ids, self.limits.vocab_size, field)
+        except InvalidRequestValue as exc:
+            raise RequestError(str(exc)) from None
 
     async def generate(
         self,
@@ -113,14 +173,20 @@ class TokenizerManager:
         """
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
-        rid = rid or uuid.uuid4().hex
-        if rid in self._requests:
+        if not input_ids:
+            raise RequestError("the prompt is empty")
+        self.check_input_ids(input_ids)
+        if rid is not None and rid in self._labels:
             raise RequestError(f"request id {rid!r} is already in use")
-        state = _RequestState(asyncio.Queue(), time.monotonic())
-        self._requests[rid] = state
+        internal = f"{self._prefix}-{next(self._ids)}"
+        label = rid if rid is not None else internal
+        state = _RequestState(asyncio.Queue(), time.monotonic(), label)
+        self._requests[internal] = state
+        if rid is not None:
+            self._labels[rid] = internal
         self.to_scheduler.send(
             GenerateRequest(
-                rid,
+                internal,
                 input_ids,
                 sampling_params,
                 return_logprob,
@@ -134,28 +200,36 @@ class TokenizerManager:
             while not finished:
                 out = await state.queue.get()
                 if isinstance(out, Exception):
+                    finished = True  # the scheduler is gone: nothing left to wait for
                     raise out
+                if out.detokenizer_failed:  # the scheduler still runs it: abort and drain
+                    reason = out.finished_reason or {}
+                    raise RequestError(reason.get("message", "detokenizing failed"), 500)
                 finished = out.finished_reason is not None
                 reason = out.finished_reason or {}
                 if reason.get("type") == "abort" and "status_code" in reason:
                     raise RequestError(reason["message"], reason["status_code"])
-                chunk = self._accumulate(rid, state, out)
+                chunk = self._accumulate(state, out)
                 if stream or finished:
                     yield chunk
         finally:
-            self._requests.pop(rid, None)
-            if not finished:
-                self.to_scheduler.send(AbortRequest(rid))
+            if rid is not None and self._labels.get(rid) == internal:
+                del self._labels[rid]
+            if finished:
+                self._requests.pop(internal, None)
+            else:
+                state.draining = True  # released when its final output comes back
+                self.to_scheduler.send(AbortRequest(internal))
 
     @staticmethod
-    def _accumulate(rid: str, state: _RequestState, out: TextOutput) -> dict[str, Any]:
+    def _accumulate(state: _RequestState, out: TextOutput) -> dict[str, Any]:
         state.text += out.text_delta
         state.output_ids.extend(out.new_token_ids)
         state.output_logprobs.extend(out.output_logprobs)
         if out.input_logprobs is not None:
             state.input_logprobs = out.input_logprobs
         meta: dict[str, Any] = {
-            "id": rid,
+            "id": state.label,
             "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
@@ -175,7 +249,10 @@ class TokenizerManager:
         }
 
     async def abort(self, rid: str) -> None:
-        self.to_scheduler.send(AbortRequest(rid))
+        """Abort the request the caller knows as ``rid`` (a no-op if none is running)."""
+        internal = self._labels.get(rid)
+        if internal is not None:
+            self.to_scheduler.send(AbortRequest(internal))
 
     async def control(self, command: str, timeout: float = 60.0) -> dict[str, Any]:
         """Ask the scheduler (flush_cache, server_info) and wait for its reply."""

@@ -68,17 +68,18 @@ async def metrics(request: Request) -> Response:
 
 
 class ApiKeyMiddleware:
-    """Refuse (401) every request without ``Authorization: Bearer <api_key>``, except
-    OPEN_PATHS. Plain ASGI, so streaming responses and disconnects pass through untouched."""
+    """Refuse (401) every request without ``Authorization: Bearer <api_key>`` (the scheme in
+    any case, RFC 7235), except OPEN_PATHS. Plain ASGI, so streaming responses and
+    disconnects pass through untouched."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
                 body = error_body(401, "Incorrect or missing API key", code="invalid_api_key")
                 await JSONResponse(body, status_code=401)(scope, receive, send)
                 return

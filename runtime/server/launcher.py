@@ -41,6 +41,8 @@ from runtime.tokenizer_manager import TokenizerManager
 logger = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 5
+# Longest request head (request line and headers) a client may send.
+MAX_HEADER_BYTES = 64 * 1024
 CHILD_STOP_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 0.2
 
@@ -65,7 +67,7 @@ def launch_server(args: ServerArgs) -> int:
         state = ServerState(
             args,
             tokenizer,
-            TokenizerManager(tokenizer, to_scheduler),
+            TokenizerManager(tokenizer, to_scheduler, max_n=args.max_n),
             process_info={
                 "server_pid": os.getpid(),
                 "scheduler_pid": children["scheduler"].pid,
@@ -125,6 +127,9 @@ class _Supervisor:
             log_level=args.log_level,
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_keep_alive=args.timeout_keep_alive_s,
+            limit_concurrency=args.max_connections,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         server = uvicorn.Server(config)
         self.stop.server = server

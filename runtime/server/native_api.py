@@ -18,10 +18,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.errors import RequestError, SchedulerDied
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import SamplingParams, SamplingParamsInput
 from runtime.server.errors import ApiError, ClientGone, error_body
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
-from runtime.server.request_body import parse_model, read_json
+from runtime.server.request_body import parse_model
 from runtime.server.state import (
     ServerState,
     SubRequest,
@@ -48,8 +48,8 @@ _TOP_LOGPROB_KEYS = ("input_top_logprobs", "output_top_logprobs")
 async def generate(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
-    body = parse_model(GenerateReqInput, await read_json(request, state.args.max_request_bytes))
-    subs = _sub_requests(state, body)
+    body = parse_model(GenerateReqInput, await state.read_body(request))
+    subs = await _sub_requests(state, body)
     streams = open_streams(state, subs)
     several = body.is_batch or len(subs) > 1
     if body.stream:
@@ -82,30 +82,36 @@ async def _event_stream(
     yield SSE_DONE
 
 
-def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest]:
+async def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest]:
+    """Validate everything (sampling params, token ids, rids) before tokenizing anything."""
     if (body.text is None) == (body.input_ids is None):
         raise ApiError(400, "pass exactly one of text and input_ids", param="text")
     manager = state.tokenizer_manager
-    if body.text is not None:
-        texts = body.text if isinstance(body.text, list) else [body.text]
-        prompts = [manager.tokenize(text) for text in texts]
-    elif body.is_batch:
-        prompts = cast(list[list[int]], body.input_ids)
-    else:
-        prompts = [cast(list[int], body.input_ids)]
-    if not prompts:
+    count = len(body.text) if isinstance(body.text, list) else 1
+    if body.input_ids is not None:
+        id_lists = body.input_ids if body.is_batch else [body.input_ids]
+        count = len(id_lists)
+    if count == 0:
         raise ApiError(400, "the batch is empty", param="text")
+    limits = manager.limits
     if isinstance(body.sampling_params, list):
-        if len(body.sampling_params) != len(prompts):
+        if len(body.sampling_params) != count:
             raise ApiError(
                 400,
-                f"{len(body.sampling_params)} sampling_params for {len(prompts)} prompts",
+                f"{len(body.sampling_params)} sampling_params for {count} prompts",
                 param="sampling_params",
             )
-        params = [SamplingParams.from_dict(p) for p in body.sampling_params]
+        params = [SamplingParams.from_dict(_given(p), limits) for p in body.sampling_params]
     else:
-        params = [SamplingParams.from_dict(body.sampling_params)] * len(prompts)
-    rids = _rids(body.rid, len(prompts), body.is_batch)
+        params = [SamplingParams.from_dict(_given(body.sampling_params), limits)] * count
+    rids = _rids(body.rid, count, body.is_batch)
+    if body.text is not None:
+        texts = body.text if isinstance(body.text, list) else [body.text]
+        prompts = [await manager.tokenize(text) for text in texts]
+    else:
+        prompts = cast(list[list[int]], id_lists)
+        for i, ids in enumerate(prompts):
+            manager.check_input_ids(ids, f"input_ids.{i}" if body.is_batch else "input_ids")
     options = {
         "return_logprob": body.return_logprob,
         "logprob_start_len": body.logprob_start_len,
@@ -115,6 +121,11 @@ def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest
     for ids, sampling, rid in zip(prompts, params, rids, strict=True):
         subs += expand_samples(list(ids), sampling, rid, **options)
     return subs
+
+
+def _given(params: SamplingParamsInput | None) -> dict[str, Any] | None:
+    """The fields the client set (the rest keep SamplingParams' defaults)."""
+    return None if params is None else params.model_dump(exclude_unset=True)
 
 
 def _rids(rid: str | list[str] | None, count: int, batch: bool) -> list[str | None]:
@@ -178,7 +189,7 @@ async def flush_cache(request: Request) -> Response:
 @router.post("/abort_request")
 async def abort_request(request: Request) -> Response:
     state = get_state(request)
-    body = parse_model(AbortReqInput, await read_json(request, state.args.max_request_bytes))
+    body = parse_model(AbortReqInput, await state.read_body(request))
     await state.tokenizer_manager.abort(body.rid)
     return JSONResponse({"success": True})
 

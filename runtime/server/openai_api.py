@@ -9,6 +9,7 @@ OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.errors import RequestError
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
@@ -27,7 +29,7 @@ from runtime.server.openai_protocol import (
     SamplingRequest,
 )
 from runtime.server.openai_stream import chat_stream, completion_stream
-from runtime.server.request_body import parse_model, read_json
+from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, merge_streams, primed
 from runtime.server.tool_calls import tool_call_constraint
@@ -80,15 +82,15 @@ async def retrieve_model(request: Request, model: str) -> Response:
 async def completions(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
-    body = parse_model(CompletionRequest, await read_json(request, state.args.max_request_bytes))
+    body = parse_model(CompletionRequest, await state.read_body(request))
     _check_model(state, body.model)
     if body.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     if body.best_of not in (None, body.n):
         raise ApiError(400, "best_of must be equal to n", param="best_of")
-    prompts, texts = _completion_prompts(state, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
-    sampling = _sampling(body, max_tokens, {})
+    sampling = _sampling(state, body, max_tokens, {})
+    prompts, texts = await _completion_prompts(state, body.prompt)
     want_logprobs = body.logprobs is not None
     options = {
         "return_logprob": want_logprobs,
@@ -114,9 +116,7 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
-    body = parse_model(
-        ChatCompletionRequest, await read_json(request, state.args.max_request_bytes)
-    )
+    body = parse_model(ChatCompletionRequest, await state.read_body(request))
     _check_model(state, body.model)
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
@@ -127,11 +127,11 @@ async def chat_completions(request: Request) -> Response:
     if tag is not None:
         constraints["structural_tag"] = tag
     tools_on = bool(functions) and choice != "none"
-    ids = _chat_prompt(state, body, tools_on)
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
-    sampling = _sampling(body, max_tokens, constraints)
+    sampling = _sampling(state, body, max_tokens, constraints)
+    ids = await _chat_prompt(state, body, tools_on)
     options = {"return_logprob": body.logprobs, "top_logprobs_num": body.top_logprobs or 0}
     subs = expand_samples(ids, sampling, None, **options)
     ctx = _context(state, body, "chatcmpl", sampling.n)
@@ -193,7 +193,7 @@ def _check_model(state: ServerState, model: str) -> None:
 
 
 def _sampling(
-    body: SamplingRequest, max_new_tokens: int, constraints: dict[str, Any]
+    state: ServerState, body: SamplingRequest, max_new_tokens: int, constraints: dict[str, Any]
 ) -> SamplingParams:
     """The request's sampling params, validated; ApiError 400 with the OpenAI field name."""
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": body.n}
@@ -206,25 +206,38 @@ def _sampling(
             raise ApiError(400, f"{name} conflicts with another constraint", param=name)
         params[name] = value
     try:
-        return SamplingParams.from_dict(params)
+        return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
     except InvalidSamplingParams as exc:
         name = _OPENAI_NAMES.get(exc.field, exc.field)
         reason = str(exc).split(": ", 1)[-1]
         raise ApiError(400, f"{name}: {reason}", param=name) from None
 
 
-def _completion_prompts(
+async def _completion_prompts(
     state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]
 ) -> tuple[list[list[int]], list[str]]:
-    """(token ids, text) of each prompt."""
+    """(token ids, text) of each prompt; token-id prompts are checked against the vocabulary
+    before anything decodes them."""
     items: list[Any] = [prompt] if isinstance(prompt, str) else list(prompt)
     if not items:
         raise ApiError(400, "prompt is empty", param="prompt")
     if isinstance(items[0], int):
         items = [items]
-    tokenizer = state.tokenizer
-    ids = [state.tokenizer_manager.tokenize(p) if isinstance(p, str) else list(p) for p in items]
-    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in items]
+    manager = state.tokenizer_manager
+    decode = state.tokenizer.decode
+    ids: list[list[int]] = []
+    texts: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            ids.append(await manager.tokenize(item, "prompt"))
+            texts.append(item)
+            continue
+        try:
+            manager.check_input_ids(item, "prompt")
+        except RequestError as exc:
+            raise ApiError(400, str(exc), param="prompt") from None
+        ids.append(list(item))
+        texts.append(await manager.run_tokenizer(functools.partial(decode, item), "prompt"))
     return ids, texts
 
 
@@ -253,8 +266,11 @@ def _tool_constraint(
     return tool_call_constraint(functions, "required", parallel=parallel)
 
 
-def _chat_prompt(state: ServerState, body: ChatCompletionRequest, with_tools: bool) -> list[int]:
-    """Render the messages (and tools) with the tokenizer's chat template, then tokenize."""
+async def _chat_prompt(
+    state: ServerState, body: ChatCompletionRequest, with_tools: bool
+) -> list[int]:
+    """Render the messages (and tools) with the tokenizer's chat template, then tokenize, on
+    the tokenizer threads."""
     messages = []
     for i, message in enumerate(body.messages):
         rendered = message.model_dump(exclude_none=True)
@@ -265,13 +281,22 @@ def _chat_prompt(state: ServerState, body: ChatCompletionRequest, with_tools: bo
     tools = None
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-    try:
-        text = state.tokenizer.apply_chat_template(
+    tokenizer = state.tokenizer
+
+    def render() -> str:
+        return tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False
         )
+
+    try:
+        text = await state.tokenizer_manager.run_tokenizer(render, "messages")
+    except RequestError as exc:
+        raise ApiError(400, str(exc), param="messages") from None
     except Exception as exc:  # jinja errors, or a tokenizer without a template
         raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
-    return state.tokenizer(text, add_special_tokens=False).input_ids
+    return await state.tokenizer_manager.run_tokenizer(
+        lambda: tokenizer(text, add_special_tokens=False).input_ids, "messages"
+    )
 
 
 def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str | None:

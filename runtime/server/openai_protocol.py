@@ -10,13 +10,37 @@ SGLang/vLLM names (``top_k``, ``min_p``, ``regex``, ``ebnf``, ``json_schema``, .
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from runtime.request_checks import INT64_MAX, INT64_MIN
+from runtime.sampling_params import (
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+)
+
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+MaxTokens = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """Strict types (no "no" for false, no 1.0 for 1), finite numbers; ``null`` means the
+    field's default, as OpenAI's API treats it."""
+
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        return {k: v for k, v in data.items() if v is not None or k not in known}
 
 
 class StreamOptions(OpenAIModel):
@@ -27,15 +51,15 @@ class SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
     model: str
-    n: int = 1
+    n: int = Field(1, ge=1, le=INT64_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     # Accepted and ignored: they do not change the output.
     user: str | None = None
@@ -43,14 +67,14 @@ class SamplingRequest(OpenAIModel):
     store: bool | None = None
     service_tier: str | None = None
     # Extensions.
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
+    min_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | None = None
@@ -58,7 +82,7 @@ class SamplingRequest(OpenAIModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: MaxTokens | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = None
@@ -68,7 +92,7 @@ class CompletionRequest(SamplingRequest):
 class ChatMessage(BaseModel):
     """One message; extra fields (e.g. ``name``) pass through to the chat template."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
@@ -111,8 +135,8 @@ class ResponseFormat(OpenAIModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from runtime.request_checks import INT64_MAX
+from runtime.sampling_params import SamplingParamsInput
+
+# Alternatives returned per position with logprobs.
+MAX_TOP_LOGPROBS = 1024
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 
 
 class NativeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class GenerateReqInput(NativeRequest):
@@ -20,13 +27,13 @@ class GenerateReqInput(NativeRequest):
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    sampling_params: SamplingParamsInput | list[SamplingParamsInput] | None = None
     return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = Field(default=0, ge=0)
+    logprob_start_len: int = Field(default=-1, ge=-1, le=INT64_MAX)
+    top_logprobs_num: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     return_text_in_logprobs: bool = False
     stream: bool = False
-    rid: str | list[str] | None = None
+    rid: RequestId | list[RequestId] | None = None
 
     @property
     def is_batch(self) -> bool:
@@ -39,4 +46,4 @@ class GenerateReqInput(NativeRequest):
 class AbortReqInput(NativeRequest):
     """``POST /abort_request``: abort the request with this id (a no-op if it is finished)."""
 
-    rid: str
+    rid: RequestId

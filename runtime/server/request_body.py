@@ -4,23 +4,54 @@ the status and error shape the API promises."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from runtime.request_checks import (
+    MAX_JSON_DEPTH,
+    InvalidRequestValue,
+    check_json_value,
+    json_nesting_depth,
+    main_error,
+)
 from runtime.server.errors import ApiError
 
 Model = TypeVar("Model", bound=BaseModel)
 
 
-async def read_json(request: Request, max_bytes: int) -> Any:
+async def read_json(request: Request, max_bytes: int, timeout: float | None = None) -> Any:
     """The body parsed as JSON. Raises ApiError 413 when it is (or declares to be) longer than
-    ``max_bytes``, 400 when it is not JSON."""
+    ``max_bytes``, 408 when it takes longer than ``timeout`` seconds to arrive, 400 when it is
+    not JSON, nests deeper than MAX_JSON_DEPTH (checked before parsing) or holds a string with
+    a lone surrogate (naming the field)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"the request body exceeds the limit of {max_bytes} bytes")
+    try:
+        raw = await asyncio.wait_for(_read_body(request, max_bytes), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+    depth = json_nesting_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise ApiError(
+            400, f"the request body nests {depth} levels deep; the limit is {MAX_JSON_DEPTH}"
+        )
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    try:
+        check_json_value(data)
+    except InvalidRequestValue as exc:
+        raise ApiError(400, str(exc), param=exc.field or None) from None
+    return data
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -28,10 +59,7 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         if size > max_bytes:
             raise ApiError(413, f"the request body exceeds the limit of {max_bytes} bytes")
         chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    return b"".join(chunks)
 
 
 def parse_model(model: type[Model], data: Any) -> Model:
@@ -41,12 +69,12 @@ def parse_model(model: type[Model], data: Any) -> Model:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _field_path(first["loc"], data, keep_last=first["type"] in _ABSENT_FIELD) or None
-        if first["type"] == "extra_forbidden":
+        loc, reason, kind = main_error(exc.errors())
+        param = _field_path(loc, data, keep_last=kind in _ABSENT_FIELD) or None
+        if kind == "extra_forbidden":
             message = f"Unrecognized request argument supplied: {param}"
         else:
-            message = f"{param}: {first['msg']}" if param else first["msg"]
+            message = f"{param}: {reason}" if param else reason
         raise ApiError(400, message, param=param) from None
 
 

@@ -6,7 +6,6 @@ runs them with ``open_streams``; every sub-request goes through the metrics.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from fastapi import Request
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.metrics import ServerMetrics
+from runtime.server.request_body import read_json
 from runtime.server.token_text import TokenText
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
@@ -39,6 +39,10 @@ class ServerState:
     def context_length(self) -> int:
         """Known once the scheduler is ready (its SchedulerReady carries it)."""
         return int(self.tokenizer_manager.server_info.get("context_length", 0))
+
+    async def read_body(self, request: Request) -> Any:
+        """The request's JSON body under this server's size, time and nesting limits."""
+        return await read_json(request, self.args.max_request_bytes, self.args.body_timeout_s)
 
     def require_ready(self) -> None:
         """ApiError 503 until the scheduler has loaded the model (as /health reports)."""
@@ -69,14 +73,12 @@ def expand_samples(
     **logprob_options: Any,
 ) -> list[SubRequest]:
     """``n`` samples as n sub-requests, as the Engine does: the prompt's KV is shared through
-    the radix cache; sample j uses seed + j when a seed is given. With n > 1, sub-request ids
-    are ``{rid}-{j}``."""
+    the radix cache; sample j uses seed + j when a seed is given (``for_sample``). With n > 1,
+    sub-request ids are ``{rid}-{j}``."""
     subs = []
     for j in range(sampling.n):
-        seed = None if sampling.seed is None else sampling.seed + j
         sub_rid = rid if rid is None or sampling.n == 1 else f"{rid}-{j}"
-        one = dataclasses.replace(sampling, n=1, seed=seed)
-        subs.append(SubRequest(list(input_ids), one, sub_rid, **logprob_options))
+        subs.append(SubRequest(list(input_ids), sampling.for_sample(j), sub_rid, **logprob_options))
     return subs
 
 

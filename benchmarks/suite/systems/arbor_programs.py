@@ -68,7 +68,7 @@ class TracingEngine(fl.Engine):
         self, text: str, result: dict[str, Any], params: dict[str, Any], timing: Timing
     ) -> None:
         call = Call(
-            prompt_ids=tuple(self.engine.tokenizer_manager.tokenize(text)),
+            prompt_ids=tuple(self.engine.tokenizer(text).input_ids),
             output_ids=tuple(result["output_ids"]),
             group=self.current_group.value,
             constrained=any(params.get(k) is not None for k in CONSTRAINTS),

@@ -1,0 +1,121 @@
+"""Checks a request passes before anything else reads it, shared by the HTTP API and the Engine.
+
+Each defends a later stage that would fail on the input in a way that hurts more than one
+request: nesting deep enough to exhaust Python's recursion (``json.loads``, the schema walkers),
+lone surrogates that no UTF-8 encoder accepts (tokenizers, stop-string matching, ZMQ frames),
+and token ids outside the vocabulary or int64 (embedding lookups, tensors).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# Deepest JSON nesting a request body may have. Real bodies stay far below: a chat request
+# with a tool whose parameters nest 30 objects deep is about 70 levels.
+MAX_JSON_DEPTH = 256
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+# A JSON string literal (with escapes): removed before bracket counting.
+_STRING_LITERAL = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPEN_BRACKETS = (ord("["), ord("{"))
+_CLOSE_BRACKETS = (ord("]"), ord("}"))
+
+
+class InvalidRequestValue(ValueError):
+    """A value a request may not hold; ``field`` is its dotted path (``messages.0.content``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.reason = message
+
+
+def json_nesting_depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in the JSON text ``raw``, without parsing it (so a
+    hostile body cannot exhaust the parser's recursion). Exact for valid JSON; for invalid
+    JSON a number the parser's own error will make moot."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return 0 if not raw.strip() else _depth_of(raw)
+    return _depth_of(raw)
+
+
+def _depth_of(raw: bytes) -> int:
+    codes = np.frombuffer(_STRING_LITERAL.sub(b'""', raw), dtype=np.uint8)
+    steps = np.zeros(len(codes), dtype=np.int64)
+    for code in _OPEN_BRACKETS:
+        steps += codes == code
+    for code in _CLOSE_BRACKETS:
+        steps -= codes == code
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def check_json_value(value: Any, field: str = "", max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise InvalidRequestValue if ``value`` (parsed JSON, or the Python equivalent) nests
+    deeper than ``max_depth`` or holds a string or key with a lone surrogate. Iterative."""
+    stack: list[tuple[Any, str, int]] = [(value, field, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            check_text(item, path)
+        elif isinstance(item, dict | list | tuple):
+            if depth >= max_depth:
+                raise InvalidRequestValue(path, f"nests deeper than {max_depth} levels")
+            if isinstance(item, dict):
+                for key, member in item.items():
+                    child = _join(path, str(key))
+                    if isinstance(key, str):
+                        check_text(key, child)
+                    stack.append((member, child, depth + 1))
+            else:
+                stack.extend(
+                    (member, _join(path, str(i)), depth + 1) for i, member in enumerate(item)
+                )
+
+
+def check_text(text: str, field: str) -> None:
+    """Raise InvalidRequestValue unless ``text`` encodes as UTF-8 (no lone surrogates)."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestValue(
+            field, f"holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}"
+        ) from None
+
+
+def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:
+    """Raise InvalidRequestValue unless every id is an int in [0, vocab_size)."""
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise InvalidRequestValue(field, f"token ids must be integers, got {token!r}")
+        if not 0 <= token < vocab_size:
+            raise InvalidRequestValue(
+                field, f"token id {token} at index {i} is outside the vocabulary [0, {vocab_size})"
+            )
+
+
+def _join(path: str, part: str) -> str:
+    return f"{path}.{part}" if path else part
+
+
+def main_error(errors: Sequence[Any]) -> tuple[tuple[int | str, ...], str, str]:
+    """(location, message, type) of the error to report from a pydantic ValidationError's
+    ``errors()``: the first failing field's most specific error. When a union's branches all
+    fail on the value's type ("a string or a list"), the message names every branch."""
+    field = errors[0]["loc"][:1]
+    mine = [e for e in errors if e["loc"][:1] == field]
+    chosen = next((e for e in mine if not e["type"].endswith("_type")), None)
+    if chosen is None:
+        chosen = next((e for e in mine if any(isinstance(p, int) for p in e["loc"][1:])), None)
+    if chosen is None and len(mine) > 1:
+        wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in mine)
+        return tuple(field), "Input should be " + " or ".join(wanted), mine[0]["type"]
+    chosen = chosen or mine[0]
+    return tuple(chosen["loc"]), chosen["msg"], chosen["type"]
