@@ -3,14 +3,19 @@
 The order is fixed (DESIGN.md): logit_bias, repetition / presence / frequency penalties, the
 grammar mask and the stop-token mask below min_new_tokens (which yields where the grammar
 allows only its end), then temperature, top-k, top-p, min-p and the draw. Greedy rows
-(temperature 0 or top_k 1) take the argmax of the processed logits. A row's draw depends only
-on its request's seed and output length, never on the batch.
+(temperature below GREEDY_TEMPERATURE, or top_k 1) take the argmax of the processed logits. A
+row's draw depends only on its request's seed and output length, never on the batch.
+
+Numerically safe: logits are scaled by the temperature after subtracting the row's maximum, so
+no temperature or bias can overflow them (tiny temperatures give the argmax, huge biases the
+limit distribution), and a row with nothing left to sample (every token banned or masked, or
+NaN logits) is reported as that request's failure instead of reaching the draw.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,11 +29,17 @@ _DRAFT_STREAM = 0x5DEECE66D
 GrammarMaskFn = Callable[[torch.Tensor, Sequence[Req]], None]
 
 
+# Temperatures above this act as it: beyond, float32 cannot tell the scaled logits apart.
+_MAX_TEMPERATURE = 1e30
+
+
 @dataclass
 class SampleOutput:
     token_ids: list[int]
     # For rows whose request returns logprobs: (logprob, [(logprob, token), ...] top entries).
     logprobs: list[tuple[float, list[tuple[float, int]]] | None]
+    # Rows that could not be sampled: row -> (HTTP status, message). Their token is meaningless.
+    failures: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 class Sampler:
@@ -46,8 +57,11 @@ class Sampler:
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
             self._mask_stop_below_min(logits[i], req, len(req.output_ids))
+        failures = _unsampleable_rows(logits, reqs)
+        for row in failures:
+            logits[row] = 0.0  # drawn from (uniformly) so the batch stays valid, then dropped
         tokens = self._draw(logits, reqs)
-        return SampleOutput(tokens.tolist(), self._logprobs(raw, tokens, reqs))
+        return SampleOutput(tokens.tolist(), self._logprobs(raw, tokens, reqs), failures)
 
     def verify_draft(
         self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor
@@ -74,7 +88,7 @@ class Sampler:
             verdict = verify_draft(req.draft, logits, True, lambda: 0.0)
         else:
             n = logits.shape[0]
-            probs = torch.softmax(logits / params.temperature, dim=-1)
+            probs = torch.softmax(_scaled(logits, torch.tensor([[params.temperature]])), dim=-1)
             kept = kernels.filter_probs(
                 probs,
                 torch.full((n,), params.top_k, device=probs.device),
@@ -152,7 +166,7 @@ class Sampler:
         device = logits.device
         params = [reqs[i].sampling for i in rows]
         temps = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-        probs = torch.softmax(logits[rows] / temps, dim=-1)
+        probs = torch.softmax(_scaled(logits[rows], temps), dim=-1)
         sampled = kernels.sample_from_probs(
             probs,
             torch.tensor([p.top_k for p in params], device=device),
@@ -178,6 +192,35 @@ class Sampler:
         for j, i in enumerate(rows):
             out[i] = (chosen[j], top_logprobs(logprobs[j], reqs[i].top_logprobs_num))
         return out
+
+
+def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """(logits - row max) / temperature: [N, V] logits, [N, 1] temperatures (each at least
+    GREEDY_TEMPERATURE). Every finite entry ends in [-inf, 0], so nothing overflows."""
+    top = logits.max(dim=-1, keepdim=True).values
+    temps = temperatures.to(logits.device).clamp(max=_MAX_TEMPERATURE)
+    return (logits - top) / temps
+
+
+def _unsampleable_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tuple[int, str]]:
+    """Rows of processed ``logits`` [N, V] that leave no token to sample, with the reason.
+    One reduction: a row's max is NaN if any entry is, -inf if every entry is."""
+    top = logits.max(dim=-1).values
+    broken = torch.isnan(top)
+    empty = top == float("-inf")
+    failures: dict[int, tuple[int, str]] = {}
+    for row in (broken | empty).nonzero().flatten().tolist():
+        if bool(broken[row]):
+            failures[row] = (500, "the model produced NaN logits for this request")
+        elif reqs[row].grammar is not None:
+            failures[row] = (
+                400,
+                "no token is allowed: the constraint admits none here given logit_bias, "
+                "stop_token_ids and min_new_tokens",
+            )
+        else:
+            failures[row] = (400, "no token is allowed: logit_bias bans every token")
+    return failures
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
