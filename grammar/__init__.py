@@ -18,6 +18,7 @@ from grammar.backend import (
     CompiledGrammar,
     GrammarBackend,
     GrammarMatcher,
+    LoweredGrammar,
     allocate_bitmask,
     create_backend,
     register_backend,
@@ -27,6 +28,7 @@ from grammar.jump_forward import DraftVerdict, commit_draft, fill_draft_masks, v
 from grammar.masking import apply_grammar_masks
 from grammar.options import GrammarOptions
 from grammar.regex import to_backend_regex
+from grammar.sandbox import CompileSandbox, Prepared
 from grammar.schema_check import check_schema
 from grammar.schema_formats import SUPPORTED_FORMATS
 from grammar.service import CacheStats, CompileHandle, GrammarService
@@ -38,6 +40,7 @@ __all__ = [
     "SUPPORTED_FORMATS",
     "CacheStats",
     "CompileHandle",
+    "CompileSandbox",
     "CompiledGrammar",
     "DraftVerdict",
     "GrammarBackend",
@@ -47,6 +50,8 @@ __all__ = [
     "GrammarOptions",
     "GrammarService",
     "GrammarSpec",
+    "LoweredGrammar",
+    "Prepared",
     "StopRegex",
     "UnsupportedSchemaFeature",
     "allocate_bitmask",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,6 +57,16 @@ class GrammarMatcher(ABC):
         """
 
 
+@dataclass(frozen=True)
+class LoweredGrammar:
+    """A spec after the backend's own preparation (``payload``, backend-specific and picklable),
+    ready for ``GrammarBackend.compile_lowered``: the costly and risky part of a compile done,
+    so it can run in a sandbox process and only the backend's compile runs where it serves."""
+
+    spec: GrammarSpec
+    payload: Any = None
+
+
 class CompiledGrammar(ABC):
     """A spec compiled for one tokenizer; immutable, shareable across threads and requests."""
 
@@ -64,6 +75,13 @@ class CompiledGrammar(ABC):
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher:
         """A matcher at the grammar's start."""
+
+    def admits_output(self, vocab_size: int) -> bool:
+        """Whether any token (a stop token included) is allowed at the start: False for a
+        grammar whose language is empty, which could never produce a valid output."""
+        mask = allocate_bitmask(1, vocab_size)
+        self.new_matcher().fill_mask(mask, 0)
+        return bool(mask.any())
 
     @property
     @abstractmethod
@@ -83,6 +101,15 @@ class GrammarBackend(ABC):
     @abstractmethod
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compile ``spec``; raise GrammarError (naming the problem) if it cannot be."""
+
+    def lower(self, spec: GrammarSpec) -> LoweredGrammar:
+        """Everything of ``compile`` that can run apart from the serving process (schema
+        lowering, regex analysis); GrammarError if the spec is invalid."""
+        return LoweredGrammar(spec)
+
+    def compile_lowered(self, lowered: LoweredGrammar) -> CompiledGrammar:
+        """The rest of ``compile``: ``compile(spec) == compile_lowered(lower(spec))``."""
+        return self.compile(lowered.spec)
 
     def fill_masks(
         self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]

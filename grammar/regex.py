@@ -10,7 +10,9 @@ parsed here once: unsupported constructs are rejected by name, the rest is re-em
 a plain regex (``to_backend_regex``) or as a regex over the *escaped* text of a JSON string
 (``to_json_string_regex``), which we compile with xgrammar's plain regex mode. Both accept a
 subset of Python's language, so every output still matches. interegular must parse the
-rewritten pattern too (it follows Python's semantics), which catches what the scan let through.
+rewritten pattern too (it follows Python's semantics), which catches what the scan let through;
+its automaton is not built (the backend matches without one, and a DFA can be exponential in
+the pattern: ``[ab]*a[ab]{16}``). Counted repetitions are bounded by ``expanded_size``.
 """
 
 from __future__ import annotations
@@ -18,11 +20,29 @@ from __future__ import annotations
 import re
 import unicodedata
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import interegular
 
 from grammar.errors import GrammarError
+
+try:
+    from re import _parser as _sre  # type: ignore[attr-defined]
+except ImportError:  # Python 3.10
+    import sre_parse as _sre
+
+# The largest ``expanded_size`` of a regex or schema pattern. The backend does not unroll
+# repetitions, so this only keeps absurd patterns out; stop regexes, which become automata,
+# have a far smaller limit.
+MAX_REGEX_SIZE = 100_000
+_REPEATS = tuple(
+    getattr(_sre, name)
+    for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+    if hasattr(_sre, name)
+)
+_ATOMIC_GROUP = getattr(_sre, "ATOMIC_GROUP", object())
 
 # Python's \s beyond xgrammar's ASCII [ \t\n\r\f\v]; excluding them keeps \S within Python's.
 _UNICODE_SPACES = [(0x1C, 0x1F), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A)]
@@ -83,13 +103,52 @@ def _translate(pattern: str, what: str, json_string: bool) -> str:
             re.compile(pattern)
     except re.error as exc:
         raise GrammarError(f"invalid {what} {pattern!r}: {exc}") from None
+    check_expanded_size(pattern, what, MAX_REGEX_SIZE)
     plain = _Rewriter(pattern, what, json_string=False).run()
     try:
-        interegular.parse_pattern(plain).to_fsm()
+        interegular.parse_pattern(plain)
     except (interegular.Unsupported, interegular.InvalidSyntax) as exc:
         reason = str(exc) or "interegular cannot parse it"
         raise GrammarError(f"unsupported {what} {pattern!r}: {reason}") from None
     return _Rewriter(pattern, what, json_string=True).run() if json_string else plain
+
+
+def expanded_size(pattern: str) -> int:
+    """How many atoms ``pattern`` (valid Python syntax) has with every counted repetition
+    written out: ``a{3}(bc){2}`` has 7, ``a*`` 1, ``a{2,}`` 2. What an automaton or a grammar
+    that unrolls repetitions grows with."""
+    return _size(_sre.parse(pattern))
+
+
+def check_expanded_size(pattern: str, what: str, limit: int) -> None:
+    """GrammarError unless ``expanded_size(pattern) <= limit``."""
+    size = expanded_size(pattern)
+    if size > limit:
+        raise GrammarError(
+            f"{what} {pattern!r} is too large: its repetitions expand to {size} positions "
+            f"(the limit is {limit}); use smaller repetition counts"
+        )
+
+
+def _size(items: Iterable[tuple[Any, Any]]) -> int:
+    total = 0
+    for op, value in items:
+        if op in _REPEATS:
+            low, high, item = value
+            total += max(low if high == _sre.MAXREPEAT else high, 1) * _size(item)
+        elif op == _sre.SUBPATTERN:
+            total += _size(value[-1])
+        elif op == _sre.BRANCH:
+            total += sum(_size(branch) for branch in value[1])
+        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+            total += _size(value[1])
+        elif op == _ATOMIC_GROUP:
+            total += _size(value)
+        elif op == _sre.GROUPREF_EXISTS:
+            total += sum(_size(branch) for branch in value[1:] if branch is not None)
+        else:
+            total += 1
+    return total
 
 
 @dataclass

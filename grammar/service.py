@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from grammar.backend import CompiledGrammar, GrammarBackend
+from grammar.backend import CompiledGrammar, GrammarBackend, LoweredGrammar
 from grammar.errors import GrammarCompileTimeout, GrammarError
 from grammar.spec import GrammarSpec
 
@@ -67,6 +67,14 @@ class GrammarService:
 
     def submit(self, spec: GrammarSpec) -> CompileHandle:
         """Start (or join, or skip when cached) the compile of ``spec``; never blocks."""
+        return self._submit(spec, lambda: self.backend.compile(spec))
+
+    def submit_lowered(self, lowered: LoweredGrammar) -> CompileHandle:
+        """As ``submit`` for a spec the backend has lowered already (in a sandbox process):
+        only ``GrammarBackend.compile_lowered`` runs on the compile threads."""
+        return self._submit(lowered.spec, lambda: self.backend.compile_lowered(lowered))
+
+    def _submit(self, spec: GrammarSpec, work: Callable[[], CompiledGrammar]) -> CompileHandle:
         handle = CompileHandle(spec, deadline=self._clock() + self.compile_timeout)
         with self._lock:
             cached = self._cache.get(spec)
@@ -79,7 +87,7 @@ class GrammarService:
             future = self._in_flight.get(spec)
             started = future is None
             if future is None:
-                future = self._pool.submit(self.backend.compile, spec)
+                future = self._pool.submit(work)
                 self._in_flight[spec] = future
         if started:  # outside the lock: a compile already done runs the callback right here
             future.add_done_callback(lambda done: self._finished(spec, done))

@@ -37,6 +37,9 @@ _PARAM_KINDS = {
 }
 _OPTION_KEYS = ("grammar_best_effort", "grammar_max_whitespace")
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+# Deepest nesting of objects and arrays in a schema document (a property nested in a property
+# costs two levels). Real schemas stay far below; the checks and lowering recurse per level.
+MAX_SCHEMA_DEPTH = 128
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class GrammarSpec:
         (or choices), structural_tag, json_object (bool), and the options grammar_best_effort
         and grammar_max_whitespace. ``params`` is a mapping or an object with those
         attributes. Raises GrammarError if more than one constraint is given or it is invalid.
+
+        A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named",
+        "name": ..., "parallel": bool}`` is the tool-call constraint (``for_tool_calls``) the
+        OpenAI layer sends for tool_choice required/named; any other is an xgrammar tag.
         """
         if isinstance(params, Mapping):
             values = {key: params.get(key) for key in (*_PARAM_KINDS, *_OPTION_KEYS)}
@@ -79,6 +86,14 @@ class GrammarSpec:
         kind = _PARAM_KINDS[key]
         if kind == "json_object":
             return cls.for_json_object(options)
+        if kind == "structural_tag" and isinstance(value, Mapping) and _is_tool_calls(value):
+            return cls.for_tool_calls(
+                value["tools"],
+                value["mode"],
+                value.get("name"),
+                bool(value.get("parallel", True)),
+                options,
+            )
         factory = {
             "json_schema": cls.for_json_schema,
             "regex": cls.for_regex,
@@ -93,6 +108,7 @@ class GrammarSpec:
         """A schema given as a dict, a JSON string, or a pydantic model class; checked here."""
         options = options or GrammarOptions()
         parsed = parse_schema(schema)
+        check_nesting(parsed, "json_schema")
         check_schema(parsed, best_effort=options.best_effort)
         lower_schema(parsed)  # surfaces untranslatable patterns and empty enums now
         return cls("json_schema", canonical_schema_json(parsed), options)
@@ -143,6 +159,7 @@ class GrammarSpec:
                 raise GrammarError(f"structural_tag is not valid JSON: {exc}") from None
         if not isinstance(tag, dict):
             raise GrammarError("structural_tag must be a JSON object")
+        check_nesting(tag, "structural_tag")
         check_structural_tag(tag, options)
         return cls("structural_tag", json.dumps(tag, ensure_ascii=False), options)
 
@@ -163,6 +180,7 @@ class GrammarSpec:
         back, else exactly one. Each parameters schema is checked as a JSON schema.
         """
         options = options or GrammarOptions()
+        check_nesting(tools, "tools")
         normalized = normalize_tools(tools, mode, name, options.best_effort)
         payload = {
             "tools": [
@@ -172,6 +190,26 @@ class GrammarSpec:
             "parallel": bool(parallel),
         }
         return cls("tool_calls", json.dumps(payload, ensure_ascii=False), options)
+
+
+def check_nesting(value: Any, what: str, limit: int = MAX_SCHEMA_DEPTH) -> None:
+    """GrammarError if ``value`` (JSON-like) nests objects and arrays deeper than ``limit``:
+    the schema walkers recurse per level. Iterative, so any depth is safe to measure."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > limit:
+                raise GrammarError(
+                    f"{what} nests deeper than {limit} levels of objects and arrays; "
+                    "flatten it (or use $defs and $ref for recursive shapes)"
+                )
+            members = item.values() if isinstance(item, dict) else item
+            stack.extend((member, depth + 1) for member in members)
+
+
+def _is_tool_calls(tag: Mapping[str, Any]) -> bool:
+    return "tools" in tag and "mode" in tag
 
 
 def parse_schema(schema: Any) -> dict[str, Any]:

@@ -3,6 +3,11 @@
 Each pattern becomes an interegular FSM (Python ``re`` semantics, no anchors or lookbehind),
 simulated from every start offset at once as text streams in, so each character is examined
 once per live state rather than re-searching the whole output every step.
+
+Building the automaton can take time exponential in the pattern, so it happens in the compile
+sandbox (see ``grammar.sandbox``), and patterns are bounded: their counted repetitions
+(``MAX_STOP_REGEX_SIZE`` positions) before the automaton is built, its states
+(``MAX_STOP_REGEX_STATES``) after. A built ``StopRegex`` pickles; each request gets a copy.
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ from typing import Any
 import interegular
 
 from grammar.errors import GrammarError
+from grammar.regex import check_expanded_size
+
+# Bounds on one stop regex: positions with repetitions written out, and automaton states.
+MAX_STOP_REGEX_SIZE = 2048
+MAX_STOP_REGEX_STATES = 4096
 
 
 class StopRegex:
@@ -73,11 +83,17 @@ class StopRegex:
 def _compile(pattern: str) -> interegular.FSM:
     try:
         re.compile(pattern)
+        check_expanded_size(pattern, "stop_regex", MAX_STOP_REGEX_SIZE)
         fsm = interegular.parse_pattern(pattern).to_fsm()
     except re.error as exc:
         raise GrammarError(f"invalid stop_regex {pattern!r}: {exc}") from None
     except (interegular.Unsupported, interegular.InvalidSyntax) as exc:
         raise GrammarError(f"unsupported stop_regex {pattern!r}: {exc}") from None
+    if len(fsm.states) > MAX_STOP_REGEX_STATES:
+        raise GrammarError(
+            f"stop_regex {pattern!r} needs an automaton of {len(fsm.states)} states "
+            f"(the limit is {MAX_STOP_REGEX_STATES}); simplify it"
+        )
     if fsm.accepts(""):
         raise GrammarError(f"stop_regex {pattern!r} matches the empty string")
     if fsm.empty():

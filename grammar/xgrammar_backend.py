@@ -15,7 +15,13 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from grammar.backend import CompiledGrammar, GrammarBackend, GrammarMatcher, register_backend
+from grammar.backend import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    LoweredGrammar,
+    register_backend,
+)
 from grammar.errors import GrammarError
 from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
 from grammar.regex import to_backend_regex
@@ -106,14 +112,22 @@ class XGrammarBackend(GrammarBackend):
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
-        ebnf, root = self.ebnf(spec)
+        return self.compile_lowered(self.lower(spec))
+
+    def lower(self, spec: GrammarSpec) -> LoweredGrammar:
+        """The spec as EBNF text and its start rule (``payload``)."""
+        return LoweredGrammar(spec, self.ebnf(spec))
+
+    def compile_lowered(self, lowered: LoweredGrammar) -> XGrammarCompiled:
+        ebnf, root = lowered.payload
         try:
             grammar = xgr.Grammar.from_ebnf(ebnf, root_rule_name=root)
             compiled = self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError) as exc:
             message = backend_message(exc)
-            raise GrammarError(f"cannot compile the {spec.kind} grammar: {message}") from None
-        return XGrammarCompiled(spec, compiled, self._encode)
+            kind = lowered.spec.kind
+            raise GrammarError(f"cannot compile the {kind} grammar: {message}") from None
+        return XGrammarCompiled(lowered.spec, compiled, self._encode)
 
     def ebnf(self, spec: GrammarSpec) -> tuple[str, str]:
         """(EBNF text, start rule) for ``spec``; GrammarError if the spec is invalid."""

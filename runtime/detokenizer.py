@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from grammar import StopRegex
 from runtime.channels import Receiver, Sender
 from runtime.ipc import TextOutput, TextOutputBatch, TokenOutput, TokenOutputBatch
 
@@ -55,13 +54,45 @@ class IncrementalDecoder:
 
 
 class DetokenizerManager:
+    """Per-request decoding state. A request whose decoding raises fails alone: its caller
+    gets a 500 (``detokenizer_failed`` tells the tokenizer manager to abort it), its later
+    outputs are dropped, and only its final one is passed on, so its id is released."""
+
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._decoders: dict[str, IncrementalDecoder] = {}
         self._emitted: dict[str, int] = {}  # characters of ``text`` already sent per request
+        self._failed: set[str] = set()  # failed here, still running in the scheduler
 
     def process(self, batch: TokenOutputBatch) -> TextOutputBatch:
-        return TextOutputBatch([self._process_one(out) for out in batch.outputs])
+        outputs = []
+        for out in batch.outputs:
+            if out.rid in self._failed:
+                if out.finished_reason is not None:
+                    self._failed.discard(out.rid)
+                    outputs.append(_bare(out))
+                continue
+            try:
+                outputs.append(self._process_one(out))
+            except Exception:
+                logger.exception("detokenizing request %s failed", out.rid)
+                outputs.append(self._fail(out))
+        return TextOutputBatch(outputs)
+
+    def _fail(self, out: TokenOutput) -> TextOutput:
+        self._decoders.pop(out.rid, None)
+        self._emitted.pop(out.rid, None)
+        still_running = out.finished_reason is None
+        if still_running:
+            self._failed.add(out.rid)
+        failed = _bare(out)
+        failed.finished_reason = {
+            "type": "abort",
+            "status_code": 500,
+            "message": "internal error while detokenizing this request; the server log has details",
+        }
+        failed.detokenizer_failed = still_running
+        return failed
 
     def _process_one(self, out: TokenOutput) -> TextOutput:
         decoder = self._decoders.get(out.rid)
@@ -107,6 +138,19 @@ class DetokenizerManager:
                 outbox.send(message)  # anything else is for the tokenizer manager as is
 
 
+def _bare(out: TokenOutput) -> TextOutput:
+    """``out`` passed on without its text."""
+    return TextOutput(
+        rid=out.rid,
+        text_delta="",
+        new_token_ids=out.new_token_ids,
+        finished_reason=out.finished_reason,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+    )
+
+
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that could begin a stop string."""
     held = 0
@@ -127,7 +171,9 @@ def _trimmed_end(text: str, emitted: int, out: TokenOutput) -> int:
     if matched in out.stop:
         pos = text.find(matched, emitted)
         return pos if pos >= 0 else len(text)
-    if out.stop_regex:  # the scheduler stopped on the first match of one of these
-        found = StopRegex(out.stop_regex).first_match(text)
-        return found[0] if found else len(text)
+    if out.stop_regex:
+        # The scheduler stopped at the match that ends first; every occurrence of the matched
+        # text is a match, so that one is the text's first occurrence.
+        pos = text.find(matched)
+        return max(pos, emitted) if pos >= 0 else len(text)
     return len(text)

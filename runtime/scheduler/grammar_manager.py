@@ -1,61 +1,69 @@
 """Constrained requests in the scheduler: the grammar queue, masks each step, and drafts.
 
-A constrained request waits in the grammar queue while its grammar compiles on the grammar
-service's threads (other requests keep running); each loop iteration polls it, and once
-compiled it joins the waiting queue with a fresh matcher. A compile error or timeout fails
-that request alone with a 400. Each step, the masks of the constrained rows are filled into
-one packed int32 bitmask and applied to the batch's logits in one op.
+A request with a constraint or stop regexes waits in the grammar queue while they are prepared
+in the compile sandbox's worker processes (built, analysed and trial-compiled under a hard
+deadline) and then compiled on the grammar service's threads; other requests keep running.
+Each loop iteration polls the queue; a ready request joins the waiting queue with a fresh
+matcher and stop-regex matcher. An invalid constraint, an overrun of the deadline or a crashed
+worker fails that request alone with a 400. Each step, the masks of the constrained rows are
+filled into one packed int32 bitmask and applied to the batch's logits in one op.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import pickle
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from grammar import (
+    CompileHandle,
+    CompileSandbox,
     GrammarError,
     GrammarService,
-    GrammarSpec,
+    Prepared,
     allocate_bitmask,
     apply_grammar_masks,
     create_backend,
 )
-from runtime.sampling_params import SamplingParams
+from runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from runtime.scheduler.req import Req
 from runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-
-def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
-    """The request's constraint, validated; GrammarError (a ValueError) names what is wrong.
-
-    ``structural_tag`` holding ``{"tools": [...], "mode": "required"|"named", "name": ...}`` is
-    the tool-call form the OpenAI layer sends for tool_choice required/named; any other
-    structural_tag is passed to the backend as is.
-    """
-    tag = params.structural_tag
-    if isinstance(tag, Mapping) and "tools" in tag and "mode" in tag:
-        options = GrammarSpec.from_sampling_params({"json_object": True, **_options(params)})
-        assert options is not None
-        return GrammarSpec.for_tool_calls(
-            tag["tools"],
-            tag["mode"],
-            tag.get("name"),
-            bool(tag.get("parallel", True)),
-            options.options,
-        )
-    return GrammarSpec.from_sampling_params(params)
+_OPTION_FIELDS = ("grammar_best_effort", "grammar_max_whitespace")
 
 
-def _options(params: SamplingParams) -> dict[str, Any]:
-    return {
-        "grammar_best_effort": params.grammar_best_effort,
-        "grammar_max_whitespace": params.grammar_max_whitespace,
-    }
+def needs_preparing(params: SamplingParams) -> bool:
+    """Whether a request has a constraint or stop regexes (so it waits in the grammar queue)."""
+    return params.has_grammar or bool(params.stop_regex)
+
+
+def constraint_request(params: SamplingParams) -> dict[str, Any]:
+    """The sampling params the sandbox prepares, as JSON-like values (its cache key)."""
+    request: dict[str, Any] = {}
+    for name in GRAMMAR_FIELDS:
+        value = getattr(params, name)
+        if value not in (None, False, (), ""):
+            request[name] = list(value) if isinstance(value, tuple) else value
+    if request:
+        request.update({name: getattr(params, name) for name in _OPTION_FIELDS})
+    if params.stop_regex:
+        request["stop_regex"] = list(params.stop_regex)
+    return request
+
+
+@dataclass
+class _Pending:
+    """A queued request's progress: preparing in the sandbox, then compiling here."""
+
+    prepare: Future[Prepared]
+    compile: CompileHandle | None = None
 
 
 class GrammarManager:
@@ -65,33 +73,60 @@ class GrammarManager:
         backend = create_backend(args.grammar_backend, tokenizer, vocab_size, stop_token_ids)
         self.backend = backend
         self.service = GrammarService(backend, compile_timeout=args.grammar_compile_timeout)
+        self.sandbox = CompileSandbox(
+            (args.grammar_backend, tokenizer, vocab_size, tuple(stop_token_ids)),
+            workers=args.grammar_workers,
+            timeout=args.grammar_compile_timeout,
+        )
         self.vocab_size = vocab_size
         self.queue: list[Req] = []
         self._bitmask = allocate_bitmask(8, vocab_size)
 
-    def enqueue(self, req: Req, spec: GrammarSpec) -> None:
-        req.grammar_pending = self.service.submit(spec)
+    def enqueue(self, req: Req) -> None:
+        """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
+        req.grammar_pending = _Pending(self.sandbox.submit(constraint_request(req.sampling)))
         self.queue.append(req)
 
     def poll(self) -> tuple[list[Req], list[Req]]:
-        """(requests whose grammar is ready, requests failed with a 400), removed from the queue."""
+        """(requests ready to run, requests failed), removed from the queue; never blocks."""
         ready: list[Req] = []
         failed: list[Req] = []
         for req in self.queue:
             try:
-                compiled = self.service.poll(req.grammar_pending)
+                done = self._advance(req)
             except GrammarError as exc:
-                req.finish({"type": "abort", "status_code": 400, "message": str(exc)})
+                req.fail(400, str(exc))
                 failed.append(req)
                 continue
-            if compiled is not None:
-                req.grammar = compiled.new_matcher()
+            except Exception as exc:
+                req.fail_from(exc, "compiling the constraint of")
+                failed.append(req)
+                continue
+            if done:
                 req.grammar_pending = None
                 ready.append(req)
         if ready or failed:
-            done = {id(r) for r in ready + failed}
-            self.queue = [r for r in self.queue if id(r) not in done]
+            done_ids = {id(r) for r in ready + failed}
+            self.queue = [r for r in self.queue if id(r) not in done_ids]
         return ready, failed
+
+    def _advance(self, req: Req) -> bool:
+        """Move ``req`` on as far as it can go now; True once it can run."""
+        pending: _Pending = req.grammar_pending
+        if pending.compile is None:
+            if not pending.prepare.done():
+                return False
+            prepared = pending.prepare.result()  # GrammarError if it failed
+            if prepared.stop_regex is not None:
+                req.stop_matcher = pickle.loads(prepared.stop_regex)  # a fresh copy per request
+            if prepared.lowered is None:
+                return True
+            pending.compile = self.service.submit_lowered(prepared.lowered)
+        compiled = self.service.poll(pending.compile)
+        if compiled is None:
+            return False
+        req.grammar = compiled.new_matcher()
+        return True
 
     def remove(self, rid: str) -> Req | None:
         for req in self.queue:
@@ -114,4 +149,5 @@ class GrammarManager:
             apply_grammar_masks(self.backend, logits, matchers, self.bitmask(constrained))
 
     def shutdown(self) -> None:
+        self.sandbox.shutdown()
         self.service.shutdown()

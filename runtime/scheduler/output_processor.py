@@ -1,4 +1,8 @@
-"""After a forward: record prompt logprobs, append sampled tokens, check stops, emit outputs."""
+"""After a forward: record prompt logprobs, append sampled tokens, check stops, emit outputs.
+
+Every per-request stage is isolated: an exception while handling one request's output fails
+that request alone (``Req.fail_from``) and the others go on.
+"""
 
 from __future__ import annotations
 
@@ -20,15 +24,21 @@ class OutputProcessor:
         """logits: [N, V] the forward's rows (see StepBatch); sampled: tokens for
         ``step.sample_reqs`` in order."""
         for span in step.prompt_spans:
-            self._record_prompt_logprobs(
-                span.req, logits[span.row : span.row + span.count], span.first_token
-            )
+            try:
+                self._record_prompt_logprobs(
+                    span.req, logits[span.row : span.row + span.count], span.first_token
+                )
+            except Exception as exc:
+                span.req.fail_from(exc, "computing prompt logprobs for")
         for req, _ in step.work:
             if req.kv_len >= len(req.input_ids):
                 req.input_logprobs_done = True
-        for req, token, logprob in zip(
-            step.sample_reqs, sampled.token_ids, sampled.logprobs, strict=True
+        for row, (req, token, logprob) in enumerate(
+            zip(step.sample_reqs, sampled.token_ids, sampled.logprobs, strict=True)
         ):
+            if row in sampled.failures:
+                req.fail(*sampled.failures[row])
+                continue
             if req.sampling.max_new_tokens == 0:  # scoring only: prompt logprobs, no output
                 req.finish({"type": "length", "length": 0})
                 continue
@@ -51,18 +61,16 @@ class OutputProcessor:
             req.append_output(token)
             if logprob is not None:
                 req.output_logprobs.append((logprob[0], token, logprob[1]))
-            if not grammar_advanced and req.grammar is not None:
-                if not req.grammar.accept_token(token):
-                    req.finish(
-                        {
-                            "type": "abort",
-                            "status_code": 500,
-                            "message": f"grammar rejected sampled token {token}",
-                        }
-                    )
-                    return
-            # An advanced matcher is already at the end of the emission: ask it only there.
-            self.stop_checker.check(req, check_grammar=not grammar_advanced or i == last)
+            try:
+                if not grammar_advanced and req.grammar is not None:
+                    if not req.grammar.accept_token(token):
+                        req.fail(500, f"the grammar rejected sampled token {token}")
+                        return
+                # An advanced matcher is already at the end of the emission: ask it only there.
+                self.stop_checker.check(req, check_grammar=not grammar_advanced or i == last)
+            except Exception as exc:
+                req.fail_from(exc, "checking the grammar and stop conditions of")
+                return
 
     @staticmethod
     def _record_prompt_logprobs(req: Req, rows: torch.Tensor, first_token: int) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from radix_cache import TreeNode
 from runtime.ipc import GenerateRequest
 from runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 # A first draft is this long at most; the limit then follows what the model accepts.
 INITIAL_DRAFT_LIMIT = 4
@@ -58,7 +61,8 @@ class Req:
         self.sent_output_logprobs = 0
         self.input_logprobs_done = False
         self.token_counts: Any = None  # penalties: per-token counts over the vocabulary
-        self.stop_regex: Any = None  # (StopRegex, IncrementalDecoder) once a regex is checked
+        self.stop_matcher: Any = None  # a StopRegex, prepared with the grammar
+        self.stop_decoder: Any = None  # the text it is fed, once the first regex check runs
 
     @property
     def is_admitted(self) -> bool:
@@ -107,6 +111,26 @@ class Req:
     def finish(self, reason: dict[str, Any]) -> None:
         if self.finished_reason is None:
             self.finished_reason = reason
+
+    def fail(self, status_code: int, message: str) -> None:
+        """Finish with an error its caller gets as HTTP ``status_code`` (RequestError)."""
+        self.finish({"type": "abort", "status_code": status_code, "message": message})
+
+    def fail_from(self, exc: BaseException, stage: str) -> None:
+        """Finish because ``exc`` was raised while ``stage`` (e.g. "sampling") for this request
+        alone: a ValueError is the request's fault (400, its message); anything else is ours
+        (500, logged with its traceback, never shown to the client)."""
+        if isinstance(exc, ValueError):
+            self.fail(400, str(exc))
+            return
+        logger.error("request %s failed while %s", self.rid, stage, exc_info=exc)
+        self.fail(500, f"internal error while {stage} this request; the server log has details")
+
+    @property
+    def failed(self) -> bool:
+        """Whether it finished with an error (its KV is then not worth caching)."""
+        reason = self.finished_reason
+        return reason is not None and "status_code" in reason
 
     def reset_for_retract(self) -> None:
         """Back to the queue: outputs so far are kept; KV placement starts over."""

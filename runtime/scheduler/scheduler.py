@@ -3,6 +3,12 @@
 One thread owns everything here (the model, the KV pool, the radix tree); other components
 talk to it only through messages. Each step runs every decoding request for one token plus as
 much prefill as the budgets allow, packed into one forward.
+
+Failures are per request wherever the work is per request: admitting, grammar compiling,
+masking, sampling, draft handling, stop checking. An exception there fails that request alone
+(a 4xx/5xx to its caller, its KV freed) and the loop goes on. Only what every request shares
+(the forward, the KV pool, the radix tree) may raise out of ``step``; the process then reports
+the crash and exits.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 from transformers import AutoTokenizer
 
 import kernels
-from grammar import DraftVerdict, StopRegex, commit_draft, fill_draft_masks
+from grammar import DraftVerdict, commit_draft, fill_draft_masks
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
 from runtime.ipc import (
@@ -30,9 +36,9 @@ from runtime.ipc import (
     TokenOutputBatch,
 )
 from runtime.model_runner import ModelRunner
-from runtime.sampler import Sampler
+from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.decode_manager import DecodeManager
-from runtime.scheduler.grammar_manager import GrammarManager, grammar_spec
+from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
@@ -163,10 +169,13 @@ class Scheduler:
 
     def _run(self, step: StepBatch) -> None:
         logits = self.runner.forward(step.to_forward_batch(self.runner))
-        sampled = self.sampler.sample(logits[step.sample_rows], step.sample_reqs)
+        sampled = self._sample(logits[step.sample_rows], step.sample_reqs)
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:
-            self._verify_draft(draft.req, logits[draft.row : draft.row + draft.req.step_len])
+            try:
+                self._verify_draft(draft.req, logits[draft.row : draft.row + draft.req.step_len])
+            except Exception as exc:
+                draft.req.fail_from(exc, "verifying the draft of")
         self.stats["forward_steps"] += 1
         self.stats["generated_tokens"] += len(step.sample_reqs)
         drafted = {id(d.req) for d in step.drafts}
@@ -176,7 +185,36 @@ class Scheduler:
                 self.kv.cache_prefix(req)
         if self.jump_forward:
             for req, _ in step.work:
-                self._propose_draft(req)
+                try:
+                    self._propose_draft(req)
+                except Exception as exc:
+                    req.fail_from(exc, "drafting the continuation of")
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> SampleOutput:
+        """The batch's tokens; if sampling the batch raises, each row is sampled alone so the
+        request that caused it fails (its row reported in ``failures``) and the rest go on."""
+        try:
+            return self.sampler.sample(logits, reqs)
+        except Exception:
+            logger.warning("sampling the batch failed; sampling its rows one by one")
+        tokens: list[int] = []
+        logprobs: list[Any] = []
+        failures: dict[int, tuple[int, str]] = {}
+        for row, req in enumerate(reqs):
+            try:
+                one = self.sampler.sample(logits[row : row + 1], [req])
+            except Exception as exc:
+                req.fail_from(exc, "sampling")
+                reason = req.finished_reason or {}
+                failures[row] = (reason.get("status_code", 500), reason.get("message", ""))
+                tokens.append(0)
+                logprobs.append(None)
+                continue
+            tokens += one.token_ids
+            logprobs += one.logprobs
+            if one.failures:
+                failures[row] = one.failures[0]
+        return SampleOutput(tokens, logprobs, failures)
 
     def _verify_draft(self, req: Req, rows: torch.Tensor) -> None:
         """Accept what the model agrees with of ``req.draft`` (rows: its positions' logits),
@@ -226,7 +264,7 @@ class Scheduler:
         outputs = self.outputs.outputs_for(self.running + failed)
         for req in done:
             self.running.remove(req)
-            self.kv.release(req, keep_in_cache=True)
+            self.kv.release(req, keep_in_cache=not req.failed)
             self.stats["requests_finished"] += 1
         if outputs:
             self.to_detokenizer.send(TokenOutputBatch(outputs))
@@ -244,29 +282,33 @@ class Scheduler:
         elif isinstance(message, AbortRequest):
             self._abort(message.rid)
         elif isinstance(message, ControlRequest):
-            self.to_tokenizer.send(ControlReply(message.request_id, self._control(message)))
+            try:
+                reply = self._control(message)
+            except Exception as exc:
+                logger.exception("control command %r failed", message.command)
+                reply = {"error": f"{message.command} failed: {type(exc).__name__}"}
+            self.to_tokenizer.send(ControlReply(message.request_id, reply))
         else:
             logger.error("scheduler got an unknown message %r", type(message).__name__)
 
     def _add_request(self, msg: GenerateRequest) -> None:
+        """Queue a new request, or fail it alone (400 for bad input, 500 for our bugs)."""
         params = msg.sampling_params
         seed = params.seed if params.seed is not None else self.rng.randrange(1 << 62)
         try:
             self._validate(msg)
-            spec = grammar_spec(msg.sampling_params)
-        except ValueError as exc:
+            room = self.context_len - len(msg.input_ids)
+            if params.max_new_tokens > room:
+                msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
             req = Req(msg, seed)
-            req.finish({"type": "abort", "status_code": 400, "message": str(exc)})
-            self._emit([req])
-            return
-        room = self.context_len - len(msg.input_ids)
-        if params.max_new_tokens > room:
-            msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
-        req = Req(msg, seed)
-        if spec is None:
-            self.waiting.append(req)
-        else:
-            self.grammar.enqueue(req, spec)
+            if needs_preparing(req.sampling):
+                self.grammar.enqueue(req)
+            else:
+                self.waiting.append(req)
+        except Exception as exc:
+            failed = Req(msg, seed)
+            failed.fail_from(exc, "admitting")
+            self._emit([failed])
 
     def _validate(self, msg: GenerateRequest) -> None:
         ids = msg.input_ids
@@ -284,8 +326,6 @@ class Scheduler:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"input_ids must lie in [0, {vocab})")
         msg.sampling_params.validate(vocab)
-        if msg.sampling_params.stop_regex:
-            StopRegex(msg.sampling_params.stop_regex)  # GrammarError names an unusable pattern
         if msg.return_logprob and msg.logprob_start_len >= len(ids):
             raise ValueError(f"logprob_start_len must be < the prompt length {len(ids)}")
 
@@ -335,6 +375,7 @@ class Scheduler:
             "max_total_tokens": self.kv.capacity,
             "page_size": self.args.page_size,
             "context_length": self.context_len,
+            "vocab_size": self.runner.config.vocab_size,
             "kv_used_tokens": protected + private,
             "kv_cached_tokens": tree.total_size() if tree else 0,
             "kv_free_tokens": self.kv.allocator.available(),

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grammar import StopRegex
 from runtime.detokenizer import IncrementalDecoder
 from runtime.scheduler.req import Req
 
@@ -60,17 +59,16 @@ class StopChecker:
         return False
 
     def _check_stop_regex(self, req: Req) -> bool:
-        if req.stop_regex is None:
-            req.stop_regex = (
-                StopRegex(req.sampling.stop_regex),
-                IncrementalDecoder(
-                    self.tokenizer,
-                    req.input_ids[-PROMPT_TAIL:],
-                    req.sampling.skip_special_tokens,
-                    True,
-                ),
+        """Feed the new text to the request's stop-regex matcher (prepared, with its automata,
+        in the grammar queue: building them here could stall the scheduler)."""
+        matcher = req.stop_matcher
+        if matcher is None:
+            raise RuntimeError("the stop regexes were not prepared")
+        if req.stop_decoder is None:
+            req.stop_decoder = IncrementalDecoder(
+                self.tokenizer, req.input_ids[-PROMPT_TAIL:], req.sampling.skip_special_tokens, True
             )
-        matcher, decoder = req.stop_regex
+        decoder = req.stop_decoder
         before = len(decoder.text)
         decoder.add(req.output_ids[-1:], final=False)
         match = matcher.feed(decoder.text[before:])

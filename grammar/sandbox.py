@@ -1,0 +1,351 @@
+"""Constraint preparation in worker processes that are killed when they overrun their deadline.
+
+Turning a request's constraint into something a matcher can run is the one place where user
+input decides how much work the server does: schema checks and lowering, regex analysis, the
+backend's compile, and the automata of stop regexes can each take exponential time or memory
+on a few hundred bytes of input, often inside native code that no thread can interrupt. So
+each request's constraint is *prepared* in a worker process: built, analysed, compiled once as
+a trial (which proves it compiles, and in time), and checked to admit some output. What comes
+back is small and cheap to use: the backend's lowered form (compiled again in the serving
+process, where the compile itself releases the GIL) and the stop-regex matcher, pickled.
+
+A worker that overruns ``timeout`` is killed and replaced; a worker that crashes fails its job
+alone. Results, failures included, are cached by the constraint's canonical text, so a repeated
+bomb is refused at once instead of taking a worker for another ``timeout``.
+
+Workers are plain ``python -c`` subprocesses talking pickles over their stdin and stdout (not
+multiprocessing's spawn, which would re-run the user's main module in every worker).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from grammar.errors import GrammarCompileTimeout, GrammarError
+
+logger = logging.getLogger(__name__)
+
+# How long a new worker may take to import its libraries and build its backend.
+STARTUP_TIMEOUT_S = 120.0
+_WORKER_CODE = "from grammar.sandbox import worker_main; worker_main()"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared constraint: ``lowered`` for ``GrammarBackend.compile_lowered`` (None without
+    a grammar), ``stop_regex`` a pickled ``StopRegex`` at its start (None without patterns)."""
+
+    lowered: Any
+    stop_regex: bytes | None
+
+
+@dataclass
+class _Job:
+    request: dict[str, Any]
+    future: Future[Prepared]
+
+
+class CompileSandbox:
+    """``workers`` worker processes (started on first use) that prepare constraints.
+
+    ``submit(request)`` takes the constraint fields of a request's sampling params (the grammar
+    kind, its options, ``stop_regex``) and returns a Future that resolves to a ``Prepared`` or
+    fails with a GrammarError (a compile error, an overrun of ``timeout``, a crashed worker).
+    The backend is rebuilt in each worker from ``backend_args`` = (name, tokenizer, vocab_size,
+    stop_token_ids), which must pickle.
+    """
+
+    def __init__(
+        self,
+        backend_args: tuple[str, Any, int, Sequence[int]],
+        workers: int = 2,
+        timeout: float = 30.0,
+        cache_size: int = 1024,
+    ) -> None:
+        if workers < 1 or timeout <= 0 or cache_size < 1:
+            raise ValueError("workers and cache_size must be >= 1 and timeout > 0")
+        self.timeout = timeout
+        self.cache_size = cache_size
+        self._backend_args = backend_args
+        self._workers = workers
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Prepared | GrammarError] = OrderedDict()
+        self._in_flight: dict[str, Future[Prepared]] = {}
+        self._threads: list[threading.Thread] = []
+        self._processes: set[_Worker] = set()
+        self._queued = 0  # jobs submitted and not yet taken by a slot
+        self._busy = 0  # slots working on a job
+        self._closed = False
+
+    def submit(self, request: Mapping[str, Any]) -> Future[Prepared]:
+        """Prepare ``request`` (JSON-like values only); never blocks."""
+        key = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the compile sandbox is shut down")
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return _done(cached)
+            future = self._in_flight.get(key)
+            if future is not None:
+                return future
+            future = Future()
+            self._in_flight[key] = future
+            self._queued += 1
+            # A slot (thread + worker) starts only when every started one is busy: a worker's
+            # start costs seconds, a queued job behind a fast compile only milliseconds.
+            if (
+                self._queued > len(self._threads) - self._busy
+                and len(self._threads) < self._workers
+            ):
+                self._start_thread()
+        future.add_done_callback(lambda done: self._finished(key, done))
+        self._jobs.put(_Job(dict(request), future))
+        return future
+
+    def shutdown(self) -> None:
+        """Fail queued jobs, stop the threads and kill the workers."""
+        with self._lock:
+            self._closed = True
+            threads, self._threads = self._threads, []
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.future.set_running_or_notify_cancel():
+                job.future.set_exception(GrammarError("the server is shutting down"))
+        for _ in threads:
+            self._jobs.put(None)
+        for worker in list(self._processes):
+            worker.kill()
+        for thread in threads:
+            thread.join(timeout=5.0)
+
+    def _start_thread(self) -> None:
+        name = f"grammar-sandbox-{len(self._threads)}"
+        thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _finished(self, key: str, future: Future[Prepared]) -> None:
+        with self._lock:
+            self._in_flight.pop(key, None)
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None and not isinstance(error, GrammarError):
+                return  # not the constraint's fault (e.g. shutdown): do not remember it
+            self._cache[key] = error if isinstance(error, GrammarError) else future.result()
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    # ---- one thread per worker slot ----------------------------------------------------
+
+    def _serve(self) -> None:
+        worker: _Worker | None = None
+        try:
+            while (job := self._jobs.get()) is not None:
+                with self._lock:
+                    self._queued -= 1
+                    self._busy += 1
+                try:
+                    worker = self._handle(job, worker)
+                except Exception:
+                    logger.exception("the grammar sandbox failed a job")
+                    if not job.future.done():
+                        job.future.set_exception(GrammarError("compiling the constraint failed"))
+                finally:
+                    with self._lock:
+                        self._busy -= 1
+        finally:
+            self._replace(worker, start=False)
+
+    def _handle(self, job: _Job, worker: _Worker | None) -> _Worker | None:
+        """Run ``job`` on ``worker`` (started or replaced as needed); the worker to keep."""
+        if not job.future.set_running_or_notify_cancel():
+            return worker
+        if worker is None or not worker.alive:
+            worker = self._replace(worker)
+            if worker is None:
+                job.future.set_exception(
+                    GrammarError("the grammar worker failed to start; see the server log")
+                )
+                return None
+        outcome = worker.run(job.request, self.timeout)
+        if isinstance(outcome, BaseException):
+            if _fatal(outcome):
+                worker = self._replace(worker, start=False)
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+        return worker
+
+    def _replace(self, worker: _Worker | None, start: bool = True) -> _Worker | None:
+        """Kill ``worker`` (if any) and, with ``start``, start a new one (None if it fails)."""
+        if worker is not None:
+            worker.kill()
+            self._processes.discard(worker)
+        if not start or self._closed:
+            return None
+        try:
+            worker = _Worker(self._backend_args)
+        except Exception:
+            logger.exception("the grammar worker failed to start")
+            return None
+        self._processes.add(worker)
+        return worker
+
+
+class _Worker:
+    """One worker subprocess and the two pipes to it."""
+
+    def __init__(self, backend_args: tuple[str, Any, int, Sequence[int]]) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._to = Connection(os.dup(self.process.stdin.fileno()), readable=False)
+        self._from = Connection(os.dup(self.process.stdout.fileno()), writable=False)
+        self.process.stdin.close()
+        self.process.stdout.close()
+        try:
+            self._to.send(backend_args)
+            ready = self._from.poll(STARTUP_TIMEOUT_S) and self._from.recv() == ("ready", None)
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise RuntimeError(f"grammar worker {self.process.pid} did not start")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def run(self, request: dict[str, Any], timeout: float) -> Any:
+        """The worker's Prepared, or the GrammarError to fail the request with."""
+        try:
+            self._to.send(request)
+            if not self._from.poll(timeout):
+                logger.warning("a constraint overran %.3g s; killing its worker", timeout)
+                return _Overrun(timeout)
+            status, payload = self._from.recv()
+        except (EOFError, OSError) as exc:
+            logger.error("the grammar worker %s died (%s)", self.process.pid, exc)
+            return _Crashed()
+        return payload if status == "ok" else GrammarError(payload)
+
+    def kill(self) -> None:
+        if self.alive:
+            self.process.kill()
+        self.process.wait(timeout=5.0)
+        self._to.close()
+        self._from.close()
+
+
+class _Overrun(GrammarCompileTimeout):
+    def __init__(self, seconds: float) -> None:
+        super().__init__("constraint", seconds)
+
+
+class _Crashed(GrammarError):
+    def __init__(self) -> None:
+        super().__init__(
+            "compiling the constraint crashed the compiler process; simplify the constraint"
+        )
+
+
+def _fatal(error: BaseException) -> bool:
+    """Whether the worker that produced ``error`` is gone or must go."""
+    return isinstance(error, _Overrun | _Crashed)
+
+
+def _done(outcome: Prepared | GrammarError) -> Future[Prepared]:
+    future: Future[Prepared] = Future()
+    if isinstance(outcome, GrammarError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+    return future
+
+
+# ---- the worker process ------------------------------------------------------------------
+
+
+def worker_main() -> None:
+    """A worker's life: read the backend's arguments, build it, then answer ("ok", Prepared)
+    or ("error", message) per request until the serving process closes the pipe. Messages go
+    over fd 0 and a private copy of fd 1; fd 1 itself then points at stderr, so whatever a
+    library prints cannot corrupt them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when to stop
+    inbox = Connection(0, writable=False)
+    conn = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    from grammar.backend import create_backend
+
+    try:
+        name, tokenizer, vocab_size, stop_token_ids = inbox.recv()
+    except (EOFError, OSError):
+        return
+    backend = create_backend(name, tokenizer, vocab_size, stop_token_ids)
+    conn.send(("ready", None))
+    while True:
+        try:
+            request = inbox.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", prepare(backend, request))
+        except GrammarError as exc:
+            reply = ("error", str(exc))
+        except RecursionError:
+            reply = ("error", "the constraint nests too deeply to compile")
+        except MemoryError:
+            reply = ("error", "compiling the constraint needs more memory than allowed")
+        except Exception as exc:  # a backend failing on odd input: the request's problem
+            reply = ("error", f"cannot compile the constraint: {exc}")
+        conn.send(reply)
+
+
+def prepare(backend: Any, request: Mapping[str, Any]) -> Prepared:
+    """What a worker does for one request (also usable in-process, without a deadline)."""
+    from grammar.spec import GrammarSpec
+    from grammar.stop_regex import StopRegex
+
+    spec = GrammarSpec.from_sampling_params(request)
+    lowered = None
+    if spec is not None:
+        lowered = backend.lower(spec)
+        compiled = backend.compile_lowered(lowered)  # the trial: it compiles, and in time
+        if not compiled.admits_output(backend.vocab_size):
+            raise GrammarError(
+                f"the {spec.kind} constraint admits no output at all (e.g. a rule or $ref "
+                "that only refers to itself)"
+            )
+    patterns = request.get("stop_regex") or ()
+    stop = pickle.dumps(StopRegex(patterns)) if patterns else None
+    return Prepared(lowered, stop)
