@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 # How long a new worker may take to import its libraries and build its backend.
 STARTUP_TIMEOUT_S = 120.0
 _WORKER_CODE = "from grammar.sandbox import worker_main; worker_main()"
+# Workers yield the CPU to the forward: a bomb burning a core until its deadline must not slow
+# the requests being served.
+WORKER_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,7 @@ def worker_main() -> None:
     over fd 0 and a private copy of fd 1; fd 1 itself then points at stderr, so whatever a
     library prints cannot corrupt them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when to stop
+    os.nice(WORKER_NICENESS)
     inbox = Connection(0, writable=False)
     conn = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
