@@ -50,6 +50,7 @@ class ServerArgs:
     served_model_name: str | None = None
     stream_interval: int = 1
     max_request_bytes: int = 8 * 1024 * 1024
+    header_timeout_s: float = 10.0  # a request line and headers must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (else 408)
     timeout_keep_alive_s: int = 5  # idle keep-alive connections are closed after this
     max_connections: int = 4096  # concurrent connections; beyond them uvicorn answers 503

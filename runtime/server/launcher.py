@@ -33,6 +33,7 @@ from transformers import AutoTokenizer
 
 from runtime.channels import ZmqReceiver, ZmqSender
 from runtime.server.http_app import create_app
+from runtime.server.http_protocol import with_header_timeout
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
 from runtime.server.state import ServerState
 from runtime.server_args import ServerArgs
@@ -130,6 +131,7 @@ class _Supervisor:
             timeout_keep_alive=args.timeout_keep_alive_s,
             limit_concurrency=args.max_connections,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            http=with_header_timeout(args.header_timeout_s),
         )
         server = uvicorn.Server(config)
         self.stop.server = server
