@@ -107,15 +107,18 @@ def _join(path: str, part: str) -> str:
 
 def main_error(errors: Sequence[Any]) -> tuple[tuple[int | str, ...], str, str]:
     """(location, message, type) of the error to report from a pydantic ValidationError's
-    ``errors()``: the first failing field's most specific error. When a union's branches all
-    fail on the value's type ("a string or a list"), the message names every branch."""
+    ``errors()``: the first failing field's most specific error — the deepest (a union branch
+    that matched the value's shape failed inside it), and of those one that is not a mere type
+    mismatch. When every branch of a union fails on the value's type ("a string or a list"),
+    the message names them all."""
     field = errors[0]["loc"][:1]
     mine = [e for e in errors if e["loc"][:1] == field]
-    chosen = next((e for e in mine if not e["type"].endswith("_type")), None)
-    if chosen is None:
-        chosen = next((e for e in mine if any(isinstance(p, int) for p in e["loc"][1:])), None)
-    if chosen is None and len(mine) > 1:
-        wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in mine)
-        return tuple(field), "Input should be " + " or ".join(wanted), mine[0]["type"]
-    chosen = chosen or mine[0]
+    depth = max(len(e["loc"]) for e in mine)
+    deepest = [e for e in mine if len(e["loc"]) == depth]
+    chosen = next((e for e in deepest if not e["type"].endswith("_type")), None)
+    if chosen is None and len(deepest) > 1:
+        wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in deepest)
+        message = "Input should be " + " or ".join(wanted)
+        return tuple(deepest[0]["loc"]), message, deepest[0]["type"]
+    chosen = chosen or deepest[0]
     return tuple(chosen["loc"]), chosen["msg"], chosen["type"]

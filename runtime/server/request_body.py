@@ -70,12 +70,21 @@ def parse_model(model: type[Model], data: Any) -> Model:
         return model.model_validate(data)
     except ValidationError as exc:
         loc, reason, kind = main_error(exc.errors())
-        param = _field_path(loc, data, keep_last=kind in _ABSENT_FIELD) or None
+        path = _field_path(loc, data, keep_last=kind in _ABSENT_FIELD)
+        param, item = _split_item(path)
         if kind == "extra_forbidden":
-            message = f"Unrecognized request argument supplied: {param}"
+            message = f"Unrecognized request argument supplied: {path}"
         else:
-            message = f"{param}: {reason}" if param else reason
-        raise ApiError(400, message, param=param) from None
+            message = f"{param}: {item}{reason}" if param else reason
+        raise ApiError(400, message, param=param or None) from None
+
+
+def _split_item(path: str) -> tuple[str, str]:
+    """("stop", "item 3: ") for "stop.3": ``param`` names the field, the message the item."""
+    field, _, last = path.rpartition(".")
+    if field and last.isdigit():
+        return field, f"item {last}: "
+    return path, ""
 
 
 # Errors about a field that is not in the input (so its name is not found by walking it).
