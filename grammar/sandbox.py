@@ -123,6 +123,13 @@ class CompileSandbox:
         self._jobs.put(_Job(dict(request), future))
         return future
 
+    def prestart(self) -> None:
+        """Start the first worker now, in the background, so the first constraint does not
+        wait for it (a long-running server wants this; a short script does not)."""
+        with self._lock:
+            if not self._threads and not self._closed:
+                self._start_thread(prestart=True)
+
     def shutdown(self) -> None:
         """Fail queued jobs, stop the threads and kill the workers."""
         with self._lock:
@@ -142,9 +149,9 @@ class CompileSandbox:
         for thread in threads:
             thread.join(timeout=5.0)
 
-    def _start_thread(self) -> None:
+    def _start_thread(self, prestart: bool = False) -> None:
         name = f"grammar-sandbox-{len(self._threads)}"
-        thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        thread = threading.Thread(target=self._serve, args=(prestart,), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
@@ -163,8 +170,8 @@ class CompileSandbox:
 
     # ---- one thread per worker slot ----------------------------------------------------
 
-    def _serve(self) -> None:
-        worker: _Worker | None = None
+    def _serve(self, prestart: bool) -> None:
+        worker = self._replace(None) if prestart else None
         try:
             while (job := self._jobs.get()) is not None:
                 with self._lock:

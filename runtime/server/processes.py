@@ -65,6 +65,7 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
         time.sleep(0.2)  # let the message leave before the process exits
         raise
     signal.signal(signal.SIGTERM, lambda *_: scheduler.stop())
+    scheduler.grammar.sandbox.prestart()  # a server's first constraint should not wait for it
     scheduler.event_loop()
 
 
