@@ -11,6 +11,7 @@ are refused either way.
 from __future__ import annotations
 
 import json
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -37,6 +38,9 @@ _IGNORED = {
     "$anchor": "anchors are not supported; use '$defs' and '#/$defs/...' references",
 }
 _LENGTHS = ("minLength", "maxLength")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# Bounded numbers are written as plain decimals with at most this many fraction digits.
+_FRACTION_STEP = Decimal("0.000001")
 # Keywords that only annotate: harmless next to a $ref.
 _ANNOTATIONS = frozenset(
     {
@@ -105,6 +109,15 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
         integral = isinstance(value, int) and not isinstance(value, bool)
         if _types(root, sub) != {"integer"} or not integral:
             raise reject("multipleOf", "only an integer multipleOf of an integer is enforced")
+        bounds = [k for k in _BOUNDS if k in sub]
+        if bounds:
+            raise reject("multipleOf", f"'multipleOf' is dropped next to '{bounds[0]}'")
+    if "number" in (_types(root, sub) or ()) and _no_short_decimal(sub):
+        raise reject(
+            "minimum",
+            "no number with at most 6 fraction digits (what the backend writes) lies within "
+            "the bounds; widen them",
+        )
     lengths = [k for k in _LENGTHS if k in sub]
     if lengths and ("pattern" in sub or "format" in sub):
         raise reject(lengths[0], "string lengths are dropped next to 'pattern' or 'format'")
@@ -157,6 +170,35 @@ def _check_object(root: dict[str, Any], sub: dict[str, Any], reject: Any) -> Non
     bad = [name for name in properties if not validator.is_valid(name)]
     if bad:
         raise reject("propertyNames", f"declared properties violate it: {', '.join(bad)}")
+
+
+def _no_short_decimal(sub: dict[str, Any]) -> bool:
+    """Whether ``sub`` has a lower and an upper bound with no multiple of 1e-6 between them
+    (the backend then writes an empty number: ``{"a":}``)."""
+    lows = [(_decimal(sub[k]), k) for k in ("minimum", "exclusiveMinimum") if k in sub]
+    highs = [(_decimal(sub[k]), k) for k in ("maximum", "exclusiveMaximum") if k in sub]
+    lows = [(value, key) for value, key in lows if value is not None]
+    highs = [(value, key) for value, key in highs if value is not None]
+    if not lows or not highs:
+        return False
+    low, low_key = max(lows)
+    high, high_key = min(highs)
+    if low > high:
+        return False  # the backend refuses an empty range itself
+    first = (low / _FRACTION_STEP).to_integral_value(rounding=ROUND_CEILING) * _FRACTION_STEP
+    if first == low and low_key == "exclusiveMinimum":
+        first += _FRACTION_STEP
+    return first > high or (first == high and high_key == "exclusiveMaximum")
+
+
+def _decimal(value: Any) -> Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        exact = Decimal(repr(value))
+    except InvalidOperation:
+        return None
+    return exact if exact.is_finite() else None
 
 
 def _types(root: dict[str, Any], sub: Any) -> set[str] | None:

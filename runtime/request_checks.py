@@ -68,10 +68,9 @@ def check_json_value(value: Any, field: str = "", max_depth: int = MAX_JSON_DEPT
                 raise InvalidRequestValue(path, f"nests deeper than {max_depth} levels")
             if isinstance(item, dict):
                 for key, member in item.items():
-                    child = _join(path, str(key))
-                    if isinstance(key, str):
-                        check_text(key, child)
-                    stack.append((member, child, depth + 1))
+                    if isinstance(key, str) and not _encodes(key):
+                        raise InvalidRequestValue(path, "an object key holds a lone surrogate")
+                    stack.append((member, _join(path, str(key)), depth + 1))
             else:
                 stack.extend(
                     (member, _join(path, str(i)), depth + 1) for i, member in enumerate(item)
@@ -79,7 +78,8 @@ def check_json_value(value: Any, field: str = "", max_depth: int = MAX_JSON_DEPT
 
 
 def check_text(text: str, field: str) -> None:
-    """Raise InvalidRequestValue unless ``text`` encodes as UTF-8 (no lone surrogates)."""
+    """Raise InvalidRequestValue unless ``text`` encodes as UTF-8 (no lone surrogates).
+    ``field`` must itself encode (it goes into the error message)."""
     if text.isascii():
         return
     try:
@@ -88,6 +88,16 @@ def check_text(text: str, field: str) -> None:
         raise InvalidRequestValue(
             field, f"holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}"
         ) from None
+
+
+def _encodes(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:

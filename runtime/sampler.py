@@ -132,7 +132,8 @@ class Sampler:
                 row = torch.where(seen, penalised, row)
             row = row - params.frequency_penalty * counts
             row = row - params.presence_penalty * (counts > 0).float()
-            logits[i] = row
+            # A tiny repetition penalty divides a logit into +inf; keep it the largest finite.
+            logits[i] = row.clamp(max=torch.finfo(row.dtype).max)
 
     def _token_counts(self, req: Req, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(output token counts [V] float32, seen in prompt or output [V] bool), built once."""

@@ -39,6 +39,14 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
     ("format", "", {"type": "string", "format": "date", "pattern": "^2"}),
     ("multipleOf", "", {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}),
     ("multipleOf", "", {"type": "integer", "multipleOf": 2.5}),
+    ("multipleOf", "", {"type": "integer", "minimum": 0, "multipleOf": 2}),
+    ("minimum", "", {"type": "number", "minimum": 1.1328125, "maximum": 1.1328125}),
+    (
+        "minimum",
+        "/properties/a",
+        {"type": "object", "properties": {"a": {"type": "number", "exclusiveMinimum": 0.5,
+                                                "exclusiveMaximum": 0.5000005}}},
+    ),  # fmt: skip
     (
         "uniqueItems",
         "/properties/tags",
@@ -103,6 +111,8 @@ EVIDENCE = [
     ("allOf", {"allOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}),
     ("pattern+minLength", {"type": "string", "pattern": "^[a-z]+$", "minLength": 6}),
     ("multipleOf", {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}),
+    ("multipleOf+minimum", {"type": "integer", "minimum": 0, "multipleOf": 2}),
+    ("no 6-digit decimal", {"type": "number", "minimum": 1.1328125, "maximum": 1.1328126}),
     (
         "uniqueItems",
         {
