@@ -232,6 +232,7 @@ class _Worker:
         package_root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self.killed = False
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WORKER_CODE],
             stdin=subprocess.PIPE,
@@ -265,11 +266,13 @@ class _Worker:
                 return _Overrun(timeout)
             status, payload = self._from.recv()
         except (EOFError, OSError) as exc:
-            logger.error("the grammar worker %s died (%s)", self.process.pid, exc)
+            if not self.killed:
+                logger.error("the grammar worker %s died (%r)", self.process.pid, exc)
             return _Crashed()
         return payload if status == "ok" else GrammarError(payload)
 
     def kill(self) -> None:
+        self.killed = True
         if self.alive:
             self.process.kill()
         self.process.wait(timeout=5.0)

@@ -38,7 +38,7 @@ _IGNORED = {
     "$anchor": "anchors are not supported; use '$defs' and '#/$defs/...' references",
 }
 _LENGTHS = ("minLength", "maxLength")
-_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_MAX_REF_HOPS = 32
 # Bounded numbers are written as plain decimals with at most this many fraction digits.
 _FRACTION_STEP = Decimal("0.000001")
 # Keywords that only annotate: harmless next to a $ref.
@@ -109,10 +109,12 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
         integral = isinstance(value, int) and not isinstance(value, bool)
         if _types(root, sub) != {"integer"} or not integral:
             raise reject("multipleOf", "only an integer multipleOf of an integer is enforced")
-        bounds = [k for k in _BOUNDS if k in sub]
-        if bounds:
-            raise reject("multipleOf", f"'multipleOf' is dropped next to '{bounds[0]}'")
-    if "number" in (_types(root, sub) or ()) and _no_short_decimal(sub):
+        lower = [k for k in ("minimum", "exclusiveMinimum") if k in sub]
+        upper = [k for k in ("maximum", "exclusiveMaximum") if k in sub]
+        if bool(lower) != bool(upper):  # measured: enforced with both bounds or none
+            bound = (lower or upper)[0]
+            raise reject("multipleOf", f"'multipleOf' is dropped next to a lone '{bound}'")
+    if _no_short_decimal(sub) and "number" in (_types(root, sub) or ()):
         raise reject(
             "minimum",
             "no number with at most 6 fraction digits (what the backend writes) lies within "
@@ -175,10 +177,8 @@ def _check_object(root: dict[str, Any], sub: dict[str, Any], reject: Any) -> Non
 def _no_short_decimal(sub: dict[str, Any]) -> bool:
     """Whether ``sub`` has a lower and an upper bound with no multiple of 1e-6 between them
     (the backend then writes an empty number: ``{"a":}``)."""
-    lows = [(_decimal(sub[k]), k) for k in ("minimum", "exclusiveMinimum") if k in sub]
-    highs = [(_decimal(sub[k]), k) for k in ("maximum", "exclusiveMaximum") if k in sub]
-    lows = [(value, key) for value, key in lows if value is not None]
-    highs = [(value, key) for value, key in highs if value is not None]
+    lows = _bounds(sub, ("minimum", "exclusiveMinimum"))
+    highs = _bounds(sub, ("maximum", "exclusiveMaximum"))
     if not lows or not highs:
         return False
     low, low_key = max(lows)
@@ -191,6 +191,11 @@ def _no_short_decimal(sub: dict[str, Any]) -> bool:
     return first > high or (first == high and high_key == "exclusiveMaximum")
 
 
+def _bounds(sub: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[Decimal, str]]:
+    found = [(_decimal(sub[key]), key) for key in keys if key in sub]
+    return [(value, key) for value, key in found if value is not None]
+
+
 def _decimal(value: Any) -> Decimal | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -201,13 +206,16 @@ def _decimal(value: Any) -> Decimal | None:
     return exact if exact.is_finite() else None
 
 
-def _types(root: dict[str, Any], sub: Any) -> set[str] | None:
-    """The JSON types ``sub`` admits as declared (number implies integer), None if unknown."""
+def _types(root: dict[str, Any], sub: Any, hops: int = 0) -> set[str] | None:
+    """The JSON types ``sub`` admits as declared (number implies integer), None if unknown
+    (a reference chain longer than _MAX_REF_HOPS, e.g. a cycle, is unknown)."""
     if not isinstance(sub, dict):
         return None
     if isinstance(sub.get("$ref"), str):
+        if hops >= _MAX_REF_HOPS:
+            return None
         try:
-            return _types(root, resolve_local_ref(root, sub["$ref"]))
+            return _types(root, resolve_local_ref(root, sub["$ref"]), hops + 1)
         except KeyError:
             return None
     values = _values(sub)

@@ -14,6 +14,7 @@ NaN logits) is reported as that request's failure instead of reaching the draw.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,10 @@ GrammarMaskFn = Callable[[torch.Tensor, Sequence[Req]], None]
 
 # Temperatures above this act as it: beyond, float32 cannot tell the scaled logits apart.
 _MAX_TEMPERATURE = 1e30
+# Tokens a row may draw and see refused by its grammar matcher before the request fails.
+_MAX_REDRAWS = 32
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +45,8 @@ class SampleOutput:
     logprobs: list[tuple[float, list[tuple[float, int]]] | None]
     # Rows that could not be sampled: row -> (HTTP status, message). Their token is meaningless.
     failures: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # Rows whose grammar matcher has already accepted their token (see Sampler.sample).
+    grammar_accepted: list[bool] = field(default_factory=list)
 
 
 class Sampler:
@@ -49,7 +56,11 @@ class Sampler:
         self.grammar_mask: GrammarMaskFn | None = None  # set by the grammar integration
 
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> SampleOutput:
-        """logits: [N, V] float32, row i for reqs[i]'s next token. Does not modify logits."""
+        """logits: [N, V] float32, row i for reqs[i]'s next token. Does not modify logits.
+
+        Constrained rows' matchers accept their tokens here (``grammar_accepted``). If this
+        raises, no matcher has changed yet, so the rows can be sampled again one by one.
+        """
         raw = logits
         logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
@@ -61,7 +72,56 @@ class Sampler:
         for row in failures:
             logits[row] = 0.0  # drawn from (uniformly) so the batch stays valid, then dropped
         tokens = self._draw(logits, reqs)
-        return SampleOutput(tokens.tolist(), self._logprobs(raw, tokens, reqs), failures)
+        accepted = self._advance_grammars(logits, tokens, reqs, failures)
+        try:
+            logprobs = self._logprobs(raw, tokens, reqs)
+        except Exception:  # matchers have moved: fail the rows instead of raising
+            logger.exception("computing logprobs failed")
+            logprobs = [None] * len(reqs)
+            for row, req in enumerate(reqs):
+                if req.return_logprob:
+                    failures[row] = (500, "internal error while computing logprobs")
+        return SampleOutput(tokens.tolist(), logprobs, failures, accepted)
+
+    def _advance_grammars(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        reqs: Sequence[Req],
+        failures: dict[int, tuple[int, str]],
+    ) -> list[bool]:
+        """Advance each constrained row's matcher by its token; never raises.
+
+        xgrammar 0.2.8's mask can allow a token its matcher then refuses (measured: after
+        ``{"\\"q\\"":"",`` with additionalProperties, ``\"\"\"\\n`` passes the mask).
+        Such a token is banned from its row and the row drawn again from the rest of the
+        masked distribution, so outputs stay within the grammar. ``failures`` gets the rows
+        that cannot be advanced.
+        """
+        accepted = [False] * len(reqs)
+        for row, req in enumerate(reqs):
+            if req.grammar is None or row in failures:
+                continue
+            try:
+                accepted[row] = self._accept_or_redraw(logits, tokens, row, req)
+            except Exception:
+                logger.exception("advancing the grammar of request %s failed", req.rid)
+                accepted[row] = False
+            if not accepted[row]:
+                failures[row] = (500, "internal error while advancing the grammar of this request")
+        return accepted
+
+    def _accept_or_redraw(
+        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Req
+    ) -> bool:
+        for _ in range(_MAX_REDRAWS):
+            if req.grammar.accept_token(int(tokens[row])):
+                return True
+            logits[row, int(tokens[row])] = float("-inf")
+            if not bool((logits[row] > float("-inf")).any()):
+                return False
+            tokens[row] = self._draw(logits[row : row + 1], [req])[0]
+        return False
 
     def verify_draft(
         self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor

@@ -42,7 +42,8 @@ class OutputProcessor:
             if req.sampling.max_new_tokens == 0:  # scoring only: prompt logprobs, no output
                 req.finish({"type": "length", "length": 0})
                 continue
-            self.emit_tokens(req, [token], [logprob], grammar_advanced=False)
+            advanced = bool(sampled.grammar_accepted) and sampled.grammar_accepted[row]
+            self.emit_tokens(req, [token], [logprob], grammar_advanced=advanced)
 
     def emit_tokens(
         self,

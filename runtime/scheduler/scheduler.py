@@ -200,6 +200,7 @@ class Scheduler:
         tokens: list[int] = []
         logprobs: list[Any] = []
         failures: dict[int, tuple[int, str]] = {}
+        accepted: list[bool] = []
         for row, req in enumerate(reqs):
             try:
                 one = self.sampler.sample(logits[row : row + 1], [req])
@@ -209,12 +210,14 @@ class Scheduler:
                 failures[row] = (reason.get("status_code", 500), reason.get("message", ""))
                 tokens.append(0)
                 logprobs.append(None)
+                accepted.append(False)
                 continue
             tokens += one.token_ids
             logprobs += one.logprobs
+            accepted += one.grammar_accepted
             if one.failures:
                 failures[row] = one.failures[0]
-        return SampleOutput(tokens, logprobs, failures)
+        return SampleOutput(tokens, logprobs, failures, accepted)
 
     def _verify_draft(self, req: Req, rows: torch.Tensor) -> None:
         """Accept what the model agrees with of ``req.draft`` (rows: its positions' logits),
@@ -223,7 +226,20 @@ class Scheduler:
         mask = self.grammar.bitmask(len(draft) + 1)
         fill_draft_masks(req.grammar, draft, mask, 0)
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
-        commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1]))
+        if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
+            # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
+            # draw that position again through the full pipeline, which re-checks it.
+            position = len(tokens) - 1
+            req.output_ids.extend(draft[:position])  # the drawn row sees the right history
+            try:
+                again = self.sampler.sample(rows[position : position + 1], [req])
+            finally:
+                del req.output_ids[len(req.output_ids) - position :]
+            if again.failures:
+                req.fail(*again.failures[0])
+                return
+            tokens[-1] = again.token_ids[0]
+            logprobs[-1] = again.logprobs[0]
         self.kv.truncate(req, req.kv_len - (len(draft) + 1 - len(tokens)))
         self._adapt_draft_limit(req, proposed=len(draft), accepted=len(tokens) - 1)
         req.draft = []

@@ -40,6 +40,7 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
     ("multipleOf", "", {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}),
     ("multipleOf", "", {"type": "integer", "multipleOf": 2.5}),
     ("multipleOf", "", {"type": "integer", "minimum": 0, "multipleOf": 2}),
+    ("multipleOf", "", {"type": "integer", "maximum": 50, "multipleOf": 2}),
     ("minimum", "", {"type": "number", "minimum": 1.1328125, "maximum": 1.1328125}),
     (
         "minimum",

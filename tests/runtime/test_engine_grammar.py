@@ -282,3 +282,21 @@ def test_min_new_tokens_yields_to_the_end_of_a_grammar(engine: Engine):
     assert out["text"] == "ok"
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
+
+
+def test_a_token_the_mask_allows_but_the_matcher_refuses_is_redrawn(tiny_model_path: Path):
+    """xgrammar 0.2.8 lets ``\"\"\"\\n`` through the mask after ``{"\\"q\\"":"",`` (found by the
+    fuzz suite); the sampler bans it and draws again, with and without jump-forward."""
+    schema = {
+        "type": "object",
+        "properties": {'"q"': {"const": ""}},
+        "required": ['"q"'],
+        "additionalProperties": True,
+    }
+    params = {"json_schema": schema, "max_new_tokens": 32, "seed": 0}
+    for jump_forward_off in (False, True):
+        with Engine(tiny_model_path, disable_jump_forward=jump_forward_off) as engine:
+            out = engine.generate("The answer as JSON: ", params)
+        assert out["text"].startswith('{"\\"q\\"":""')
+        if out["meta_info"]["finish_reason"]["type"] == "stop":
+            assert json.loads(out["text"])['"q"'] == ""
