@@ -104,6 +104,13 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
         raise reject("allOf", "several subschemas are not enforced (the value is unconstrained)")
     if sub.get("uniqueItems") is True:
         raise reject("uniqueItems", "item uniqueness is not enforced")
+    for keyword in ("const", "enum"):
+        if keyword in sub and _has_huge_int(sub[keyword]):
+            raise reject(
+                keyword,
+                "integers beyond 64 bits are written as inexact floats by the backend; "
+                "pass them as strings",
+            )
     if "multipleOf" in sub:
         value = sub["multipleOf"]
         integral = isinstance(value, int) and not isinstance(value, bool)
@@ -189,6 +196,21 @@ def _no_short_decimal(sub: dict[str, Any]) -> bool:
     if first == low and low_key == "exclusiveMinimum":
         first += _FRACTION_STEP
     return first > high or (first == high and high_key == "exclusiveMaximum")
+
+
+def _has_huge_int(value: Any) -> bool:
+    """Whether ``value`` (JSON data) holds an integer outside int64 anywhere."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not -(2**63) <= item < 2**63:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _bounds(sub: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[Decimal, str]]:

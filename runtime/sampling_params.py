@@ -67,6 +67,7 @@ StopRegexPattern = Annotated[str, StringConstraints(min_length=1, max_length=MAX
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
 class SamplingParamsInput(BaseModel):
@@ -101,10 +102,10 @@ class SamplingParamsInput(BaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     n: int = Field(1, ge=1, le=INT64_MAX)
-    json_schema: dict[str, Any] | str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    structural_tag: dict[str, Any] | str | None = None
+    json_schema: dict[str, Any] | NonEmpty | None = None
+    regex: NonEmpty | None = None
+    ebnf: NonEmpty | None = None
+    structural_tag: dict[str, Any] | NonEmpty | None = None
     choice: (
         Annotated[str, StringConstraints(min_length=1)]
         | Annotated[

@@ -39,6 +39,8 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
     ("format", "", {"type": "string", "format": "date", "pattern": "^2"}),
     ("multipleOf", "", {"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}),
     ("multipleOf", "", {"type": "integer", "multipleOf": 2.5}),
+    ("const", "", {"const": 9223372036854775809}),
+    ("enum", "/items", {"type": "array", "items": {"enum": [1, {"a": [-(2**64)]}]}}),
     ("multipleOf", "", {"type": "integer", "minimum": 0, "multipleOf": 2}),
     ("multipleOf", "", {"type": "integer", "maximum": 50, "multipleOf": 2}),
     ("minimum", "", {"type": "number", "minimum": 1.1328125, "maximum": 1.1328125}),
