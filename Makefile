@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
 
-.PHONY: install demo test lint model clean
+.PHONY: install demo test fuzz lint model clean
 
 install: $(STAMP) model
 
@@ -25,6 +25,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The fuzz suite (tests/fuzz) for ARBOR_FUZZ_SECONDS (default 600) instead of its bounded slice.
+fuzz: install
+	ARBOR_FUZZ_SECONDS=$${ARBOR_FUZZ_SECONDS:-600} $(PY) -m pytest -q tests/fuzz
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

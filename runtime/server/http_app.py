@@ -23,6 +23,7 @@ from runtime.errors import RequestError, SchedulerDied
 from runtime.sampling_params import InvalidSamplingParams
 from runtime.server import native_api, openai_api
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
+from runtime.server.openapi import openapi_json
 from runtime.server.state import ServerState, get_state
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
+    app.add_api_route("/openapi.json", openapi_json, methods=["GET"], include_in_schema=False)
     return app
 
 
@@ -118,4 +120,4 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> Response:
         logger.exception("unhandled error in a request handler")
-        return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return error_response(ApiError(500, "internal error; the server log has details"))
