@@ -233,6 +233,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         self.killed = False
+        self._kill_lock = threading.Lock()
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WORKER_CODE],
             stdin=subprocess.PIPE,
@@ -272,7 +273,12 @@ class _Worker:
         return payload if status == "ok" else GrammarError(payload)
 
     def kill(self) -> None:
-        self.killed = True
+        """Kill the process and close the pipes; idempotent, and safe from two threads (a
+        slot giving its worker up while the sandbox shuts down)."""
+        with self._kill_lock:
+            if self.killed:
+                return
+            self.killed = True
         if self.alive:
             self.process.kill()
         self.process.wait(timeout=5.0)
