@@ -8,6 +8,7 @@ and token ids outside the vocabulary or int64 (embedding lookups, tensors).
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -101,11 +102,12 @@ def _encodes(text: str) -> bool:
 
 
 def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:
-    """Raise InvalidRequestValue unless every id is an int in [0, vocab_size)."""
+    """Raise InvalidRequestValue unless every id is an integer (numpy's too) in
+    [0, vocab_size)."""
     for i, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise InvalidRequestValue(field, f"token ids must be integers, got {token!r}")
-        if not 0 <= token < vocab_size:
+        if not 0 <= int(token) < vocab_size:
             raise InvalidRequestValue(
                 field, f"token id {token} at index {i} is outside the vocabulary [0, {vocab_size})"
             )

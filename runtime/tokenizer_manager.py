@@ -175,7 +175,13 @@ class TokenizerManager:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         if not input_ids:
             raise RequestError("the prompt is empty")
+        context = int(self.server_info.get("context_length") or 0)
+        if context and len(input_ids) >= context:  # before any per-token work
+            raise RequestError(
+                f"the prompt has {len(input_ids)} tokens; the context length is {context}"
+            )
         self.check_input_ids(input_ids)
+        input_ids = [int(token) for token in input_ids]
         if rid is not None and rid in self._labels:
             raise RequestError(f"request id {rid!r} is already in use")
         internal = f"{self._prefix}-{next(self._ids)}"
