@@ -3,15 +3,31 @@
 Slots are token-granular indices into the buffers; pages of ``page_size`` consecutive slots
 are the allocation unit (the allocator lives in ``radix_cache``). Attention reads a request's
 KV through its row of the request-to-slot table, so KV never moves once written.
+The K/V dtype may differ from the model's compute dtype (``--kv-cache-dtype``): the pool casts
+on write and the attention kernels cast what they read to the query's dtype.
 """
 
 from __future__ import annotations
 
 import torch
 
+# ``--kv-cache-dtype`` names other than ``auto``, which keeps the model's compute dtype.
+KV_CACHE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_kv_cache_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV pool stores: ``compute_dtype`` for ``auto``, else the named one."""
+    if name == "auto":
+        return compute_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"unknown kv_cache_dtype {name!r}; choose auto, {', '.join(KV_CACHE_DTYPES)}"
+        )
+    return KV_CACHE_DTYPES[name]
+
 
 class KVPool:
-    """K and V buffers, each ``[num_slots, num_kv_heads, head_dim]`` per layer."""
+    """K and V buffers, each ``[num_slots, num_kv_heads, head_dim]`` per layer, in ``dtype``."""
 
     def __init__(
         self,
@@ -24,6 +40,7 @@ class KVPool:
     ) -> None:
         self.num_slots = num_slots
         self.num_layers = num_layers
+        self.dtype = dtype
         # Zero-filled: decode attention reads padding slots under a mask, and 0 * garbage could
         # be NaN, 0 * 0 cannot.
         shape = (num_slots, num_kv_heads, head_dim)
@@ -31,9 +48,9 @@ class KVPool:
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v: [T, Hkv, D] at slots: [T]."""
-        self.k_buffers[layer][slots] = k
-        self.v_buffers[layer][slots] = v
+        """Store k, v: [T, Hkv, D] at slots: [T], cast to the pool's dtype."""
+        self.k_buffers[layer][slots] = k.to(self.dtype)
+        self.v_buffers[layer][slots] = v.to(self.dtype)
 
     @property
     def bytes(self) -> int:

@@ -7,7 +7,7 @@ import os
 import torch
 
 from runtime.forward_batch import ForwardBatch
-from runtime.memory_pool import KVPool, ReqToTokenPool
+from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
 from runtime.model_loader import load_model
 
@@ -17,7 +17,8 @@ class ModelRunner:
 
     kv_slots: KV pool size in tokens; None derives it from ``mem_fraction`` of the device's
     memory left after the weights, in whole pages of ``page_size``. max_requests: rows of the
-    request-to-slot table.
+    request-to-slot table. kv_cache_dtype: ``auto`` stores K/V in the compute dtype, ``fp32``,
+    ``bf16`` or ``fp16`` in that dtype (and sizes the default pool by it).
     """
 
     def __init__(
@@ -30,10 +31,12 @@ class ModelRunner:
         context_len: int | None = None,
         mem_fraction: float = 0.3,
         page_size: int = 1,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.config = ModelConfig.from_pretrained(model_path)
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
         torch.set_grad_enabled(False)
         self.model = load_model(self.config, self.dtype, self.device)
         self.context_len = context_len or self.config.max_position_embeddings
@@ -45,14 +48,14 @@ class ModelRunner:
             self.config.num_layers,
             self.config.num_kv_heads,
             self.config.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.req_to_token_pool = ReqToTokenPool(max_requests, self.context_len, self.device)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         return 2 * self.config.num_layers * self.config.num_kv_heads * self.config.head_dim * elem
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+# auto: the model's compute dtype. The names map to torch dtypes in runtime.memory_pool.
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
+# Flags whose values argparse checks, so a bad one is refused before anything loads.
+_CLI_CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class ServerArgs:
     page_size: int = 1
     max_total_tokens: int | None = None  # KV pool size in tokens; None: mem_fraction_static
     mem_fraction_static: float = 0.3
+    kv_cache_dtype: str = "auto"  # auto | fp32 | bf16 | fp16: the dtype K/V are stored in
     # Scheduling
     max_running_requests: int = 128
     # New prompt tokens per step and the longest chunk of one prompt (<= 0: no chunking).
@@ -64,6 +69,11 @@ class ServerArgs:
             raise ValueError(
                 f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                 f"got {self.schedule_policy!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -107,7 +117,8 @@ class ServerArgs:
                 parser.add_argument(flag, required=True)
             else:
                 kind = {"int": int, "float": float}.get(str(f.type).replace(" | None", ""), str)
-                parser.add_argument(flag, type=kind, default=f.default)
+                choices = _CLI_CHOICES.get(f.name)
+                parser.add_argument(flag, type=kind, default=f.default, choices=choices)
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace) -> ServerArgs:

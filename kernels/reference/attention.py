@@ -1,4 +1,8 @@
-"""Paged attention in plain torch: K/V are read from the pool through the request-to-slot table."""
+"""Paged attention in plain torch: K/V are read from the pool through the request-to-slot table.
+
+The pool may store K/V in another dtype than q's (``--kv-cache-dtype``): each sequence's
+gathered rows are cast to q's dtype, so only those rows are converted, never the pool.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +30,9 @@ def extend_attention(
     ):
         prefix = seq_len - ext
         slots = req_to_token[row, :seq_len]
-        k = k_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq_len, D]
-        v = v_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        # [1, Hkv, seq_len, D]
+        k = k_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        v = v_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
         if prefix == 0:
             o = F.scaled_dot_product_attention(
@@ -62,8 +67,9 @@ def decode_attention(
         zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
     ):
         slots = req_to_token[row, :seq_len]
-        k = k_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        v = v_buffer.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        # [1, Hkv, L, D]
+        k = k_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        v = v_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
             q[b : b + 1].unsqueeze(2), k, v, scale=sm_scale, enable_gqa=True
         )  # [1, H, 1, D]

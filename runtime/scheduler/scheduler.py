@@ -75,6 +75,7 @@ class Scheduler:
             context_len=args.context_length,
             mem_fraction=args.mem_fraction_static,
             page_size=args.page_size,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         config = self.runner.config
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
