@@ -7,9 +7,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
 
-.PHONY: install demo test fuzz lint model clean
+.PHONY: install demo test fuzz lint model kernels clean
 
-install: $(STAMP) model
+install: $(STAMP) model kernels
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 model: $(STAMP)
 	$(VENV)/bin/arbor make-test-model --preset tiny --arch llama
+
+# The native CPU kernels (a C++ extension, about a minute; a no-op when already built). A failed
+# build warns and leaves the torch reference kernels in charge; it never fails the install.
+kernels: $(STAMP)
+	$(PY) -m kernels.cpu_native
 
 demo: install
 	$(VENV)/bin/arbor demo

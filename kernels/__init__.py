@@ -1,15 +1,18 @@
 """Kernels: torch reference implementations and triton kernels behind one dispatch point."""
 
 from kernels import reference  # noqa: F401  (registers the torch implementations)
-from kernels.dispatch import BACKENDS, kernel_backend, set_kernel_backend
+from kernels.dispatch import BACKENDS, kernel_backend, native_available, set_kernel_backend
 from kernels.ops import (
     apply_rotary_emb,
     apply_token_bitmask,
     decode_attention,
+    decode_attention_with_lse,
     extend_attention,
     fused_add_rms_norm,
+    merge_attention_states,
     rms_norm,
     sample_from_probs,
+    shared_prefix_attention,
     silu_and_mul,
 )
 from kernels.reference.sampling import filter_probs, row_uniform
@@ -19,13 +22,17 @@ __all__ = [
     "apply_rotary_emb",
     "apply_token_bitmask",
     "decode_attention",
+    "decode_attention_with_lse",
     "extend_attention",
     "filter_probs",
     "fused_add_rms_norm",
     "kernel_backend",
+    "merge_attention_states",
+    "native_available",
     "rms_norm",
     "row_uniform",
     "sample_from_probs",
     "set_kernel_backend",
+    "shared_prefix_attention",
     "silu_and_mul",
 ]

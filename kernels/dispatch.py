@@ -1,9 +1,11 @@
-"""The one place that picks an implementation for each op: triton on CUDA, torch elsewhere.
+"""The one place that picks an implementation for each op: triton on CUDA, native C++ on CPU.
 
 Implementations register under ``(op, backend)``. ``set_kernel_backend`` forces a backend
-("torch" or "triton"); "auto" picks triton for CUDA tensors when triton has the op and imports,
-the torch reference otherwise. A triton import failure never breaks the CPU path. The
-ARBOR_KERNEL_BACKEND environment variable, read at import, sets the starting choice.
+("torch", "triton" or "native"); "auto" picks triton for CUDA tensors when triton has the op
+and imports, the native C++ extension (``kernels.cpu_native``) for CPU tensors when it is built
+and has the op, and the torch reference otherwise. A missing triton or native build never breaks
+the CPU path: "auto" warns once and runs the reference. The ARBOR_KERNEL_BACKEND environment
+variable, read at import, sets the starting choice.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "native")
 _impls: dict[str, dict[str, Callable[..., Any]]] = {}
 _forced = os.environ.get("ARBOR_KERNEL_BACKEND", "auto")
 if _forced not in BACKENDS:
@@ -27,6 +29,7 @@ if _forced not in BACKENDS:
         f"use one of {', '.join(BACKENDS)}"
     )
 _triton_state: dict[str, Any] = {"loaded": False, "error": None}
+_native_state: dict[str, Any] = {"loaded": False, "error": None}
 
 
 def register(op: str, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -46,6 +49,8 @@ def set_kernel_backend(name: str) -> None:
     _forced = name
     if name == "triton":
         _load_triton(required=True)
+    if name == "native":
+        _load_native(required=True)
 
 
 def kernel_backend() -> str:
@@ -59,7 +64,17 @@ def resolve(op: str, device: torch.device) -> Callable[..., Any]:
         impl = _impls[op].get("triton")
         if impl is not None:
             return impl
+    want_native = device.type == "cpu" and _forced in ("auto", "native")
+    if want_native and _load_native(required=_forced == "native"):
+        impl = _impls[op].get("native")
+        if impl is not None:
+            return impl
     return _impls[op]["torch"]
+
+
+def native_available() -> bool:
+    """Whether the native CPU kernels are built and loaded (loading them on first ask)."""
+    return _load_native(required=False)
 
 
 def _load_triton(required: bool) -> bool:
@@ -76,3 +91,23 @@ def _load_triton(required: bool) -> bool:
             f"kernel backend 'triton' requested but unavailable: {_triton_state['error']}"
         )
     return _triton_state["error"] is None
+
+
+def _load_native(required: bool) -> bool:
+    """Load the native CPU extension once; like ``_load_triton`` for failures."""
+    if not _native_state["loaded"]:
+        _native_state["loaded"] = True
+        try:
+            ops = importlib.import_module("kernels.cpu_native.ops")
+            if not ops.available():
+                from kernels import cpu_native
+
+                _native_state["error"] = cpu_native.load_error()
+        except Exception as exc:
+            _native_state["error"] = exc
+            logger.warning("native CPU kernels unavailable, using the torch reference: %s", exc)
+    if _native_state["error"] is not None and required:
+        raise RuntimeError(
+            f"kernel backend 'native' requested but unavailable: {_native_state['error']}"
+        )
+    return _native_state["error"] is None

@@ -50,6 +50,57 @@ def decode_attention(
     )
 
 
+def decode_attention_with_lse(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    kv_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention over positions [kv_start[b], seq_lens[b]) of each sequence only.
+
+    Arguments as in ``decode_attention``, plus kv_start [B] int64. Returns (out [B, H, Dv] in
+    q's dtype, normalised over those keys; lse [B, H] float32, the natural log-sum-exp of the
+    scaled scores, -inf for an empty range).
+    """
+    return resolve("decode_attention_with_lse", q.device)(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, kv_start, seq_lens, sm_scale
+    )
+
+
+def shared_prefix_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    prefix_rows: torch.Tensor,
+    sharer_offsets: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode queries of G groups of requests, each group attending to the prefix it shares.
+
+    q: [N, H, D], group g's queries at rows sharer_offsets[g] .. sharer_offsets[g + 1]
+    ([G + 1] int64); they attend to positions [0, prefix_lens[g]) of req_to_token row
+    prefix_rows[g] ([G] int64 each). The prefix's K/V is read once per block of sharers, not
+    once per sharer. Returns (out, lse) as ``decode_attention_with_lse``.
+    """
+    return resolve("shared_prefix_attention", q.device)(
+        q, k_buffer, v_buffer, req_to_token, prefix_rows, sharer_offsets, prefix_lens, sm_scale
+    )
+
+
+def merge_attention_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> None:
+    """In place on (out_a [N, H, Dv] contiguous, lse_a [N, H] float32): merge attention state b,
+    computed over other keys, so that a becomes attention over the union of both key sets."""
+    resolve("merge_attention_states", out_a.device)(out_a, lse_a, out_b, lse_b)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, computed in float32 and cast back to x's dtype before scaling."""
     return resolve("rms_norm", x.device)(x, weight, eps)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.cascade import CascadePlan, plan_cascade
 from runtime.memory_pool import KVPool, ReqToTokenPool
 
 
@@ -40,6 +41,8 @@ class ForwardBatch:
     num_extend_tokens: int  # packed rows [0, num_extend_tokens) belong to the extending requests
     kv_pool: KVPool
     req_to_token_pool: ReqToTokenPool
+    # Decode requests sharing a prefix, attended to once for all of them (runtime/cascade.py).
+    cascade: CascadePlan | None = None
 
     @property
     def batch_size(self) -> int:
@@ -58,6 +61,7 @@ class ForwardBatch:
         kv_pool: KVPool,
         req_to_token_pool: ReqToTokenPool,
         logits: str | torch.Tensor = "last",
+        cascade_min_prefix: int | None = None,
     ) -> ForwardBatch:
         """Pack requests for one forward.
 
@@ -66,6 +70,8 @@ class ForwardBatch:
         logits: "last" computes logits for each request's last new token, "all" for every new
         token, or an explicit [N] tensor of packed row indices. One-token requests must come
         after every multi-token one; a batch of only one-token requests runs as DECODE.
+        cascade_min_prefix: plan shared-prefix decode attention for decode requests sharing at
+        least this many tokens (None: never).
         """
         device = req_to_token_pool.req_to_token.device
         extend_lens = [len(ids) for ids in new_token_ids]
@@ -94,6 +100,11 @@ class ForwardBatch:
             mode = ForwardMode.EXTEND
         else:
             mode = ForwardMode.MIXED
+        cascade = None
+        if cascade_min_prefix is not None and len(rows) - num_extend >= 2:
+            cascade = plan_cascade(
+                table, rows[num_extend:], seq_lens[num_extend:], cascade_min_prefix
+            )
         return cls(
             mode=mode,
             input_ids=torch.tensor([t for ids in new_token_ids for t in ids], device=device),
@@ -109,4 +120,5 @@ class ForwardBatch:
             num_extend_tokens=sum(extend_lens[:num_extend]),
             kv_pool=kv_pool,
             req_to_token_pool=req_to_token_pool,
+            cascade=cascade,
         )

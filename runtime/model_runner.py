@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.forward_batch import ForwardBatch
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
@@ -19,6 +20,8 @@ class ModelRunner:
     memory left after the weights, in whole pages of ``page_size``. max_requests: rows of the
     request-to-slot table. kv_cache_dtype: ``auto`` stores K/V in the compute dtype, ``fp32``,
     ``bf16`` or ``fp16`` in that dtype (and sizes the default pool by it).
+    cascade_min_prefix: decode requests sharing at least this many tokens attend to them in
+    one shared-prefix pass (runtime/cascade.py); None turns that off.
     """
 
     def __init__(
@@ -32,8 +35,10 @@ class ModelRunner:
         mem_fraction: float = 0.3,
         page_size: int = 1,
         kv_cache_dtype: str = "auto",
+        cascade_min_prefix: int | None = DEFAULT_MIN_PREFIX,
     ) -> None:
         self.config = ModelConfig.from_pretrained(model_path)
+        self.cascade_min_prefix = cascade_min_prefix
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
@@ -71,8 +76,9 @@ class ModelRunner:
         logits: str | torch.Tensor = "last",
     ) -> ForwardBatch:
         return ForwardBatch.build(
-            rows, prefix_lens, new_token_ids, self.kv_pool, self.req_to_token_pool, logits
-        )
+            rows, prefix_lens, new_token_ids, self.kv_pool, self.req_to_token_pool, logits,
+            self.cascade_min_prefix if self.device.type == "cpu" else None,
+        )  # fmt: skip
 
     def _default_kv_slots(self, mem_fraction: float) -> int:
         if self.device.type == "cuda":

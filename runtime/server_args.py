@@ -22,7 +22,7 @@ class ServerArgs:
     tokenizer_path: str | None = None
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     device: str = "auto"  # auto: cuda when available, else cpu
-    kernel_backend: str = "auto"  # auto | torch | triton
+    kernel_backend: str = "auto"  # auto | torch | triton | native
     context_length: int | None = None  # default: the model's max_position_embeddings
     # KV memory
     page_size: int = 1
@@ -48,6 +48,8 @@ class ServerArgs:
     grammar_compile_timeout: float = 30.0  # hard deadline of one constraint's preparation
     grammar_workers: int = 2  # processes that prepare constraints (each killable)
     disable_jump_forward: bool = False
+    # Decode requests sharing a prefix attend to it in one batched pass (runtime/cascade.py).
+    disable_cascade_attention: bool = False
     # Serving
     host: str = "127.0.0.1"
     port: int = 30000

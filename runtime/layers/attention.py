@@ -25,7 +25,7 @@ class PagedAttention(torch.nn.Module):
         k_buffer, v_buffer = pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id]
         table, rows, seq_lens = batch.req_to_token, batch.req_pool_indices, batch.seq_lens
         if batch.mode is ForwardMode.DECODE:
-            out = kernels.decode_attention(q, k_buffer, v_buffer, table, rows, seq_lens, self.scale)
+            out = self._decode(q, k_buffer, v_buffer, batch, rows, seq_lens)
         elif batch.mode is ForwardMode.EXTEND:
             out = kernels.extend_attention(
                 q, k_buffer, v_buffer, table, rows, seq_lens, batch.extend_lens, self.scale
@@ -36,8 +36,34 @@ class PagedAttention(torch.nn.Module):
                 q[:t], k_buffer, v_buffer, table, rows[:e], seq_lens[:e],
                 batch.extend_lens[:e], self.scale,
             )  # fmt: skip
-            decode_out = kernels.decode_attention(
-                q[t:], k_buffer, v_buffer, table, rows[e:], seq_lens[e:], self.scale
-            )
+            decode_out = self._decode(q[t:], k_buffer, v_buffer, batch, rows[e:], seq_lens[e:])
             out = torch.cat([extend_out, decode_out])
         return out.reshape(q.shape[0], -1)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        batch: ForwardBatch,
+        rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Decode attention of the batch's one-token requests, q: [Bd, H, D]; with a cascade
+        plan, sharers attend to their own suffix alone and to the shared prefix together."""
+        table, plan = batch.req_to_token, batch.cascade
+        if plan is None:
+            return kernels.decode_attention(
+                q, k_buffer, v_buffer, table, rows, seq_lens, self.scale
+            )
+        out, lse = kernels.decode_attention_with_lse(
+            q, k_buffer, v_buffer, table, rows, plan.kv_start, seq_lens, self.scale
+        )
+        shared_out, shared_lse = kernels.shared_prefix_attention(
+            q[plan.sharers], k_buffer, v_buffer, table,
+            plan.prefix_rows, plan.sharer_offsets, plan.prefix_lens, self.scale,
+        )  # fmt: skip
+        own_out, own_lse = out[plan.sharers], lse[plan.sharers]
+        kernels.merge_attention_states(own_out, own_lse, shared_out, shared_lse)
+        out[plan.sharers] = own_out
+        return out

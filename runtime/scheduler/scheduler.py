@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 import kernels
 from grammar import DraftVerdict, commit_draft, fill_draft_masks
 from radix_cache import KVSlotAllocator, RadixCache
+from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
 from runtime.ipc import (
     AbortRequest,
@@ -76,6 +77,7 @@ class Scheduler:
             mem_fraction=args.mem_fraction_static,
             page_size=args.page_size,
             kv_cache_dtype=args.kv_cache_dtype,
+            cascade_min_prefix=None if args.disable_cascade_attention else DEFAULT_MIN_PREFIX,
         )
         config = self.runner.config
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)

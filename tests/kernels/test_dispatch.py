@@ -47,13 +47,28 @@ def test_every_op_has_a_triton_kernel(triton_ops: ModuleType) -> None:
         assert dispatch._impls[op]["triton"].__module__.startswith("kernels.triton_ops."), op
 
 
-def test_auto_picks_triton_for_cuda_and_torch_for_cpu(
+NATIVE_OPS = {"extend_attention", "decode_attention", "rms_norm", "fused_add_rms_norm",
+              "apply_rotary_emb", "silu_and_mul"}  # fmt: skip
+
+
+def test_auto_picks_triton_for_cuda_and_native_or_torch_for_cpu(
     triton_ops: ModuleType, restore_backend: None
 ) -> None:
     kernels.set_kernel_backend("auto")
+    assert kernels.native_available(), "run `python -m kernels.cpu_native` (make install does)"
     for op in OPS:
-        assert _module_of(op, "cpu").startswith("kernels.reference."), op
+        expected = "kernels.cpu_native." if op in NATIVE_OPS else "kernels.reference."
+        assert _module_of(op, "cpu").startswith(expected), op
         assert _module_of(op, "cuda").startswith("kernels.triton_ops."), op
+
+
+def test_forced_torch_keeps_the_reference_on_cpu(restore_backend: None) -> None:
+    kernels.set_kernel_backend("torch")
+    assert all(_module_of(op, "cpu").startswith("kernels.reference.") for op in OPS)
+    kernels.set_kernel_backend("native")
+    for op in OPS:
+        expected = "kernels.cpu_native." if op in NATIVE_OPS else "kernels.reference."
+        assert _module_of(op, "cpu").startswith(expected), op
 
 
 def test_forced_backends_win_over_the_device(triton_ops: ModuleType, restore_backend: None) -> None:

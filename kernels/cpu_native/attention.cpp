@@ -1,0 +1,440 @@
+// Paged attention for CPU: one call per layer for a whole packed batch.
+//
+// K/V are read in place from the pool through the request-to-slot table (no gather copy).
+// A work item is (request, KV head, block of queries or split of keys); it holds the scaled
+// queries of every query head sharing that KV head (GQA without repeating K/V) and runs an
+// online softmax over key blocks. Statistics and accumulators are float32 whatever the
+// storage dtype of q, K and V.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kKeyBlock = 64;      // keys scored per step
+constexpr int64_t kQueryBlock = 16;    // extend: query tokens per work item
+constexpr int64_t kMinSplitKeys = 256; // decode: fewest keys worth a split of their own
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+template <typename T>
+inline T from_float(float x) { return static_cast<T>(x); }
+
+// exp(x) for x <= 0 in plain arithmetic, so loops over it vectorize (libm's expf does not):
+// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
+// under 2e-7), 2^n through the exponent bits. Below -87 (and for -inf) the result is 0.
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.f);
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  const float r = clamped - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.f ? 0.f : p * scale;
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Row `slot`'s vector of KV head `head` as float32: the pool's own memory for float32 pools,
+// else converted into `buf`.
+template <typename kv_t>
+inline const float* kv_row(const kv_t* base, int64_t slot, int64_t row_stride, int64_t head,
+                           int64_t dim, float* buf) {
+  const kv_t* src = base + slot * row_stride + head * dim;
+  if constexpr (std::is_same_v<kv_t, float>) {
+    return src;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) buf[i] = to_float(src[i]);
+    return buf;
+  }
+}
+
+// Online-softmax state of `rows` query vectors.
+struct SoftmaxState {
+  std::vector<float> max, sum, acc;  // [rows], [rows], [rows * dv]
+  void reset(int64_t rows, int64_t dv) {
+    max.assign(rows, kNegInf);
+    sum.assign(rows, 0.f);
+    acc.assign(rows * dv, 0.f);
+  }
+};
+
+struct Scratch {
+  std::vector<float> q, scores, keys, values;
+};
+
+// Attend `rows` scaled float32 queries (`q`, [rows, dim]) over key positions [lo, hi) of one
+// sequence (`slots` maps position -> pool slot) and KV head `head`, updating `st`. A query row
+// r sees key position p only when p <= visible[r] (nullptr: all keys visible).
+template <typename kv_t>
+void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k_buf,
+            const kv_t* v_buf, int64_t k_stride, int64_t v_stride, int64_t head,
+            const int64_t* slots, int64_t lo, int64_t hi, const int64_t* visible,
+            SoftmaxState& st, Scratch& sc) {
+  sc.scores.resize(rows * kKeyBlock);
+  sc.keys.resize(kKeyBlock * dim);
+  sc.values.resize(kKeyBlock * dv);
+  const float* krows[kKeyBlock];
+  float* scores = sc.scores.data();
+  for (int64_t start = lo; start < hi; start += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, hi - start);
+    for (int64_t j = 0; j < n; ++j)
+      krows[j] = kv_row(k_buf, slots[start + j], k_stride, head, dim, sc.keys.data() + j * dim);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * dim;
+      float* sr = scores + r * kKeyBlock;
+      const int64_t last = visible ? visible[r] : std::numeric_limits<int64_t>::max();
+      for (int64_t j = 0; j < n; ++j)
+        sr[j] = (start + j <= last) ? dot(qr, krows[j], dim) : kNegInf;
+    }
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = scores + r * kKeyBlock;
+      float block_max = kNegInf;
+      for (int64_t j = 0; j < n; ++j) block_max = std::max(block_max, sr[j]);
+      if (block_max == kNegInf) {  // nothing visible to this row in the block
+        for (int64_t j = 0; j < n; ++j) sr[j] = 0.f;
+        continue;
+      }
+      any = true;
+      const float new_max = std::max(st.max[r], block_max);
+      const float alpha = std::exp(st.max[r] - new_max);  // exp(-inf) = 0 on the first block
+      float block_sum = 0.f;
+#pragma omp simd reduction(+ : block_sum)
+      for (int64_t j = 0; j < n; ++j) {
+        sr[j] = exp_nonpositive(sr[j] - new_max);
+        block_sum += sr[j];
+      }
+      st.sum[r] = st.sum[r] * alpha + block_sum;
+      st.max[r] = new_max;
+      if (alpha != 1.f) {
+        float* ar = st.acc.data() + r * dv;
+#pragma omp simd
+        for (int64_t i = 0; i < dv; ++i) ar[i] *= alpha;
+      }
+    }
+    if (!any) continue;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vj =
+          kv_row(v_buf, slots[start + j], v_stride, head, dv, sc.values.data() + j * dv);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float p = scores[r * kKeyBlock + j];
+        if (p == 0.f) continue;
+        float* ar = st.acc.data() + r * dv;
+#pragma omp simd
+        for (int64_t i = 0; i < dv; ++i) ar[i] += p * vj[i];
+      }
+    }
+  }
+}
+
+// Copy `group` query heads starting at head `h0` of token `t` into sc.q, scaled.
+template <typename q_t>
+inline void load_queries(const q_t* q, int64_t t, int64_t h0, int64_t group, int64_t dim,
+                         int64_t q_stride_t, int64_t q_stride_h, float scale, float* dst) {
+  for (int64_t g = 0; g < group; ++g) {
+    const q_t* src = q + t * q_stride_t + (h0 + g) * q_stride_h;
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) dst[g * dim + i] = to_float(src[i]) * scale;
+  }
+}
+
+// Normalise row r of `st` into out (dv values) and return its log-sum-exp.
+template <typename o_t>
+inline float store_row(const SoftmaxState& st, int64_t r, int64_t dv, o_t* out) {
+  const float s = st.sum[r];
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  const float* ar = st.acc.data() + r * dv;
+  for (int64_t i = 0; i < dv; ++i) out[i] = from_float<o_t>(ar[i] * inv);
+  return s > 0.f ? st.max[r] + std::log(s) : kNegInf;
+}
+
+struct Geometry {
+  int64_t heads, kv_heads, group, dim, dv, k_stride, v_stride, q_stride_t, q_stride_h, table_stride;
+};
+
+Geometry geometry(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                  const torch::Tensor& table) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buffer, v_buffer: 3-D");
+  TORCH_CHECK(q.stride(2) == 1, "q's last dimension must be contiguous");
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous(), "K/V buffers must be contiguous");
+  TORCH_CHECK(table.scalar_type() == torch::kInt64 && table.is_contiguous(),
+              "req_to_token must be a contiguous int64 tensor");
+  TORCH_CHECK(k_buf.scalar_type() == v_buf.scalar_type(), "K and V buffers differ in dtype");
+  Geometry g;
+  g.heads = q.size(1);
+  g.kv_heads = k_buf.size(1);
+  TORCH_CHECK(g.kv_heads > 0 && g.heads % g.kv_heads == 0, "query heads must be a multiple of KV heads");
+  g.group = g.heads / g.kv_heads;
+  g.dim = q.size(2);
+  TORCH_CHECK(k_buf.size(2) == g.dim, "q and K head dims differ");
+  g.dv = v_buf.size(2);
+  g.k_stride = k_buf.size(1) * k_buf.size(2);
+  g.v_stride = v_buf.size(1) * v_buf.size(2);
+  g.q_stride_t = q.stride(0);
+  g.q_stride_h = q.stride(1);
+  g.table_stride = table.size(1);
+  return g;
+}
+
+torch::Tensor as_i64(const torch::Tensor& t) { return t.to(torch::kInt64).contiguous(); }
+
+#define ARBOR_DISPATCH_KV(kv_type, ...)                                     \
+  [&] {                                                                     \
+    switch (kv_type) {                                                      \
+      case torch::kFloat32: { using kv_t = float; return __VA_ARGS__(); }   \
+      case torch::kBFloat16: { using kv_t = c10::BFloat16; return __VA_ARGS__(); } \
+      case torch::kFloat16: { using kv_t = c10::Half; return __VA_ARGS__(); } \
+      default: TORCH_CHECK(false, "unsupported K/V dtype ", kv_type);       \
+    }                                                                       \
+  }()
+
+#define ARBOR_DISPATCH_Q(q_type, ...)                                       \
+  [&] {                                                                     \
+    switch (q_type) {                                                       \
+      case torch::kFloat32: { using q_t = float; return __VA_ARGS__(); }    \
+      case torch::kBFloat16: { using q_t = c10::BFloat16; return __VA_ARGS__(); } \
+      case torch::kFloat16: { using q_t = c10::Half; return __VA_ARGS__(); } \
+      default: TORCH_CHECK(false, "unsupported q dtype ", q_type);          \
+    }                                                                       \
+  }()
+
+// Decode: one query token per request over key positions [kv_start[b], seq_lens[b]).
+// Returns (out [B, H, Dv] in q's dtype, lse [B, H] float32).
+std::vector<torch::Tensor> decode_attention(torch::Tensor q, torch::Tensor k_buf,
+                                            torch::Tensor v_buf, torch::Tensor table,
+                                            torch::Tensor rows_t, torch::Tensor kv_start_t,
+                                            torch::Tensor seq_lens_t, double sm_scale) {
+  const Geometry g = geometry(q, k_buf, v_buf, table);
+  const int64_t batch = q.size(0);
+  auto rows = as_i64(rows_t), seq_lens = as_i64(seq_lens_t);
+  const bool has_start = kv_start_t.numel() > 0;
+  auto kv_start = has_start ? as_i64(kv_start_t) : rows;
+  auto out = torch::empty({batch, g.heads, g.dv}, q.options());
+  auto lse = torch::empty({batch, g.heads}, q.options().dtype(torch::kFloat32));
+  if (batch == 0) return {out, lse};
+  const int64_t* row_p = rows.data_ptr<int64_t>();
+  const int64_t* len_p = seq_lens.data_ptr<int64_t>();
+  const int64_t* start_p = has_start ? kv_start.data_ptr<int64_t>() : nullptr;
+  const int64_t* table_p = table.data_ptr<int64_t>();
+
+  // Split long sequences over keys when (request, KV head) pairs alone cannot fill the threads.
+  const int64_t threads = at::get_num_threads();
+  const int64_t pairs = batch * g.kv_heads;
+  int64_t max_splits = 1;
+  if (pairs < 4 * threads) max_splits = std::max<int64_t>(1, (4 * threads + pairs - 1) / pairs);
+  std::vector<int64_t> splits(batch), first_item(batch + 1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t lo = start_p ? start_p[b] : 0;
+    const int64_t keys = std::max<int64_t>(0, len_p[b] - lo);
+    splits[b] = std::clamp<int64_t>(keys / kMinSplitKeys, 1, max_splits);
+    first_item[b + 1] = first_item[b] + splits[b] * g.kv_heads;
+  }
+  const int64_t most_splits = *std::max_element(splits.begin(), splits.end());
+  torch::Tensor part_out, part_lse;
+  float* part_out_p = nullptr;
+  float* part_lse_p = nullptr;
+  if (most_splits > 1) {
+    part_out = torch::empty({batch, g.heads, most_splits, g.dv}, lse.options());
+    part_lse = torch::full({batch, g.heads, most_splits}, kNegInf, lse.options());
+    part_out_p = part_out.data_ptr<float>();
+    part_lse_p = part_lse.data_ptr<float>();
+  }
+  float* lse_p = lse.data_ptr<float>();
+  const float scale = static_cast<float>(sm_scale);
+
+  ARBOR_DISPATCH_Q(q.scalar_type(), [&] {
+    ARBOR_DISPATCH_KV(k_buf.scalar_type(), [&] {
+      const q_t* q_p = q.data_ptr<q_t>();
+      q_t* out_p = out.data_ptr<q_t>();
+      const kv_t* k_p = k_buf.data_ptr<kv_t>();
+      const kv_t* v_p = v_buf.data_ptr<kv_t>();
+      at::parallel_for(0, first_item[batch], 1, [&](int64_t begin, int64_t end) {
+        SoftmaxState st;
+        Scratch sc;
+        sc.q.resize(g.group * g.dim);
+        int64_t b = std::upper_bound(first_item.begin(), first_item.end(), begin) -
+                    first_item.begin() - 1;
+        for (int64_t item = begin; item < end; ++item) {
+          while (item >= first_item[b + 1]) ++b;
+          const int64_t local = item - first_item[b];
+          const int64_t head = local / splits[b], split = local % splits[b];
+          const int64_t lo = start_p ? start_p[b] : 0, hi = len_p[b];
+          const int64_t keys = std::max<int64_t>(0, hi - lo);
+          const int64_t per = (keys + splits[b] - 1) / splits[b];
+          const int64_t s_lo = std::min(hi, lo + split * per), s_hi = std::min(hi, s_lo + per);
+          load_queries(q_p, b, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
+                       sc.q.data());
+          st.reset(g.group, g.dv);
+          attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
+                 table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, st, sc);
+          for (int64_t r = 0; r < g.group; ++r) {
+            const int64_t h = head * g.group + r;
+            if (splits[b] == 1) {
+              lse_p[b * g.heads + h] =
+                  store_row(st, r, g.dv, out_p + (b * g.heads + h) * g.dv);
+            } else {
+              const int64_t at = (b * g.heads + h) * most_splits + split;
+              part_lse_p[at] = store_row(st, r, g.dv, part_out_p + at * g.dv);
+            }
+          }
+        }
+      });
+      if (most_splits == 1) return;
+      at::parallel_for(0, batch * g.heads, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> acc(g.dv);
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t b = bh / g.heads;
+          if (splits[b] == 1) continue;
+          const float* pl = part_lse_p + bh * most_splits;
+          float m = kNegInf;
+          for (int64_t s = 0; s < splits[b]; ++s) m = std::max(m, pl[s]);
+          std::fill(acc.begin(), acc.end(), 0.f);
+          float total = 0.f;
+          if (m != kNegInf) {
+            for (int64_t s = 0; s < splits[b]; ++s) {
+              const float w = std::exp(pl[s] - m);
+              if (w == 0.f) continue;
+              total += w;
+              const float* po = part_out_p + (bh * most_splits + s) * g.dv;
+              for (int64_t i = 0; i < g.dv; ++i) acc[i] += w * po[i];
+            }
+          }
+          const float inv = total > 0.f ? 1.f / total : 0.f;
+          for (int64_t i = 0; i < g.dv; ++i) out_p[bh * g.dv + i] = from_float<q_t>(acc[i] * inv);
+          lse_p[bh] = total > 0.f ? m + std::log(total) : kNegInf;
+        }
+      });
+    });
+  });
+  return {out, lse};
+}
+
+// Extend: request b's extend_lens[b] new tokens (packed back to back in q) at positions
+// seq_lens[b] - extend_lens[b] + i, each seeing keys 0 .. its own position. Returns [T, H, Dv].
+torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
+                               torch::Tensor table, torch::Tensor rows_t,
+                               torch::Tensor seq_lens_t, torch::Tensor extend_lens_t,
+                               double sm_scale) {
+  const Geometry g = geometry(q, k_buf, v_buf, table);
+  auto rows = as_i64(rows_t), seq_lens = as_i64(seq_lens_t), ext_lens = as_i64(extend_lens_t);
+  const int64_t batch = rows.size(0);
+  auto out = torch::empty({q.size(0), g.heads, g.dv}, q.options());
+  if (batch == 0 || q.size(0) == 0) return out;
+  const int64_t* row_p = rows.data_ptr<int64_t>();
+  const int64_t* len_p = seq_lens.data_ptr<int64_t>();
+  const int64_t* ext_p = ext_lens.data_ptr<int64_t>();
+  const int64_t* table_p = table.data_ptr<int64_t>();
+  // Work items: (request, query block, KV head), numbered request by request.
+  std::vector<int64_t> token_start(batch + 1, 0), first_item(batch + 1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    token_start[b + 1] = token_start[b] + ext_p[b];
+    const int64_t blocks = (ext_p[b] + kQueryBlock - 1) / kQueryBlock;
+    first_item[b + 1] = first_item[b] + blocks * g.kv_heads;
+  }
+  TORCH_CHECK(token_start[batch] == q.size(0), "sum(extend_lens) must equal q's token count");
+  const float scale = static_cast<float>(sm_scale);
+
+  ARBOR_DISPATCH_Q(q.scalar_type(), [&] {
+    ARBOR_DISPATCH_KV(k_buf.scalar_type(), [&] {
+      const q_t* q_p = q.data_ptr<q_t>();
+      q_t* out_p = out.data_ptr<q_t>();
+      const kv_t* k_p = k_buf.data_ptr<kv_t>();
+      const kv_t* v_p = v_buf.data_ptr<kv_t>();
+      at::parallel_for(0, first_item[batch], 1, [&](int64_t begin, int64_t end) {
+        SoftmaxState st;
+        Scratch sc;
+        std::vector<int64_t> visible;
+        int64_t b = std::upper_bound(first_item.begin(), first_item.end(), begin) -
+                    first_item.begin() - 1;
+        for (int64_t item = begin; item < end; ++item) {
+          while (item >= first_item[b + 1]) ++b;
+          const int64_t local = item - first_item[b];
+          const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
+          const int64_t prefix = len_p[b] - ext_p[b];
+          const int64_t i0 = block * kQueryBlock, i1 = std::min(ext_p[b], i0 + kQueryBlock);
+          const int64_t rows_n = (i1 - i0) * g.group;
+          sc.q.resize(rows_n * g.dim);
+          visible.resize(rows_n);
+          for (int64_t i = i0; i < i1; ++i) {
+            load_queries(q_p, token_start[b] + i, head * g.group, g.group, g.dim, g.q_stride_t,
+                         g.q_stride_h, scale, sc.q.data() + (i - i0) * g.group * g.dim);
+            for (int64_t r = 0; r < g.group; ++r) visible[(i - i0) * g.group + r] = prefix + i;
+          }
+          st.reset(rows_n, g.dv);
+          const int64_t* slots = table_p + row_p[b] * g.table_stride;
+          // Keys every query of the block sees need no mask; the causal tail does.
+          attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+                 0, prefix + i0 + 1, nullptr, st, sc);
+          attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+                 prefix + i0 + 1, prefix + i1, visible.data(), st, sc);
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t r = 0; r < g.group; ++r) {
+              const int64_t t = token_start[b] + i, h = head * g.group + r;
+              store_row(st, (i - i0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
+            }
+        }
+      });
+    });
+  });
+  return out;
+}
+
+// In place: (out_a, lse_a) becomes the softmax-weighted merge of attention states a and b
+// (each normalised over its own keys, with its log-sum-exp), as if over the union of keys.
+void merge_attention_states(torch::Tensor out_a, torch::Tensor lse_a, torch::Tensor out_b,
+                            torch::Tensor lse_b) {
+  TORCH_CHECK(out_a.is_contiguous() && out_b.is_contiguous(), "merge: contiguous outputs");
+  TORCH_CHECK(out_a.sizes() == out_b.sizes() && lse_a.sizes() == lse_b.sizes(), "merge: shapes");
+  TORCH_CHECK(lse_a.scalar_type() == torch::kFloat32 && lse_b.scalar_type() == torch::kFloat32,
+              "merge: lse must be float32");
+  const int64_t n = lse_a.numel(), dv = out_a.numel() / std::max<int64_t>(n, 1);
+  float* la = lse_a.data_ptr<float>();
+  const float* lb = lse_b.contiguous().data_ptr<float>();
+  ARBOR_DISPATCH_Q(out_a.scalar_type(), [&] {
+    q_t* oa = out_a.data_ptr<q_t>();
+    const q_t* ob = out_b.data_ptr<q_t>();
+    at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float m = std::max(la[i], lb[i]);
+        if (m == kNegInf) continue;
+        const float wa = std::exp(la[i] - m), wb = std::exp(lb[i] - m);
+        const float inv = 1.f / (wa + wb);
+        for (int64_t d = 0; d < dv; ++d)
+          oa[i * dv + d] = from_float<q_t>(
+              (wa * to_float(oa[i * dv + d]) + wb * to_float(ob[i * dv + d])) * inv);
+        la[i] = m + std::log(wa + wb);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void register_attention(pybind11::module& m) {
+  m.def("decode_attention", &decode_attention);
+  m.def("extend_attention", &extend_attention);
+  m.def("merge_attention_states", &merge_attention_states);
+}

@@ -1,0 +1,255 @@
+"""The native CPU kernels (kernels/cpu_native) equal the torch reference, and their absence
+falls back to the reference with one warning."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference import attention as reference
+from kernels.reference import cascade as cascade_ref
+from kernels.reference import elementwise as elementwise_ref
+from tests.kernels.kv_cases import assert_close, paged_batch
+
+REPO = Path(__file__).resolve().parents[2]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+GQA = [(2, 2), (8, 2), (7, 1)]  # groups of 1, 4 and 7 query heads per KV head
+
+
+@pytest.fixture(scope="module")
+def native() -> ModuleType:
+    if not kernels.native_available():
+        pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+    from kernels.cpu_native import ops
+
+    return ops
+
+
+def _queries(tokens: int, heads: int, dim: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(("heads", "kv_heads"), GQA)
+@pytest.mark.parametrize("kv_dtype", DTYPES)
+def test_extend_matches_reference(
+    native: ModuleType, page_size: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
+) -> None:
+    # Fresh prefills, prefixes with short and long extensions, one-token extends, a length
+    # ending mid-page and queries spanning several query blocks.
+    seq_lens, extend_lens = [1, 19, 70, 45, 300, 33], [1, 19, 3, 45, 40, 1]
+    batch = paged_batch(seq_lens, extend_lens, kv_heads, 32, page_size, kv_dtype, seed=3)
+    q_dtype = torch.float32 if kv_dtype == torch.float32 else kv_dtype
+    q = _queries(sum(extend_lens), heads, 32, q_dtype, seed=4)
+    args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, 0.17)
+    out = native.extend_attention(q, batch.k_buffer, batch.v_buffer, *args)
+    ref = batch.finite()  # the native kernel reads the NaN-poisoned pool in place
+    expected = reference.extend_attention(q, ref.k_buffer, ref.v_buffer, *args)
+    assert out.dtype == q_dtype
+    assert_close(out, expected, q_dtype)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(("heads", "kv_heads"), GQA)
+@pytest.mark.parametrize("kv_dtype", DTYPES)
+def test_decode_matches_reference(
+    native: ModuleType, page_size: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
+) -> None:
+    seq_lens = [1, 19, 70, 33, 1000]  # the long one is split over keys (one torch thread here)
+    batch = paged_batch(seq_lens, [1] * len(seq_lens), kv_heads, 32, page_size, kv_dtype, 5)
+    q = _queries(len(seq_lens), heads, 32, torch.float32, seed=6)
+    args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, 0.2)
+    out = native.decode_attention(q, batch.k_buffer, batch.v_buffer, *args)
+    ref = batch.finite()
+    expected = reference.decode_attention(q, ref.k_buffer.float(), ref.v_buffer.float(), *args)
+    # K/V rounding is in both sides' inputs; only the arithmetic differs.
+    assert_close(out, expected, torch.float32)
+
+
+def test_decode_splits_over_a_long_single_sequence(native: ModuleType) -> None:
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        batch = paged_batch([4000], [1], 1, 64, 16, torch.float32, seed=7)
+        q = _queries(1, 4, 64, torch.float32, seed=8)
+        args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, 0.125)
+        out = native.decode_attention(q, batch.k_buffer, batch.v_buffer, *args)
+        ref = batch.finite()
+        assert_close(out, reference.decode_attention(q, ref.k_buffer, ref.v_buffer, *args),
+                     torch.float32)  # fmt: skip
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_decode_with_lse_over_a_suffix(native: ModuleType, kv_dtype: torch.dtype) -> None:
+    seq_lens = [5, 40, 90, 300]
+    batch = paged_batch(seq_lens, [1] * 4, 2, 32, 16, kv_dtype, seed=9)
+    q = _queries(4, 8, 32, torch.float32, seed=10)
+    kv_start = torch.tensor([0, 17, 89, 250])
+    args = (batch.req_to_token, batch.req_pool_indices, kv_start, batch.seq_lens, 0.2)
+    out, lse = native.decode_attention_with_lse(q, batch.k_buffer, batch.v_buffer, *args)
+    ref = batch.finite()
+    expected, expected_lse = cascade_ref.decode_attention_with_lse(
+        q, ref.k_buffer, ref.v_buffer, *args
+    )
+    assert_close(out, expected, torch.float32)
+    torch.testing.assert_close(lse, expected_lse, atol=2e-5, rtol=2e-5)
+
+
+def _cascade_case(
+    page_size: int, kv_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]], list[int]]:
+    """Two sharer groups and two loners in one decode batch, built as fork branches: each
+    branch's table row repeats its group leader's slots for the shared prefix (which ends
+    mid-page) and has slots of its own after it. Returns (k, v, table, rows, groups, prefixes)
+    with groups listing batch indices."""
+    seq_lens = [70, 75, 71, 90, 40, 41, 33, 120]
+    batch = paged_batch(seq_lens, [1] * len(seq_lens), 2, 32, page_size, kv_dtype, seed=11)
+    table, rows = batch.req_to_token.clone(), batch.req_pool_indices
+    groups, prefixes = [[0, 1, 2, 3], [4, 5]], [37, 29]  # 37 and 29: not page multiples
+    for members, prefix in zip(groups, prefixes, strict=True):
+        leader = int(rows[members[0]])
+        for b in members[1:]:
+            table[int(rows[b]), :prefix] = table[leader, :prefix]
+    return batch.k_buffer, batch.v_buffer, table, rows, groups, prefixes
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_cascade_equals_plain_decode(
+    native: ModuleType, page_size: int, kv_dtype: torch.dtype, backend: str
+) -> None:
+    previous = kernels.kernel_backend()
+    kernels.set_kernel_backend(backend)
+    try:
+        _check_cascade(page_size, kv_dtype)
+    finally:
+        kernels.set_kernel_backend(previous)
+
+
+def _check_cascade(page_size: int, kv_dtype: torch.dtype) -> None:
+    impl = kernels
+    k, v, table, rows, groups, prefixes = _cascade_case(page_size, kv_dtype)
+    seq_lens = torch.tensor([70, 75, 71, 90, 40, 41, 33, 120])
+    q = _queries(8, 8, 32, torch.float32, seed=12)
+    plain = reference.decode_attention(
+        q, k.nan_to_num(0).float(), v.nan_to_num(0).float(), table, rows, seq_lens, 0.2
+    )
+    kv_start = torch.zeros(8, dtype=torch.int64)
+    for members, prefix in zip(groups, prefixes, strict=True):
+        kv_start[members] = prefix
+    out, lse = impl.decode_attention_with_lse(q, k, v, table, rows, kv_start, seq_lens, 0.2)
+    sharers = torch.tensor([b for members in groups for b in members])
+    offsets = torch.tensor([0, 4, 6])
+    leaders = rows[[members[0] for members in groups]]
+    shared_out, shared_lse = impl.shared_prefix_attention(
+        q[sharers], k, v, table, leaders, offsets, torch.tensor(prefixes), 0.2
+    )
+    own_out, own_lse = out[sharers], lse[sharers]
+    impl.merge_attention_states(own_out, own_lse, shared_out, shared_lse)
+    out[sharers] = own_out
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_merge_with_an_empty_side_keeps_the_other(native: ModuleType) -> None:
+    out_a = torch.randn(3, 2, 8)
+    lse_a = torch.randn(3, 2)
+    kept, kept_lse = out_a.clone(), lse_a.clone()
+    native.merge_attention_states(
+        out_a, lse_a, torch.randn(3, 2, 8), torch.full((3, 2), -torch.inf)
+    )
+    torch.testing.assert_close(out_a, kept)
+    torch.testing.assert_close(lse_a, kept_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_match_reference(native: ModuleType, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(37, 96, generator=gen).to(dtype)
+    residual = torch.randn(37, 96, generator=gen).to(dtype)
+    weight = torch.randn(96, generator=gen).to(dtype)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> None:
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+    close(native.rms_norm(x, weight, 1e-6), elementwise_ref.rms_norm(x, weight, 1e-6))
+    for got, want in zip(
+        native.fused_add_rms_norm(x, residual, weight, 1e-6),
+        elementwise_ref.fused_add_rms_norm(x, residual, weight, 1e-6),
+        strict=True,
+    ):
+        close(got, want)
+    gate_up = torch.randn(37, 2 * 48, generator=gen).to(dtype)
+    close(native.silu_and_mul(gate_up), elementwise_ref.silu_and_mul(gate_up))
+    # q and k as the model makes them: views into one projection output.
+    qkv = torch.randn(37, (4 + 2 + 2) * 32, generator=gen).to(dtype)
+    q = qkv[:, : 4 * 32].view(37, 4, 32)
+    k = qkv[:, 4 * 32 : 6 * 32].view(37, 2, 32)
+    positions = torch.arange(37) * 3
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    for got, want in zip(
+        native.apply_rotary_emb(q, k, emb.cos(), emb.sin()),
+        elementwise_ref.apply_rotary_emb(q, k, emb.cos(), emb.sin()),
+        strict=True,
+    ):
+        close(got, want)
+
+
+def _python(code: str, cache_dir: str, backend: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ARBOR_CACHE_DIR": cache_dir, "ARBOR_KERNEL_BACKEND": backend}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_without_a_build_auto_falls_back_to_the_reference_with_one_warning(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import torch, kernels\n"
+        "from kernels import dispatch\n"
+        "for op in ('decode_attention', 'extend_attention', 'rms_norm'):\n"
+        "    print(dispatch.resolve(op, torch.device('cpu')).__module__)\n"
+    )
+    done = _python(code, str(tmp_path), "auto")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["kernels.reference.attention"] * 2 + [
+        "kernels.reference.elementwise"
+    ]
+    assert done.stderr.count("native CPU kernels unavailable") == 1, done.stderr
+    assert "python -m kernels.cpu_native" in done.stderr
+
+
+def test_without_a_build_forcing_native_names_the_cause(tmp_path: Path) -> None:
+    done = _python("import kernels; kernels.set_kernel_backend('native')", str(tmp_path), "auto")
+    assert done.returncode != 0
+    assert "kernel backend 'native' requested but unavailable" in done.stderr
+
+
+def test_a_failed_build_does_not_fail_the_install_step(tmp_path: Path) -> None:
+    # A compiler that cannot run stands in for a broken toolchain.
+    env = {**os.environ, "ARBOR_CACHE_DIR": str(tmp_path), "CXX": "/nonexistent/c++"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kernels.cpu_native"], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert "native CPU kernels failed to build" in done.stderr
+    strict = subprocess.run(
+        [sys.executable, "-m", "kernels.cpu_native", "--strict"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert strict.returncode == 1
