@@ -50,7 +50,7 @@ def test_extend_matches_reference(
     q_dtype = torch.float32 if kv_dtype == torch.float32 else kv_dtype
     q = _queries(sum(extend_lens), heads, 32, q_dtype, seed=4)
     args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, 0.17)
-    out = native.extend_attention(q, batch.k_buffer, batch.v_buffer, *args)
+    out = native.ext.extend_attention(q, batch.k_buffer, batch.v_buffer, *args)
     ref = batch.finite()  # the native kernel reads the NaN-poisoned pool in place
     expected = reference.extend_attention(q, ref.k_buffer, ref.v_buffer, *args)
     assert out.dtype == q_dtype
