@@ -1,6 +1,7 @@
 """``arbor bench``: run a workload on Arbor and on the baselines, side by side.
 
-    arbor bench WORKLOAD [--model-path DIR] [--baseline transformers|llama.cpp|all|none]
+    arbor bench WORKLOAD [--model-path DIR]
+                         [--baseline transformers|llama.cpp|llama-server|all|none]
                          [--quick] [--plot out.png] [--out result.json]
     arbor bench serve --rate R [--model-path DIR] [--requests-from random|few-shot|json] ...
 
@@ -22,11 +23,12 @@ from benchmarks.common import write_json
 from benchmarks.suite import report
 from benchmarks.suite.contention import measured
 from benchmarks.suite.metrics import optimal_hit_rate, output_agreement, summarize
+from benchmarks.suite.systems.llama_server_build import BIN_ENV
 from benchmarks.suite.trace import SystemRun
 from benchmarks.suite.workloads import WORKLOADS, Workload, create_workload
 from benchmarks.suite.workloads.base import RequestListWorkload
 
-BASELINES = ("transformers", "llama.cpp")
+BASELINES = ("transformers", "llama.cpp", "llama-server")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="baselines to run (repeatable; default: all)",
         )
         offline.add_argument("--hf-batch", type=int, default=16, help="transformers batch size")
-        offline.add_argument("--gguf", help="llama.cpp: use this GGUF instead of converting")
+        offline.add_argument(
+            "--gguf", help="llama.cpp, llama-server: use this GGUF instead of converting"
+        )
+        offline.add_argument(
+            "--llama-server-bin",
+            metavar="PATH",
+            help=f"llama-server: run this binary (default: ${BIN_ENV}, else the cached build, "
+            "else build it from llama-cpp-python's sdist: minutes)",
+        )
     serve = commands.add_parser(
         "serve", parents=[common], help="online: Poisson arrivals against arbor serve"
     )
@@ -105,6 +115,17 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
         checks["llama.cpp"] = outcome.check
         if outcome.run is None:
             unavailable["llama.cpp"] = outcome.reason
+        else:
+            runs.append(outcome.run)
+    if "llama-server" in baselines:
+        from benchmarks.suite.systems import llama_server_baseline
+
+        outcome = llama_server_baseline.replay(
+            model_path, ours.calls, note, args.gguf, args.llama_server_bin
+        )
+        checks["llama-server"] = outcome.check
+        if outcome.run is None:
+            unavailable["llama-server"] = outcome.reason
         else:
             runs.append(outcome.run)
     load_after = os.getloadavg()

@@ -88,18 +88,10 @@ def check_against_transformers(llm: Any, model_path: str) -> dict[str, Any]:
     """Tokenizer equality, max |logit difference| at the last of ~300 prompt tokens, and how
     many of 32 greedy tokens agree; ``ok`` when the tokens and the greedy run are identical."""
     import llama_cpp
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     text = CHECK_TEXT * 12
-    ids = tokenizer(text).input_ids
+    ids, reference, greedy = transformers_reference(model_path, text)
     tokenizer_equal = llm.tokenize(text.encode(), add_bos=True, special=True) == ids
-    with torch.no_grad():
-        reference = model(torch.tensor([ids])).logits[0, -1].numpy()
-        greedy = model.generate(
-            torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False
-        )[0, len(ids) :].tolist()
     llm.reset()
     llm.eval(ids)
     last_row = llama_cpp.llama_get_logits_ith(llm.ctx, -1)  # overwritten by the next eval
@@ -114,6 +106,27 @@ def check_against_transformers(llm: Any, model_path: str) -> dict[str, Any]:
         "greedy_tokens_equal": f"{same}/32",
         "ok": tokenizer_equal and same == 32,
     }
+
+
+def transformers_reference(
+    model_path: str, text: str, new_tokens: int = 32
+) -> tuple[list[int], np.ndarray, list[int]]:
+    """What transformers (float32) makes of ``text``: its token ids, the logits after the last
+    one (shape [vocab]) and ``new_tokens`` greedy tokens (EOS not stopping them)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    ids = tokenizer(text).input_ids
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].numpy()
+        greedy = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+        )[0, len(ids) :].tolist()
+    return ids, logits, greedy
 
 
 class LlamaCppReplay:
