@@ -8,7 +8,7 @@ few-shot header); cascade runs only on shared layouts. K/V hold random values: o
 measured here (the kernel tests check values).
 
     python -m benchmarks.decode_step_bench [--preset small] [--batches 1,32,128]
-        [--contexts 128,1024] [--shared 0.75] [--quick]
+        [--contexts 128,1024] [--shared 0.75] [--kv-cache-dtype auto|fp32|bf16|fp16] [--quick]
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="128,1024")
     parser.add_argument("--shared", type=float, default=0.75)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the KV pool's dtype")
     parser.add_argument("--quick", action="store_true", help="batches 1,8 and context 128")
     args = parser.parse_args()
     batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
@@ -117,7 +118,7 @@ def main() -> None:
     model = cached_test_model(args.preset, "llama")
     runner = ModelRunner(
         str(model), kv_slots=max(batches) * max(contexts) + 64, max_requests=max(batches),
-        context_len=max(contexts) + 8,
+        context_len=max(contexts) + 8, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     variants = [("torch", "distinct", False), ("native", "distinct", False)]
     variants += [("torch", "shared", False), ("native", "shared", False)]
@@ -153,8 +154,9 @@ def main() -> None:
     print_table(
         ["backend", "layout", "batch", "context", "step ms", "ms/token", "attention"], rows_out
     )
-    write_json("decode_step_bench", {"preset": args.preset, "threads": torch.get_num_threads(),
-                                     "results": results})  # fmt: skip
+    payload = {"preset": args.preset, "threads": torch.get_num_threads(),
+               "kv_cache_dtype": args.kv_cache_dtype, "results": results}  # fmt: skip
+    write_json(f"decode_step_bench-kv-{args.kv_cache_dtype}", payload)
 
 
 if __name__ == "__main__":

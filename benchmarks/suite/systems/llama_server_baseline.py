@@ -177,7 +177,10 @@ class LlamaServerReplay:
 
     async def _run(self, calls: list[Call], note: str) -> SystemRun:
         timeout = httpx.Timeout(None, connect=30.0)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        # No keep-alive: llama-server closes idle connections on its own timer, and a call sent
+        # on a connection it just closed fails with "Server disconnected" (multi-turn and
+        # tree-of-thought calls wait on earlier ones, so their connections sit idle).
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits) as client:
             await self._stream(client, (10, 11, 12, 13), 2, Clock(), Timing(0.0))  # warm-up
             waves = _WaveTracker(calls)
