@@ -21,7 +21,8 @@ class ModelRunner:
     request-to-slot table. kv_cache_dtype: ``auto`` stores K/V in the compute dtype, ``fp32``,
     ``bf16`` or ``fp16`` in that dtype (and sizes the default pool by it).
     cascade_min_prefix: decode requests sharing at least this many tokens attend to them in
-    one shared-prefix pass (runtime/cascade.py); None turns that off.
+    one shared-prefix pass (runtime/cascade.py); None turns that off. pack_weights: move the
+    projection weights into oneDNN's layout on CPU float32 (``CausalLM.pack_weights``).
     """
 
     def __init__(
@@ -36,6 +37,7 @@ class ModelRunner:
         page_size: int = 1,
         kv_cache_dtype: str = "auto",
         cascade_min_prefix: int | None = DEFAULT_MIN_PREFIX,
+        pack_weights: bool = True,
     ) -> None:
         self.config = ModelConfig.from_pretrained(model_path)
         self.cascade_min_prefix = cascade_min_prefix
@@ -57,6 +59,8 @@ class ModelRunner:
             self.device,
         )
         self.req_to_token_pool = ReqToTokenPool(max_requests, self.context_len, self.device)
+        if pack_weights:  # after sizing the KV pool, which counts the plain weights
+            self.model.pack_weights()
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -50,6 +50,8 @@ class ServerArgs:
     disable_jump_forward: bool = False
     # Decode requests sharing a prefix attend to it in one batched pass (runtime/cascade.py).
     disable_cascade_attention: bool = False
+    # Keep projection weights in torch's plain layout (F.linear) instead of oneDNN's on CPU.
+    disable_weight_packing: bool = False
     # Serving
     host: str = "127.0.0.1"
     port: int = 30000

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "arbor_cpu_kernels"
 SOURCES = ("module.cpp", "attention.cpp", "elementwise.cpp")
+HEADERS = ("vec_math.h",)
 # -march=native: AVX-512 where the building CPU has it, AVX2 or SSE where not. No -ffast-math:
 # the kernels rely on -inf for masked keys; the reductions vectorize through `omp simd`.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DNDEBUG")
@@ -34,7 +35,7 @@ _state: dict[str, object] = {"module": None, "error": None, "tried": False}
 def build_dir() -> Path:
     """Where this source tree's build for this torch and CPU lives."""
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         digest.update((_HERE / name).read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     digest.update(torch.__version__.encode())

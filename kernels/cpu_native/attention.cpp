@@ -9,6 +9,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "vec_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,6 +18,8 @@
 #include <vector>
 
 namespace {
+
+using arbor_cpu::exp_nonpositive;
 
 constexpr int64_t kKeyBlock = 64;      // keys scored per step
 constexpr int64_t kQueryBlock = 16;    // extend: query tokens per work item
@@ -28,26 +32,6 @@ inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 template <typename T>
 inline T from_float(float x) { return static_cast<T>(x); }
-
-// exp(x) for x <= 0 in plain arithmetic, so loops over it vectorize (libm's expf does not):
-// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
-// under 2e-7), 2^n through the exponent bits. Below -87 (and for -inf) the result is 0.
-inline float exp_nonpositive(float x) {
-  const float clamped = std::max(x, -87.f);
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  const float r = clamped - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.f ? 0.f : p * scale;
-}
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float s = 0.f;
@@ -434,7 +418,10 @@ void merge_attention_states(torch::Tensor out_a, torch::Tensor lse_a, torch::Ten
 }  // namespace
 
 void register_attention(pybind11::module& m) {
-  m.def("decode_attention", &decode_attention);
-  m.def("extend_attention", &extend_attention);
-  m.def("merge_attention_states", &merge_attention_states);
+  // The kernels touch no Python object: other threads (the detokenizer, the HTTP server) run
+  // while they do, as they do during torch's own ops.
+  const auto release = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("decode_attention", &decode_attention, release);
+  m.def("extend_attention", &extend_attention, release);
+  m.def("merge_attention_states", &merge_attention_states, release);
 }

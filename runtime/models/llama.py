@@ -10,7 +10,14 @@ import torch.nn.functional as F
 import kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.layers.attention import PagedAttention
-from runtime.layers.basic import Embedding, Linear, RMSNorm
+from runtime.layers.basic import (
+    Embedding,
+    Linear,
+    RMSNorm,
+    onednn_packing_available,
+    pack_weight,
+    packed_linear,
+)
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.model_config import ModelConfig
 from runtime.models.registry import CausalLM, register_model
@@ -141,6 +148,7 @@ class LlamaForCausalLM(CausalLM):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, False, dtype)
         )
+        self._tied_head_packed: torch.Tensor | None = None
 
     @staticmethod
     def projection_biases(config: ModelConfig) -> tuple[bool, bool]:
@@ -150,8 +158,19 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices``."""
         hidden = self.model(batch)[batch.logit_indices]
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        if self._tied_head_packed is not None:
+            return packed_linear(hidden, self._tied_head_packed, None).float()
+        return F.linear(hidden, self.model.embed_tokens.weight).float()
+
+    def pack_weights(self) -> None:
+        """Also packs the tied output projection: a packed copy of the embedding, which the
+        input lookup still needs in its plain layout."""
+        super().pack_weights()
+        embedding = self.model.embed_tokens.weight
+        if self.lm_head is None and onednn_packing_available(embedding):
+            self._tied_head_packed = pack_weight(embedding)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (Hugging Face names) into the parameters; raise naming any

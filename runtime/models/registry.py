@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from runtime.layers.basic import Linear
+
 if TYPE_CHECKING:
     from runtime.forward_batch import ForwardBatch
 
@@ -24,6 +26,13 @@ class CausalLM(torch.nn.Module, ABC):
     @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices``."""
+
+    def pack_weights(self) -> None:
+        """After loading, for serving: move projection weights into the fastest layout the
+        device has (oneDNN's on CPU float32). Weights can no longer be loaded afterwards."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
 
 
 _MODELS: dict[str, type[CausalLM]] = {}

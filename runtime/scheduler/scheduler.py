@@ -78,6 +78,7 @@ class Scheduler:
             page_size=args.page_size,
             kv_cache_dtype=args.kv_cache_dtype,
             cascade_min_prefix=None if args.disable_cascade_attention else DEFAULT_MIN_PREFIX,
+            pack_weights=not args.disable_weight_packing,
         )
         config = self.runner.config
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)

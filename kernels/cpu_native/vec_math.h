@@ -1,0 +1,38 @@
+// Math the kernels' inner loops share, written so that loops calling it vectorize.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace arbor_cpu {
+
+// exp(x) for x <= 0 in plain arithmetic, so loops over it vectorize (libm's expf does not):
+// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
+// under 2e-7), 2^n through the exponent bits. Below -87 (and for -inf) the result is 0.
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.f);
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  const float r = clamped - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.f ? 0.f : p * scale;
+}
+
+// silu(x) = x * sigmoid(x) through exp_nonpositive(-|x|), so it vectorizes for either sign.
+inline float silu(float x) {
+  const float e = exp_nonpositive(-std::fabs(x));
+  const float sigmoid = x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+  return x * sigmoid;
+}
+
+}  // namespace arbor_cpu
