@@ -17,17 +17,22 @@ from kernels.dispatch import register
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [N, H, D] over k [L, Hkv, D], v [L, Hkv, Dv]; returns out [N, H, Dv] f32, lse [N, H]."""
+    """q [N, H, D] over k [L, Hkv, D], v [L, Hkv, Dv]; returns out [N, H, Dv] f32, lse [N, H].
+
+    Two batched matrix products over the KV heads, each head's keys read once for all N
+    queries of its group (explicit ``bmm``: 15% faster than the same ``einsum`` for 128
+    sharers x 96 keys, and ``einsum`` picked a contraction 20x slower at 2,000 x 670)."""
     n, heads, dim = q.shape
-    kv_heads = k.shape[1]
-    qg = q.float().view(n, kv_heads, heads // kv_heads, dim)
-    scores = torch.einsum("nhgd,lhd->nhgl", qg, k.float()) * sm_scale
-    if k.shape[0] == 0:
-        out = torch.zeros(n, heads, v.shape[-1])
-        return out, torch.full((n, heads), float("-inf"))
-    lse = scores.logsumexp(-1)
-    out = torch.einsum("nhgl,lhd->nhgd", (scores - lse[..., None]).exp(), v.float())
-    return out.reshape(n, heads, -1), lse.reshape(n, heads)
+    length, kv_heads, dv = k.shape[0], k.shape[1], v.shape[-1]
+    group = heads // kv_heads
+    if length == 0:
+        return torch.zeros(n, heads, dv), torch.full((n, heads), float("-inf"))
+    qg = q.float().view(n, kv_heads, group, dim).permute(1, 0, 2, 3).reshape(kv_heads, -1, dim)
+    scores = torch.bmm(qg, k.float().permute(1, 2, 0)).mul_(sm_scale)  # [Hkv, N * G, L]
+    lse = scores.logsumexp(-1, keepdim=True)
+    out = torch.bmm(scores.sub_(lse).exp_(), v.float().transpose(0, 1))  # [Hkv, N * G, Dv]
+    out = out.view(kv_heads, n, group, dv).permute(1, 0, 2, 3).reshape(n, heads, dv)
+    return out, lse.view(kv_heads, n, group).permute(1, 0, 2).reshape(n, heads)
 
 
 @register("decode_attention_with_lse", "torch")
