@@ -18,13 +18,12 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import torch
 
 import kernels
-from benchmarks.common import print_table, write_json
+from benchmarks.common import best_time, print_table, write_json
 from benchmarks.suite.systems.llama_cpp_baseline import converted
 from benchmarks.suite.systems.llama_server_baseline import free_port
 from benchmarks.suite.systems.llama_server_build import find_or_build
@@ -38,16 +37,6 @@ def _prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     return torch.randint(10, min(vocab, 8000), (batch, length), generator=gen).tolist()
 
 
-def _best(fn: Any, repeat: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def arbor(model: str, batches: list[int], prompt_len: int, steps: int) -> dict[str, float]:
     runner = ModelRunner(
         model, kv_slots=max(batches) * (prompt_len + steps + 8) + 1024,
@@ -59,7 +48,7 @@ def arbor(model: str, batches: list[int], prompt_len: int, steps: int) -> dict[s
     assert row is not None
     runner.req_to_token_pool.write(row, 0, torch.arange(prompt_len))
     prompt = _prompts(1, prompt_len, vocab)[0]
-    seconds = _best(lambda: runner.forward(runner.build_batch([row], [0], [prompt])))
+    seconds = best_time(lambda: runner.forward(runner.build_batch([row], [0], [prompt])))
     result["prefill"] = prompt_len / seconds
     runner.req_to_token_pool.free(row)
     for batch in batches:
@@ -80,7 +69,7 @@ def arbor(model: str, batches: list[int], prompt_len: int, steps: int) -> dict[s
                 )
                 ids = out.argmax(-1).tolist()
 
-        result[f"decode_b{batch}"] = batch * steps / _best(decode, repeat=2)
+        result[f"decode_b{batch}"] = batch * steps / best_time(decode, repeat=2)
         for r in live:
             runner.req_to_token_pool.free(r)
     return result
@@ -99,9 +88,10 @@ def llama_cpp(gguf: str, prompt_len: int, steps: int, vocab: int) -> dict[str, f
         llm.reset()
         llm.eval(prompt)
 
-    result = {"prefill": prompt_len / _best(prefill)}
+    result = {"prefill": prompt_len / best_time(prefill)}
 
-    def decode() -> None:
+    def decode_seconds() -> float:
+        """Seconds for ``steps`` greedy tokens after a fresh prefill (the prefill untimed)."""
         llm.reset()
         llm.eval(prompt)
         token = prompt[-1]
@@ -109,12 +99,9 @@ def llama_cpp(gguf: str, prompt_len: int, steps: int, vocab: int) -> dict[str, f
         for _ in range(steps):
             llm.eval([token])
             token = int(llm.scores[llm.n_tokens - 1].argmax())
-        decode.seconds = time.perf_counter() - start  # type: ignore[attr-defined]
+        return time.perf_counter() - start
 
-    best = float("inf")
-    for _ in range(3):
-        decode()
-        best = min(best, decode.seconds)  # type: ignore[attr-defined]
+    best = min(decode_seconds() for _ in range(3))
     result["decode_b1"] = steps / best
     return result
 

@@ -92,11 +92,9 @@ def check_text(text: str, field: str) -> None:
 
 
 def _encodes(text: str) -> bool:
-    if text.isascii():
-        return True
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+        check_text(text, "")
+    except InvalidRequestValue:
         return False
     return True
 

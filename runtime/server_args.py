@@ -10,8 +10,11 @@ from typing import Any
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # auto: the model's compute dtype. The names map to torch dtypes in runtime.memory_pool.
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
+# kernels.BACKENDS, named here so that parsing flags does not import torch (a test keeps the
+# two equal).
+KERNEL_BACKENDS = ("auto", "torch", "triton", "native")
 # Flags whose values argparse checks, so a bad one is refused before anything loads.
-_CLI_CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES}
+_CLI_CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, "kernel_backend": KERNEL_BACKENDS}
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,11 @@ class ServerArgs:
             raise ValueError(
                 f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                 f"got {self.schedule_policy!r}"
+            )
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(
+                f"kernel_backend must be one of {', '.join(KERNEL_BACKENDS)}, "
+                f"got {self.kernel_backend!r}"
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(

@@ -9,7 +9,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "vec_math.h"
+#include "common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,15 +20,13 @@
 namespace {
 
 using arbor_cpu::exp_nonpositive;
+using arbor_cpu::to_float;
 
 constexpr int64_t kKeyBlock = 64;      // keys scored per step
 constexpr int64_t kQueryBlock = 16;    // extend: query tokens per work item
 constexpr int64_t kMinSplitKeys = 256; // decode: fewest keys worth a split of their own
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 template <typename T>
 inline T from_float(float x) { return static_cast<T>(x); }
@@ -67,7 +65,25 @@ struct SoftmaxState {
 
 struct Scratch {
   std::vector<float> q, scores, keys, values;
+  std::vector<int64_t> visible;
 };
+
+// Runs fn(b, local, st, sc) in parallel for every work item, where request b owns items
+// [first_item[b], first_item[b + 1]) and `local` counts from 0 within them; st and sc are the
+// calling thread's own.
+template <typename Fn>
+void for_each_item(const std::vector<int64_t>& first_item, const Fn& fn) {
+  at::parallel_for(0, first_item.back(), 1, [&](int64_t begin, int64_t end) {
+    SoftmaxState st;
+    Scratch sc;
+    int64_t b =
+        std::upper_bound(first_item.begin(), first_item.end(), begin) - first_item.begin() - 1;
+    for (int64_t item = begin; item < end; ++item) {
+      while (item >= first_item[b + 1]) ++b;
+      fn(b, item - first_item[b], st, sc);
+    }
+  });
+}
 
 // Attend `rows` scaled float32 queries (`q`, [rows, dim]) over key positions [lo, hi) of one
 // sequence (`slots` maps position -> pool slot) and KV head `head`, updating `st`. A query row
@@ -185,32 +201,11 @@ Geometry geometry(const torch::Tensor& q, const torch::Tensor& k_buf, const torc
 
 torch::Tensor as_i64(const torch::Tensor& t) { return t.to(torch::kInt64).contiguous(); }
 
-#define ARBOR_DISPATCH_KV(kv_type, ...)                                     \
-  [&] {                                                                     \
-    switch (kv_type) {                                                      \
-      case torch::kFloat32: { using kv_t = float; return __VA_ARGS__(); }   \
-      case torch::kBFloat16: { using kv_t = c10::BFloat16; return __VA_ARGS__(); } \
-      case torch::kFloat16: { using kv_t = c10::Half; return __VA_ARGS__(); } \
-      default: TORCH_CHECK(false, "unsupported K/V dtype ", kv_type);       \
-    }                                                                       \
-  }()
-
-#define ARBOR_DISPATCH_Q(q_type, ...)                                       \
-  [&] {                                                                     \
-    switch (q_type) {                                                       \
-      case torch::kFloat32: { using q_t = float; return __VA_ARGS__(); }    \
-      case torch::kBFloat16: { using q_t = c10::BFloat16; return __VA_ARGS__(); } \
-      case torch::kFloat16: { using q_t = c10::Half; return __VA_ARGS__(); } \
-      default: TORCH_CHECK(false, "unsupported q dtype ", q_type);          \
-    }                                                                       \
-  }()
-
 // Decode: one query token per request over key positions [kv_start[b], seq_lens[b]).
 // Returns (out [B, H, Dv] in q's dtype, lse [B, H] float32).
-std::vector<torch::Tensor> decode_attention(torch::Tensor q, torch::Tensor k_buf,
-                                            torch::Tensor v_buf, torch::Tensor table,
-                                            torch::Tensor rows_t, torch::Tensor kv_start_t,
-                                            torch::Tensor seq_lens_t, double sm_scale) {
+TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
+                            torch::Tensor table, torch::Tensor rows_t, torch::Tensor kv_start_t,
+                            torch::Tensor seq_lens_t, double sm_scale) {
   const Geometry g = geometry(q, k_buf, v_buf, table);
   const int64_t batch = q.size(0);
   auto rows = as_i64(rows_t), seq_lens = as_i64(seq_lens_t);
@@ -249,40 +244,32 @@ std::vector<torch::Tensor> decode_attention(torch::Tensor q, torch::Tensor k_buf
   float* lse_p = lse.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
 
-  ARBOR_DISPATCH_Q(q.scalar_type(), [&] {
-    ARBOR_DISPATCH_KV(k_buf.scalar_type(), [&] {
+  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
+    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
       const q_t* q_p = q.data_ptr<q_t>();
       q_t* out_p = out.data_ptr<q_t>();
       const kv_t* k_p = k_buf.data_ptr<kv_t>();
       const kv_t* v_p = v_buf.data_ptr<kv_t>();
-      at::parallel_for(0, first_item[batch], 1, [&](int64_t begin, int64_t end) {
-        SoftmaxState st;
-        Scratch sc;
+      for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
         sc.q.resize(g.group * g.dim);
-        int64_t b = std::upper_bound(first_item.begin(), first_item.end(), begin) -
-                    first_item.begin() - 1;
-        for (int64_t item = begin; item < end; ++item) {
-          while (item >= first_item[b + 1]) ++b;
-          const int64_t local = item - first_item[b];
-          const int64_t head = local / splits[b], split = local % splits[b];
-          const int64_t lo = start_p ? start_p[b] : 0, hi = len_p[b];
-          const int64_t keys = std::max<int64_t>(0, hi - lo);
-          const int64_t per = (keys + splits[b] - 1) / splits[b];
-          const int64_t s_lo = std::min(hi, lo + split * per), s_hi = std::min(hi, s_lo + per);
-          load_queries(q_p, b, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
-                       sc.q.data());
-          st.reset(g.group, g.dv);
-          attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-                 table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, st, sc);
-          for (int64_t r = 0; r < g.group; ++r) {
-            const int64_t h = head * g.group + r;
-            if (splits[b] == 1) {
-              lse_p[b * g.heads + h] =
-                  store_row(st, r, g.dv, out_p + (b * g.heads + h) * g.dv);
-            } else {
-              const int64_t at = (b * g.heads + h) * most_splits + split;
-              part_lse_p[at] = store_row(st, r, g.dv, part_out_p + at * g.dv);
-            }
+        const int64_t head = local / splits[b], split = local % splits[b];
+        const int64_t lo = start_p ? start_p[b] : 0, hi = len_p[b];
+        const int64_t keys = std::max<int64_t>(0, hi - lo);
+        const int64_t per = (keys + splits[b] - 1) / splits[b];
+        const int64_t s_lo = std::min(hi, lo + split * per), s_hi = std::min(hi, s_lo + per);
+        load_queries(q_p, b, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
+                     sc.q.data());
+        st.reset(g.group, g.dv);
+        attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
+               table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, st, sc);
+        for (int64_t r = 0; r < g.group; ++r) {
+          const int64_t h = head * g.group + r;
+          if (splits[b] == 1) {
+            lse_p[b * g.heads + h] =
+                store_row(st, r, g.dv, out_p + (b * g.heads + h) * g.dv);
+          } else {
+            const int64_t at = (b * g.heads + h) * most_splits + split;
+            part_lse_p[at] = store_row(st, r, g.dv, part_out_p + at * g.dv);
           }
         }
       });
@@ -341,45 +328,37 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tens
   TORCH_CHECK(token_start[batch] == q.size(0), "sum(extend_lens) must equal q's token count");
   const float scale = static_cast<float>(sm_scale);
 
-  ARBOR_DISPATCH_Q(q.scalar_type(), [&] {
-    ARBOR_DISPATCH_KV(k_buf.scalar_type(), [&] {
+  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
+    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
       const q_t* q_p = q.data_ptr<q_t>();
       q_t* out_p = out.data_ptr<q_t>();
       const kv_t* k_p = k_buf.data_ptr<kv_t>();
       const kv_t* v_p = v_buf.data_ptr<kv_t>();
-      at::parallel_for(0, first_item[batch], 1, [&](int64_t begin, int64_t end) {
-        SoftmaxState st;
-        Scratch sc;
-        std::vector<int64_t> visible;
-        int64_t b = std::upper_bound(first_item.begin(), first_item.end(), begin) -
-                    first_item.begin() - 1;
-        for (int64_t item = begin; item < end; ++item) {
-          while (item >= first_item[b + 1]) ++b;
-          const int64_t local = item - first_item[b];
-          const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
-          const int64_t prefix = len_p[b] - ext_p[b];
-          const int64_t i0 = block * kQueryBlock, i1 = std::min(ext_p[b], i0 + kQueryBlock);
-          const int64_t rows_n = (i1 - i0) * g.group;
-          sc.q.resize(rows_n * g.dim);
-          visible.resize(rows_n);
-          for (int64_t i = i0; i < i1; ++i) {
-            load_queries(q_p, token_start[b] + i, head * g.group, g.group, g.dim, g.q_stride_t,
-                         g.q_stride_h, scale, sc.q.data() + (i - i0) * g.group * g.dim);
-            for (int64_t r = 0; r < g.group; ++r) visible[(i - i0) * g.group + r] = prefix + i;
-          }
-          st.reset(rows_n, g.dv);
-          const int64_t* slots = table_p + row_p[b] * g.table_stride;
-          // Keys every query of the block sees need no mask; the causal tail does.
-          attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-                 0, prefix + i0 + 1, nullptr, st, sc);
-          attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-                 prefix + i0 + 1, prefix + i1, visible.data(), st, sc);
-          for (int64_t i = i0; i < i1; ++i)
-            for (int64_t r = 0; r < g.group; ++r) {
-              const int64_t t = token_start[b] + i, h = head * g.group + r;
-              store_row(st, (i - i0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
-            }
+      for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
+        std::vector<int64_t>& visible = sc.visible;
+        const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
+        const int64_t prefix = len_p[b] - ext_p[b];
+        const int64_t i0 = block * kQueryBlock, i1 = std::min(ext_p[b], i0 + kQueryBlock);
+        const int64_t rows_n = (i1 - i0) * g.group;
+        sc.q.resize(rows_n * g.dim);
+        visible.resize(rows_n);
+        for (int64_t i = i0; i < i1; ++i) {
+          load_queries(q_p, token_start[b] + i, head * g.group, g.group, g.dim, g.q_stride_t,
+                       g.q_stride_h, scale, sc.q.data() + (i - i0) * g.group * g.dim);
+          for (int64_t r = 0; r < g.group; ++r) visible[(i - i0) * g.group + r] = prefix + i;
         }
+        st.reset(rows_n, g.dv);
+        const int64_t* slots = table_p + row_p[b] * g.table_stride;
+        // Keys every query of the block sees need no mask; the causal tail does.
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+               0, prefix + i0 + 1, nullptr, st, sc);
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+               prefix + i0 + 1, prefix + i1, visible.data(), st, sc);
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t r = 0; r < g.group; ++r) {
+            const int64_t t = token_start[b] + i, h = head * g.group + r;
+            store_row(st, (i - i0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
+          }
       });
     });
   });
@@ -397,7 +376,7 @@ void merge_attention_states(torch::Tensor out_a, torch::Tensor lse_a, torch::Ten
   const int64_t n = lse_a.numel(), dv = out_a.numel() / std::max<int64_t>(n, 1);
   float* la = lse_a.data_ptr<float>();
   const float* lb = lse_b.contiguous().data_ptr<float>();
-  ARBOR_DISPATCH_Q(out_a.scalar_type(), [&] {
+  ARBOR_DISPATCH_FLOAT(out_a.scalar_type(), q_t, [&] {
     q_t* oa = out_a.data_ptr<q_t>();
     const q_t* ob = out_b.data_ptr<q_t>();
     at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {

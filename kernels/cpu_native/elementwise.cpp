@@ -5,25 +5,13 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "vec_math.h"
+#include "common.h"
 
 #include <cmath>
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-
-#define ARBOR_DISPATCH_FLOAT(type, ...)                                     \
-  [&] {                                                                     \
-    switch (type) {                                                         \
-      case torch::kFloat32: { using scalar_t = float; return __VA_ARGS__(); } \
-      case torch::kBFloat16: { using scalar_t = c10::BFloat16; return __VA_ARGS__(); } \
-      case torch::kFloat16: { using scalar_t = c10::Half; return __VA_ARGS__(); } \
-      default: TORCH_CHECK(false, "unsupported dtype ", type);              \
-    }                                                                       \
-  }()
+using arbor_cpu::to_float;
 
 // Rows of the last dimension; grain sized so a task holds about 16K elements.
 int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
@@ -64,22 +52,22 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   auto w = weight.to(x.scalar_type()).contiguous();
   auto out = torch::empty_like(xc);
   const int64_t width = xc.size(-1), rows = width ? xc.numel() / width : 0;
-  ARBOR_DISPATCH_FLOAT(x.scalar_type(), [&] {
+  ARBOR_DISPATCH_FLOAT(x.scalar_type(), scalar_t, [&] {
     norm_rows<scalar_t>(xc.data_ptr<scalar_t>(), nullptr, w.data_ptr<scalar_t>(),
                         out.data_ptr<scalar_t>(), nullptr, rows, width, static_cast<float>(eps));
   });
   return out;
 }
 
-std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, torch::Tensor residual,
-                                              torch::Tensor weight, double eps) {
+TensorPair fused_add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
+                              double eps) {
   TORCH_CHECK(x.sizes() == residual.sizes() && x.scalar_type() == residual.scalar_type(),
               "x and residual must match in shape and dtype");
   auto xc = x.contiguous(), rc = residual.contiguous();
   auto w = weight.to(x.scalar_type()).contiguous();
   auto out = torch::empty_like(xc), sum = torch::empty_like(xc);
   const int64_t width = xc.size(-1), rows = width ? xc.numel() / width : 0;
-  ARBOR_DISPATCH_FLOAT(x.scalar_type(), [&] {
+  ARBOR_DISPATCH_FLOAT(x.scalar_type(), scalar_t, [&] {
     norm_rows<scalar_t>(xc.data_ptr<scalar_t>(), rc.data_ptr<scalar_t>(),
                         w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                         sum.data_ptr<scalar_t>(), rows, width, static_cast<float>(eps));
@@ -126,16 +114,16 @@ torch::Tensor rotate(const torch::Tensor& x, const float* cos, const float* sin)
   return out;
 }
 
-std::vector<torch::Tensor> apply_rotary_emb(torch::Tensor q, torch::Tensor k, torch::Tensor cos,
-                                            torch::Tensor sin) {
+TensorPair apply_rotary_emb(torch::Tensor q, torch::Tensor k, torch::Tensor cos,
+                            torch::Tensor sin) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1,
               "q and k: [T, heads, D] with a contiguous last dimension");
   TORCH_CHECK(q.scalar_type() == k.scalar_type(), "q and k must share a dtype");
   auto c = cos.to(torch::kFloat32).contiguous(), s = sin.to(torch::kFloat32).contiguous();
   TORCH_CHECK(c.size(0) == q.size(0) && c.size(1) == q.size(2), "cos/sin: [T, D]");
-  return ARBOR_DISPATCH_FLOAT(q.scalar_type(), [&] {
-    return std::vector<torch::Tensor>{rotate<scalar_t>(q, c.data_ptr<float>(), s.data_ptr<float>()),
-                                      rotate<scalar_t>(k, c.data_ptr<float>(), s.data_ptr<float>())};
+  return ARBOR_DISPATCH_FLOAT(q.scalar_type(), scalar_t, [&] {
+    return TensorPair{rotate<scalar_t>(q, c.data_ptr<float>(), s.data_ptr<float>()),
+                      rotate<scalar_t>(k, c.data_ptr<float>(), s.data_ptr<float>())};
   });
 }
 
@@ -146,7 +134,7 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   auto sizes = xc.sizes().vec();
   sizes.back() = inner;
   auto out = torch::empty(sizes, xc.options());
-  ARBOR_DISPATCH_FLOAT(x.scalar_type(), [&] {
+  ARBOR_DISPATCH_FLOAT(x.scalar_type(), scalar_t, [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, row_grain(width), [&](int64_t begin, int64_t end) {

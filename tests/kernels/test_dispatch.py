@@ -152,3 +152,11 @@ except RuntimeError as exc:
     result = _python(code)
     assert result.returncode == 0, result.stderr
     assert "refused: kernel backend 'triton' requested but unavailable" in result.stdout
+
+
+def test_server_args_offer_exactly_the_kernel_backends() -> None:
+    from runtime.server_args import KERNEL_BACKENDS, ServerArgs
+
+    assert KERNEL_BACKENDS == kernels.BACKENDS
+    with pytest.raises(ValueError, match="kernel_backend must be one of auto, torch, triton"):
+        ServerArgs(model_path="m", kernel_backend="cuda")

@@ -1,12 +1,34 @@
-// Math the kernels' inner loops share, written so that loops calling it vectorize.
+// What the kernel files share: the float dtype dispatch and math written so that loops
+// calling it vectorize.
 #pragma once
+
+#include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
+
+// Runs the lambda with `alias` naming the C++ type of float32, bfloat16 or float16 `type`.
+#define ARBOR_DISPATCH_FLOAT(type, alias, ...)                                     \
+  [&] {                                                                            \
+    switch (type) {                                                                \
+      case torch::kFloat32: { using alias = float; return __VA_ARGS__(); }         \
+      case torch::kBFloat16: { using alias = c10::BFloat16; return __VA_ARGS__(); } \
+      case torch::kFloat16: { using alias = c10::Half; return __VA_ARGS__(); }     \
+      default: TORCH_CHECK(false, "unsupported dtype ", type);                     \
+    }                                                                              \
+  }()
+
+// Two results, which reach Python as a tuple.
+using TensorPair = std::tuple<torch::Tensor, torch::Tensor>;
 
 namespace arbor_cpu {
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 // exp(x) for x <= 0 in plain arithmetic, so loops over it vectorize (libm's expf does not):
 // x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
