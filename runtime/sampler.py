@@ -55,32 +55,40 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
         self.grammar_mask: GrammarMaskFn | None = None  # set by the grammar integration
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> SampleOutput:
-        """logits: [N, V] float32, row i for reqs[i]'s next token. Does not modify logits.
+    def sample(
+        self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False
+    ) -> SampleOutput:
+        """logits: [N, V] float32, row i for reqs[i]'s next token. Modifies ``logits`` only
+        with ``in_place`` (a copy the caller will not read again: saves a copy of [N, V]).
 
         Constrained rows' matchers accept their tokens here (``grammar_accepted``). If this
         raises, no matcher has changed yet, so the rows can be sampled again one by one.
         """
-        raw = logits
-        logits = logits.clone()
+        wants_logprobs = [i for i, r in enumerate(reqs) if r.return_logprob]
+        # The model's own distribution, before any processing, for the requests that ask.
+        raw = logits[wants_logprobs] if wants_logprobs else None
+        if not in_place:
+            logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
         if self.grammar_mask is not None and any(r.grammar is not None for r in reqs):
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
             self._mask_stop_below_min(logits[i], req, len(req.output_ids))
-        failures = _unsampleable_rows(logits, reqs)
+        # One pass gives each row's max (to find rows with nothing to sample) and its argmax
+        # (the greedy rows' token).
+        top, tokens = logits.max(dim=-1)
+        failures = _unsampleable_rows(top, reqs)
         for row in failures:
             logits[row] = 0.0  # drawn from (uniformly) so the batch stays valid, then dropped
-        tokens = self._draw(logits, reqs)
+        tokens = self._draw(logits, reqs, tokens)
         accepted = self._advance_grammars(logits, tokens, reqs, failures)
         try:
-            logprobs = self._logprobs(raw, tokens, reqs)
+            logprobs = self._logprobs(raw, wants_logprobs, tokens, reqs)
         except Exception:  # matchers have moved: fail the rows instead of raising
             logger.exception("computing logprobs failed")
             logprobs = [None] * len(reqs)
-            for row, req in enumerate(reqs):
-                if req.return_logprob:
-                    failures[row] = (500, "internal error while computing logprobs")
+            for row in wants_logprobs:
+                failures[row] = (500, "internal error while computing logprobs")
         return SampleOutput(tokens.tolist(), logprobs, failures, accepted)
 
     def _advance_grammars(
@@ -219,8 +227,12 @@ class Sampler:
         if req.grammar is None or bool(torch.isfinite(masked).any()):
             row.copy_(masked)
 
-    def _draw(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
-        tokens = logits.argmax(-1)
+    def _draw(
+        self, logits: torch.Tensor, reqs: Sequence[Req], argmax: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One token per row: the argmax for greedy rows (``argmax``: already computed),
+        a filtered, seeded draw for the others."""
+        tokens = logits.argmax(-1) if argmax is None else argmax
         rows = [i for i, r in enumerate(reqs) if not r.sampling.is_greedy]
         if not rows:
             return tokens
@@ -241,14 +253,14 @@ class Sampler:
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor, tokens: torch.Tensor, reqs: Sequence[Req]
+        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Req]
     ) -> list[tuple[float, list[tuple[float, int]]] | None]:
-        """Logprobs of the model's own distribution (raw logits) for requests that ask."""
+        """Logprobs of the model's own distribution for the requests that ask: ``raw`` holds
+        their unprocessed logits rows, ``rows`` their positions in the batch."""
         out: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(reqs)
-        rows = [i for i, r in enumerate(reqs) if r.return_logprob]
-        if not rows:
+        if raw is None:
             return out
-        logprobs = torch.log_softmax(raw[rows], dim=-1)
+        logprobs = torch.log_softmax(raw, dim=-1)
         chosen = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
         for j, i in enumerate(rows):
             out[i] = (chosen[j], top_logprobs(logprobs[j], reqs[i].top_logprobs_num))
@@ -263,10 +275,9 @@ def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     return (logits - top) / temps
 
 
-def _unsampleable_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tuple[int, str]]:
-    """Rows of processed ``logits`` [N, V] that leave no token to sample, with the reason.
-    One reduction: a row's max is NaN if any entry is, -inf if every entry is."""
-    top = logits.max(dim=-1).values
+def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tuple[int, str]]:
+    """Rows that leave no token to sample, with the reason, from each processed row's max
+    ``top`` [N]: NaN if any entry of the row is, -inf if every entry is."""
     broken = torch.isnan(top)
     empty = top == float("-inf")
     failures: dict[int, tuple[int, str]] = {}

@@ -51,6 +51,8 @@ class ServerArgs:
     grammar_compile_timeout: float = 30.0  # hard deadline of one constraint's preparation
     grammar_workers: int = 2  # processes that prepare constraints (each killable)
     disable_jump_forward: bool = False
+    # Run each step's CPU work that does not need its logits while the forward runs.
+    disable_overlap_schedule: bool = False
     # Decode requests sharing a prefix attend to it in one batched pass (runtime/cascade.py).
     disable_cascade_attention: bool = False
     # Keep projection weights in torch's plain layout (F.linear) instead of oneDNN's on CPU.

@@ -108,3 +108,9 @@ if _ext is not None:
     @register("silu_and_mul", "native")
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return ext.silu_and_mul(x)
+
+    @register("apply_token_bitmask", "native")
+    def apply_token_bitmask(
+        logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None
+    ) -> None:
+        ext.apply_token_bitmask(logits, bitmask, _NO_START if indices is None else indices)

@@ -7,6 +7,10 @@ Each loop iteration polls the queue; a ready request joins the waiting queue wit
 matcher and stop-regex matcher. An invalid constraint, an overrun of the deadline or a crashed
 worker fails that request alone with a 400. Each step, the masks of the constrained rows are
 filled into one packed int32 bitmask and applied to the batch's logits in one op.
+
+The fill only needs each matcher's state, which the previous step's tokens fixed, so the
+overlap scheduler fills the masks (``prepare_masks``) while the forward runs; applying them
+after the forward is then one pass over the logits.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import torch
 
+import kernels
 from grammar import (
     CompileHandle,
     CompileSandbox,
@@ -42,6 +47,10 @@ _OPTION_FIELDS = ("grammar_best_effort", "grammar_max_whitespace")
 def needs_preparing(params: SamplingParams) -> bool:
     """Whether a request has a constraint or stop regexes (so it waits in the grammar queue)."""
     return params.has_grammar or bool(params.stop_regex)
+
+
+def _identity(reqs: Sequence[Req]) -> tuple[tuple[int, int], ...]:
+    return tuple((id(r), id(r.grammar)) for r in reqs)
 
 
 def constraint_request(params: SamplingParams) -> dict[str, Any]:
@@ -81,6 +90,9 @@ class GrammarManager:
         self.vocab_size = vocab_size
         self.queue: list[Req] = []
         self._bitmask = allocate_bitmask(8, vocab_size)
+        # Masks filled ahead by prepare_masks: the (request, matcher) identities they belong
+        # to, and the filled rows of _bitmask.
+        self._prepared: tuple[tuple[int, int], ...] | None = None
 
     def enqueue(self, req: Req) -> None:
         """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
@@ -141,12 +153,32 @@ class GrammarManager:
             self._bitmask = allocate_bitmask(max(rows, 2 * self._bitmask.shape[0]), self.vocab_size)
         return self._bitmask[:rows]
 
+    def prepare_masks(self, reqs: Sequence[Req]) -> None:
+        """Fill the masks of ``reqs``' constrained rows now, for the next ``apply_masks`` with
+        the same requests (the matchers must not move in between)."""
+        self._prepared = None
+        matchers = [r.grammar for r in reqs if r.grammar is not None]
+        if matchers:
+            self.backend.fill_masks(
+                matchers, self.bitmask(len(matchers)), list(range(len(matchers)))
+            )
+            self._prepared = _identity(reqs)
+
     def apply_masks(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
-        """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place)."""
+        """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place).
+        Uses the masks ``prepare_masks`` filled for these requests, else fills them now."""
         matchers = [r.grammar for r in reqs]
         constrained = sum(m is not None for m in matchers)
-        if constrained:
-            apply_grammar_masks(self.backend, logits, matchers, self.bitmask(constrained))
+        prepared, self._prepared = self._prepared, None
+        if not constrained:
+            return
+        if prepared is not None and prepared == _identity(reqs):
+            rows = [i for i, m in enumerate(matchers) if m is not None]
+            bitmask = self._bitmask[:constrained]
+            indices = torch.tensor(rows, device=logits.device)
+            kernels.apply_token_bitmask(logits, bitmask.to(logits.device), indices)
+            return
+        apply_grammar_masks(self.backend, logits, matchers, self.bitmask(constrained))
 
     def shutdown(self) -> None:
         self.sandbox.shutdown()

@@ -9,6 +9,15 @@ masking, sampling, draft handling, stop checking. An exception there fails that 
 (a 4xx/5xx to its caller, its KV freed) and the loop goes on. Only what every request shares
 (the forward, the KV pool, the radix tree) may raise out of ``step``; the process then reports
 the crash and exits.
+
+Overlap (the default; ``--disable-overlap-schedule`` turns it off): the forward runs on a
+worker thread (torch releases the GIL inside its ops; on CUDA the thread queues the kernels)
+while this thread does the step's work that does not need its logits: the grammar masks of the
+rows it will sample and of the drafts it will verify, sending the previous step's outputs, and
+handling new messages. Everything that decides what the next step computes (sampling, stop
+checks, drafts, admission) still runs in the same order as without overlap, so outputs are
+identical; while a forward runs nothing may touch the KV pool or the request-to-slot table, so
+an abort of a running request is recorded then and carried out after the forward.
 """
 
 from __future__ import annotations
@@ -17,13 +26,14 @@ import dataclasses
 import logging
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer
 
 import kernels
-from grammar import DraftVerdict, commit_draft, fill_draft_masks
+from grammar import DraftVerdict, allocate_bitmask, commit_draft, fill_draft_masks
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
@@ -34,6 +44,7 @@ from runtime.ipc import (
     GenerateRequest,
     SchedulerFailed,
     SchedulerReady,
+    TokenOutput,
     TokenOutputBatch,
 )
 from runtime.model_runner import ModelRunner
@@ -45,7 +56,7 @@ from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
 from runtime.scheduler.req import Req
 from runtime.scheduler.schedule_policy import make_policy, with_starved_first
-from runtime.scheduler.step_batch import StepBatch
+from runtime.scheduler.step_batch import DraftRows, StepBatch
 from runtime.scheduler.stop_checker import StopChecker
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
@@ -113,6 +124,14 @@ class Scheduler:
         }
         self._started = time.monotonic()
         self._stopped = False
+        # Overlap: the thread forwards run on, whether one is running now, and the outputs
+        # waiting to be sent while the next forward runs.
+        self.overlap = not args.disable_overlap_schedule
+        self._forward_thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="forward") if self.overlap else None
+        )
+        self._in_forward = False
+        self._pending_outputs: list[TokenOutput] = []
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -122,6 +141,8 @@ class Scheduler:
             self.to_tokenizer.send(SchedulerReady(self.server_info()))
             while not self._stopped:
                 idle = not self.waiting and not self.running
+                if idle:
+                    self._flush_outputs()
                 wait = 0.002 if self.grammar.queue else 0.05
                 for message in drain(self.inbox, timeout=wait if idle else 0):
                     self.handle(message)
@@ -131,6 +152,9 @@ class Scheduler:
             self.to_tokenizer.send(SchedulerFailed(f"{type(exc).__name__}: {exc}"))
             raise
         finally:
+            self._flush_outputs()
+            if self._forward_thread is not None:
+                self._forward_thread.shutdown(wait=True)
             self.grammar.shutdown()
 
     def stop(self) -> None:
@@ -160,24 +184,40 @@ class Scheduler:
                 self.stats["cached_tokens"] += req.cached_tokens
         if prefill or decodes:
             self._run(StepBatch.from_parts(prefill, decodes))
-        elif len(self.running) > 1:
+        else:
+            self._flush_outputs()
+        if not (prefill or decodes) and len(self.running) > 1:
             # Nothing could run: partial prefills hold the memory each other needs. Admission
             # budgets make this unlikely; if it happens, free the cheapest one to make progress.
             victim = self.decodes.retract_cheapest(self.running)
             self.running.remove(victim)
             self.waiting.append(victim)
         self._finish_and_emit(failed)
+        if not self.running:  # no forward follows to send the outputs behind
+            self._flush_outputs()
         self.ratio.step()
         if self.args.debug_invariants:
             self.kv.check_invariants(self.running)
 
     def _run(self, step: StepBatch) -> None:
-        logits = self.runner.forward(step.to_forward_batch(self.runner))
-        sampled = self._sample(logits[step.sample_rows], step.sample_reqs)
+        batch = step.to_forward_batch(self.runner)
+        draft_masks: dict[int, torch.Tensor | Exception] = {}
+        if self._forward_thread is None:
+            logits = self.runner.forward(batch)
+        else:
+            forward = self._forward_thread.submit(self.runner.forward, batch)
+            self._in_forward = True
+            try:
+                self._while_forward(step, draft_masks)
+            finally:
+                self._in_forward = False
+                logits = forward.result()
+        sampled = self._sample(logits, step.sample_rows, step.sample_reqs)
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:
             try:
-                self._verify_draft(draft.req, logits[draft.row : draft.row + draft.req.step_len])
+                rows = logits[draft.row : draft.row + draft.req.step_len]
+                self._verify_draft(draft.req, rows, draft_masks.get(id(draft.req)))
             except Exception as exc:
                 draft.req.fail_from(exc, "verifying the draft of")
         self.stats["forward_steps"] += 1
@@ -194,13 +234,41 @@ class Scheduler:
                 except Exception as exc:
                     req.fail_from(exc, "drafting the continuation of")
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> SampleOutput:
-        """The batch's tokens; if sampling the batch raises, each row is sampled alone so the
-        request that caused it fails (its row reported in ``failures``) and the rest go on."""
+    def _while_forward(
+        self, step: StepBatch, draft_masks: dict[int, torch.Tensor | Exception]
+    ) -> None:
+        """The step's work that does not need its logits, done while the forward runs."""
+        self._flush_outputs()
         try:
-            return self.sampler.sample(logits, reqs)
+            self.grammar.prepare_masks(step.sample_reqs)
+        except Exception:  # sampling fills them again and fails the row that raises
+            logger.exception("filling the grammar masks ahead failed")
+        for draft in step.drafts:
+            draft_masks[id(draft.req)] = self._draft_mask(draft)
+        for message in drain(self.inbox, timeout=0):
+            self.handle(message)
+
+    def _draft_mask(self, draft: DraftRows) -> torch.Tensor | Exception:
+        """The grammar's masks at each position of ``draft`` (its matcher then stands past the
+        draft, as ``_verify_draft`` expects), or what filling them raised."""
+        req = draft.req
+        mask = allocate_bitmask(len(req.draft) + 1, self.runner.config.vocab_size)
+        try:
+            fill_draft_masks(req.grammar, req.draft, mask, 0)
+        except Exception as exc:
+            return exc
+        return mask
+
+    def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req]) -> SampleOutput:
+        """The tokens of ``reqs`` from their ``rows`` of the forward's logits; if sampling the
+        batch raises, each row is sampled alone so the request that caused it fails (its row
+        reported in ``failures``) and the rest go on."""
+        try:
+            # Indexing copies the rows, so the sampler may process them in place.
+            return self.sampler.sample(logits[rows], reqs, in_place=True)
         except Exception:
             logger.warning("sampling the batch failed; sampling its rows one by one")
+        logits = logits[rows]
         tokens: list[int] = []
         logprobs: list[Any] = []
         failures: dict[int, tuple[int, str]] = {}
@@ -223,12 +291,20 @@ class Scheduler:
                 failures[row] = one.failures[0]
         return SampleOutput(tokens, logprobs, failures, accepted)
 
-    def _verify_draft(self, req: Req, rows: torch.Tensor) -> None:
+    def _verify_draft(
+        self, req: Req, rows: torch.Tensor, filled: torch.Tensor | Exception | None = None
+    ) -> None:
         """Accept what the model agrees with of ``req.draft`` (rows: its positions' logits),
-        drop the KV of the rest, and emit the accepted tokens plus one."""
+        drop the KV of the rest, and emit the accepted tokens plus one. filled: the draft's
+        masks from ``_draft_mask`` (None: fill them here)."""
         draft = req.draft
-        mask = self.grammar.bitmask(len(draft) + 1)
-        fill_draft_masks(req.grammar, draft, mask, 0)
+        if isinstance(filled, Exception):
+            raise filled
+        if filled is None:
+            mask = self.grammar.bitmask(len(draft) + 1)
+            fill_draft_masks(req.grammar, draft, mask, 0)
+        else:
+            mask = filled
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
         if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
             # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
@@ -284,14 +360,26 @@ class Scheduler:
         outputs = self.outputs.outputs_for(self.running + failed)
         for req in done:
             self.running.remove(req)
-            self.kv.release(req, keep_in_cache=not req.failed)
-            self.stats["requests_finished"] += 1
-        if outputs:
+            aborted = req.to_abort is not None
+            self.kv.release(req, keep_in_cache=not (req.failed or aborted))
+            if not aborted:
+                self.stats["requests_finished"] += 1
+        if not outputs:
+            return
+        if self.overlap:  # sent while the next forward runs (or when the loop goes idle)
+            self._pending_outputs += outputs
+        else:
+            self.to_detokenizer.send(TokenOutputBatch(outputs))
+
+    def _flush_outputs(self) -> None:
+        if self._pending_outputs:
+            outputs, self._pending_outputs = self._pending_outputs, []
             self.to_detokenizer.send(TokenOutputBatch(outputs))
 
     def _emit(self, finished: list[Req]) -> None:
         """Send the final outputs of requests that finished outside a step."""
         if finished:
+            self._flush_outputs()  # keep each request's outputs in order
             self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for(finished)))
 
     # ---- incoming messages ------------------------------------------------------------------
@@ -364,6 +452,12 @@ class Scheduler:
                 return
         for req in self.running:
             if req.rid == rid:
+                if self._in_forward:
+                    # The forward reads its KV now: finish it, and let the step's end release
+                    # it and send its output (its token from this step is dropped).
+                    req.to_abort = rid
+                    req.finish(reason)
+                    return
                 self.running.remove(req)
                 req.finish(reason)
                 self.kv.release(req, keep_in_cache=False)

@@ -74,9 +74,7 @@ def _node_id_for_schemathesis(request: pytest.FixtureRequest) -> None:
 
 @schema.parametrize()
 @fuzz_settings(slice_examples=1)  # explicit cases only: CONFIG turns the fuzzing phase off
-def test_api_explicit_cases(
-    case: Case, fuzz_server: FuzzServer, session: requests.Session
-) -> None:
+def test_api_explicit_cases(case: Case, fuzz_server: FuzzServer, session: requests.Session) -> None:
     send_and_check(case, fuzz_server, session)
 
 

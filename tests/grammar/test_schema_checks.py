@@ -47,8 +47,12 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
     (
         "minimum",
         "/properties/a",
-        {"type": "object", "properties": {"a": {"type": "number", "exclusiveMinimum": 0.5,
-                                                "exclusiveMaximum": 0.5000005}}},
+        {
+            "type": "object",
+            "properties": {
+                "a": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 0.5000005}
+            },
+        },
     ),  # fmt: skip
     (
         "uniqueItems",

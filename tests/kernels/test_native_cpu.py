@@ -215,6 +215,31 @@ def _python(code: str, cache_dir: str, backend: str) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [64, 100, 1000, 1031])
+@pytest.mark.parametrize("indexed", [False, True])
+def test_token_bitmask_matches_reference(
+    native: ModuleType, dtype: torch.dtype, vocab: int, indexed: bool
+) -> None:
+    from kernels.reference import sampling as sampling_ref
+
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=gen).to(dtype)
+    # Words of every kind: all allowed, none, random; one word short of the vocabulary for the
+    # odd sizes (the tokens past it are banned), one past it for 64.
+    words = (vocab + 31) // 32 - (1 if vocab % 32 else -1)
+    rows = 3 if indexed else 5
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), generator=gen, dtype=torch.int64)
+    bitmask = bitmask.to(torch.int32)
+    bitmask[0, :] = -1
+    bitmask[1, : words // 2] = 0
+    indices = torch.tensor([4, 0, 2]) if indexed else None
+    expected = logits.clone()
+    sampling_ref.apply_token_bitmask(expected, bitmask, indices)
+    native.apply_token_bitmask(logits, bitmask, indices)
+    assert torch.equal(logits, expected)
+
+
 def test_without_a_build_auto_falls_back_to_the_reference_with_one_warning(
     tmp_path: Path,
 ) -> None:

@@ -283,7 +283,6 @@ def test_min_new_tokens_yields_to_the_end_of_a_grammar(engine: Engine):
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
-
 def test_a_token_the_mask_allows_but_the_matcher_refuses_is_redrawn(tiny_model_path: Path):
     """xgrammar 0.2.8 lets ``\"\"\"\\n`` through the mask after ``{"\\"q\\"":"",`` (found by the
     fuzz suite); the sampler bans it and draws again, with and without jump-forward."""

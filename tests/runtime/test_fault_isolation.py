@@ -84,7 +84,7 @@ def _inject(stage: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None
         hit = lambda logits, reqs: any(map(_is_victim_req, reqs))  # noqa: E731
     elif stage == "sampling":
         target, name = scheduler.sampler, "_draw"
-        hit = lambda logits, reqs: any(map(_is_victim_req, reqs))  # noqa: E731
+        hit = lambda logits, reqs, *_: any(map(_is_victim_req, reqs))  # noqa: E731
     elif stage == "stop-checking":
         target, name = scheduler.outputs.stop_checker, "check"
         hit = lambda req, **_: _is_victim_req(req)  # noqa: E731
