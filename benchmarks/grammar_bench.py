@@ -186,6 +186,7 @@ def engine_measurements(model_path: str, schema: dict[str, Any], batch: int) -> 
         lengths = [o["meta_info"]["completion_tokens"] for o in outs]
         result[f"{label}_tok_per_s"] = sum(lengths) / seconds
         result[f"{label}_forward_steps"] = steps
+        result[f"{label}_ms_per_step"] = seconds / max(steps, 1) * 1e3
     with Engine(model_path) as engine:
         free = [{"max_new_tokens": n, "ignore_eos": True, "temperature": 0} for n in lengths]
         engine.generate(prompts[0], free[0])
@@ -195,7 +196,14 @@ def engine_measurements(model_path: str, schema: dict[str, Any], batch: int) -> 
         seconds = time.perf_counter() - start
         result["unconstrained_tok_per_s"] = sum(lengths) / seconds
         result["unconstrained_forward_steps"] = engine.get_server_info()["forward_steps"] - before
+        result["unconstrained_ms_per_step"] = (
+            seconds / max(result["unconstrained_forward_steps"], 1) * 1e3
+        )
     result["output_tokens"] = sum(lengths)
+    # What the constraint adds to a step (issue target at batch 16: at most 5%).
+    result["constrained_extra_pct"] = (
+        result["constrained_ms_per_step"] / result["unconstrained_ms_per_step"] - 1
+    ) * 100
     return result
 
 
@@ -255,6 +263,9 @@ def main() -> None:
         "unconstrained_forward_steps",
         "constrained_forward_steps",
         "constrained+jf_forward_steps",
+        "unconstrained_ms_per_step",
+        "constrained_ms_per_step",
+        "constrained_extra_pct",
     ]
     print_table(
         [
@@ -266,6 +277,9 @@ def main() -> None:
             "free steps",
             "constr steps",
             "constr+jf steps",
+            "free ms/step",
+            "constr ms/step",
+            "constr extra %",
         ],
         [[row[k] for k in keys] for row in engine_rows],
     )
