@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
 
-.PHONY: install demo test fuzz lint model kernels clean
+.PHONY: install demo test fuzz lint model kernels gpu-wheels clean
 
 install: $(STAMP) model kernels
 
@@ -38,6 +38,26 @@ fuzz: install
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# Wheels for a lent GPU machine, which has torch, triton, transformers and the like but no
+# registry to install the rest from: the packages Arbor imports that its image lacks and what
+# those need that it lacks too, at this venv's versions, for CPython 3.12 on x86-64 Linux.
+# `bash benchmarks/gpu_check.sh` installs them there (docs/benchmarks.md, GPU validation).
+GPU_WHEELS := xgrammar apache-tvm-ffi interegular jsonschema jsonschema-specifications \
+	referencing rpds-py pydantic pydantic-core annotated-types typing-inspection \
+	typing-extensions fastapi starlette opentelemetry-api uvicorn pyzmq
+GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
+
+gpu-wheels:
+	@test -x $(PY) || { echo "gpu-wheels pins the versions of $(PY): run make install first"; exit 1; }
+	rm -rf .whl
+	$(PIP) download -q --no-deps --only-binary=:all: $(GPU_WHEEL_TAGS) -d .whl \
+		$$($(PY) -c 'import importlib.metadata as m, sys; \
+			print(*(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $(GPU_WHEELS))
+	@ls .whl && du -sh .whl
 
 clean:
 	rm -rf $(VENV) build *.egg-info
