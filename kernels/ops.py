@@ -137,6 +137,13 @@ def apply_token_bitmask(
     resolve("apply_token_bitmask", logits.device)(logits, bitmask, indices)
 
 
+def row_max_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's max [B], the first index holding it [B] int64) of logits [B, V]. A row with
+    a NaN gives NaN (the sampler's signal of a broken row); ties go to the lowest index."""
+    values, indices = resolve("row_max_argmax", logits.device)(logits)
+    return values, indices
+
+
 def sample_from_probs(
     probs: torch.Tensor,
     top_k: torch.Tensor,

@@ -76,7 +76,7 @@ class Sampler:
             self._mask_stop_below_min(logits[i], req, len(req.output_ids))
         # One pass gives each row's max (to find rows with nothing to sample) and its argmax
         # (the greedy rows' token).
-        top, tokens = logits.max(dim=-1)
+        top, tokens = kernels.row_max_argmax(logits)
         failures = _unsampleable_rows(top, reqs)
         for row in failures:
             logits[row] = 0.0  # drawn from (uniformly) so the batch stays valid, then dropped

@@ -114,3 +114,8 @@ if _ext is not None:
         logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None
     ) -> None:
         ext.apply_token_bitmask(logits, bitmask, _NO_START if indices is None else indices)
+
+    @register("row_max_argmax", "native")
+    def row_max_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = ext.row_max_argmax(logits)
+        return values, indices

@@ -27,6 +27,12 @@ def apply_token_bitmask(
         logits[indices] = rows
 
 
+@register("row_max_argmax", "torch")
+def row_max_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    values, indices = logits.max(dim=-1)
+    return values, indices
+
+
 def filter_probs(
     probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
 ) -> torch.Tensor:

@@ -48,7 +48,7 @@ def test_every_op_has_a_triton_kernel(triton_ops: ModuleType) -> None:
 
 
 NATIVE_OPS = {"extend_attention", "decode_attention", "rms_norm", "fused_add_rms_norm",
-              "apply_rotary_emb", "silu_and_mul"}  # fmt: skip
+              "apply_rotary_emb", "silu_and_mul", "apply_token_bitmask"}  # fmt: skip
 
 
 def test_auto_picks_triton_for_cuda_and_native_or_torch_for_cpu(

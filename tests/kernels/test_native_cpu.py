@@ -240,6 +240,28 @@ def test_token_bitmask_matches_reference(
     assert torch.equal(logits, expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_max_argmax_matches_reference(native: ModuleType, dtype: torch.dtype) -> None:
+    from kernels.reference import sampling as sampling_ref
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(7, 1037, generator=gen).to(dtype)
+    logits[1, :] = float("-inf")  # every token banned: max -inf at index 0
+    logits[2, 5] = logits[2, 900] = 50.0  # a tie goes to the first
+    logits[3, 17] = float("nan")
+    logits[4, 1036] = 40.0  # the max in the tail past the last full block of lanes
+    logits[5, :] = float("-inf")
+    logits[5, 3] = float("nan")
+    values, indices = native.row_max_argmax(logits)
+    expected_values, expected_indices = sampling_ref.row_max_argmax(logits)
+    assert torch.equal(indices, expected_indices)
+    assert torch.equal(
+        values,
+        expected_values,
+    ) or torch.allclose(values.float(), expected_values.float(), equal_nan=True)
+    assert values.dtype == dtype and torch.isnan(values[[3, 5]]).all()
+
+
 def test_without_a_build_auto_falls_back_to_the_reference_with_one_warning(
     tmp_path: Path,
 ) -> None:
