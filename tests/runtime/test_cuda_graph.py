@@ -2,7 +2,9 @@
 
 On CPU the graph is an eager stand-in (tests/runtime/graph_standin.py) whose replay re-runs the
 captured forward on the static buffers: that covers the buffers, padding, bucket choice and
-fallbacks. The tests marked ``cuda`` capture real ``torch.cuda`` graphs and need a GPU.
+fallbacks. The tests marked ``cuda`` capture real ``torch.cuda`` graphs and need a GPU; run
+them in a session without tests/kernels, whose conftest turns the triton interpreter on for
+the whole process.
 """
 
 from __future__ import annotations
@@ -112,6 +114,29 @@ def test_captures_each_bucket_capped_by_request_rows(
 def test_padded_replay_equals_eager(tiny_model_path: Path, standin: CountingGraphFactory) -> None:
     runner = _runner(tiny_model_path)
     _graph_vs_eager(runner, standin, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_replay_equals_eager_on_the_triton_kernels(
+    tiny_model_path: Path, standin: CountingGraphFactory
+) -> None:
+    """The kernels a GPU graph captures, run under the triton interpreter."""
+    previous = kernels.kernel_backend()
+    kernels.set_kernel_backend("triton")
+    try:
+        runner = ModelRunner(
+            str(tiny_model_path), kv_slots=512, max_requests=4, cascade_min_prefix=None
+        )
+        driver, next_ids = _prefilled(runner, 4, seed=13)
+        for size in (3, 1, 4, 2):
+            batch = driver.batch(list(range(size)), [[t] for t in next_ids[:size]])
+            with torch.inference_mode():
+                eager = runner.model(batch)
+            graph = runner.forward(batch)
+            torch.testing.assert_close(graph, eager, atol=1e-5, rtol=1e-5)
+            next_ids[:size] = graph.argmax(-1).tolist()
+        assert standin.replays == 4
+    finally:
+        kernels.set_kernel_backend(previous)
 
 
 def test_padding_rows_write_only_the_padding_slot(
@@ -282,7 +307,6 @@ def test_cuda_padding_rows_write_only_the_padding_slot(tiny_model_path: Path) ->
 
 @cuda
 def test_cuda_graph_decode_attention_reads_longer_sequences_than_captured() -> None:
-    import kernels
     from kernels.reference import attention as reference
 
     torch.manual_seed(0)
@@ -310,26 +334,3 @@ def test_cuda_engine_greedy_equal_with_graphs(tiny_model_path: Path) -> None:
     eager = _engine_greedy(tiny_model_path, dtype="float32", disable_cuda_graph=True)
     graphed = _engine_greedy(tiny_model_path, dtype="float32")
     _assert_same_outputs(graphed, eager, tolerance=1e-3)
-
-
-def test_padded_replay_equals_eager_on_the_triton_kernels(
-    tiny_model_path: Path, standin: CountingGraphFactory
-) -> None:
-    """The kernels a GPU graph captures, run under the triton interpreter."""
-    previous = kernels.kernel_backend()
-    kernels.set_kernel_backend("triton")
-    try:
-        runner = ModelRunner(
-            str(tiny_model_path), kv_slots=512, max_requests=4, cascade_min_prefix=None
-        )
-        driver, next_ids = _prefilled(runner, 4, seed=13)
-        for size in (3, 1, 4, 2):
-            batch = driver.batch(list(range(size)), [[t] for t in next_ids[:size]])
-            with torch.inference_mode():
-                eager = runner.model(batch)
-            graph = runner.forward(batch)
-            torch.testing.assert_close(graph, eager, atol=1e-5, rtol=1e-5)
-            next_ids[:size] = graph.argmax(-1).tolist()
-        assert standin.replays == 4
-    finally:
-        kernels.set_kernel_backend(previous)
