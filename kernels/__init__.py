@@ -1,7 +1,13 @@
 """Kernels: torch reference implementations and triton kernels behind one dispatch point."""
 
 from kernels import reference  # noqa: F401  (registers the torch implementations)
-from kernels.dispatch import BACKENDS, kernel_backend, native_available, set_kernel_backend
+from kernels.dispatch import (
+    BACKENDS,
+    graph_safe,
+    kernel_backend,
+    native_available,
+    set_kernel_backend,
+)
 from kernels.ops import (
     apply_rotary_emb,
     apply_token_bitmask,
@@ -27,6 +33,7 @@ __all__ = [
     "extend_attention",
     "filter_probs",
     "fused_add_rms_norm",
+    "graph_safe",
     "kernel_backend",
     "merge_attention_states",
     "native_available",

@@ -6,6 +6,11 @@ and imports, the native C++ extension (``kernels.cpu_native``) for CPU tensors w
 and has the op, and the torch reference otherwise. A missing triton or native build never breaks
 the CPU path: "auto" warns once and runs the reference. The ARBOR_KERNEL_BACKEND environment
 variable, read at import, sets the starting choice.
+
+Implementations registered with ``graph_safe=True`` promise to be capturable in a CUDA graph:
+no host sync (no ``.item()``, ``.tolist()``, ``.cpu()``, no Python branching on tensor values)
+and launch shapes that depend only on tensor shapes, so a replay with new values in the same
+buffers computes the right thing. ``graph_safe`` asks that of whatever ``resolve`` picks.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "triton", "native")
 _impls: dict[str, dict[str, Callable[..., Any]]] = {}
+_graph_safe: set[tuple[str, str]] = set()  # (op, backend) pairs registered as graph-safe
 _forced = os.environ.get("ARBOR_KERNEL_BACKEND", "auto")
 if _forced not in BACKENDS:
     raise ValueError(
@@ -32,11 +38,16 @@ _triton_state: dict[str, Any] = {"loaded": False, "error": None}
 _native_state: dict[str, Any] = {"loaded": False, "error": None}
 
 
-def register(op: str, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: make ``fn`` the ``backend`` implementation of ``op``."""
+def register(
+    op: str, backend: str, graph_safe: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: make ``fn`` the ``backend`` implementation of ``op``; ``graph_safe`` records
+    that it may run inside a captured CUDA graph (see the module docstring)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         _impls.setdefault(op, {})[backend] = fn
+        if graph_safe:
+            _graph_safe.add((op, backend))
         return fn
 
     return wrap
@@ -70,6 +81,12 @@ def resolve(op: str, device: torch.device) -> Callable[..., Any]:
         if impl is not None:
             return impl
     return _impls[op]["torch"]
+
+
+def graph_safe(op: str, device: torch.device) -> bool:
+    """Whether the implementation ``resolve(op, device)`` picks now is registered graph-safe."""
+    impl = resolve(op, device)
+    return any(fn is impl and (op, backend) in _graph_safe for backend, fn in _impls[op].items())
 
 
 def native_available() -> bool:

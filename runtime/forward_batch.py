@@ -43,6 +43,9 @@ class ForwardBatch:
     req_to_token_pool: ReqToTokenPool
     # Decode requests sharing a prefix, attended to once for all of them (runtime/cascade.py).
     cascade: CascadePlan | None = None
+    # logit_indices are exactly each request's last new token, in order; known on the host
+    # (decided at build) so a CUDA graph can be chosen without reading a device tensor.
+    logits_last_per_request: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -68,8 +71,10 @@ class ForwardBatch:
         rows[b]: request b's req_to_token row, already holding the slots of its prefix_lens[b]
         cached tokens and of its new tokens (positions prefix .. prefix + len(new) - 1).
         logits: "last" computes logits for each request's last new token, "all" for every new
-        token, or an explicit [N] tensor of packed row indices. One-token requests must come
-        after every multi-token one; a batch of only one-token requests runs as DECODE.
+        token, or an explicit [N] tensor of packed row indices (give it on the CPU: a device
+        tensor is not inspected, so the batch is never taken for one row per request).
+        One-token requests must come after every multi-token one; a batch of only one-token
+        requests runs as DECODE.
         cascade_min_prefix: plan shared-prefix decode attention for decode requests sharing at
         least this many tokens (None: never).
         """
@@ -91,6 +96,9 @@ class ForwardBatch:
             logit_indices = logits
         else:
             logit_indices = torch.arange(int(ends[-1])) if logits == "all" else ends - 1
+        last_per_request = logit_indices.device.type == "cpu" and torch.equal(
+            logit_indices.to(torch.int64), ends - 1
+        )
         num_extend = sum(1 for n in extend_lens if n > 1)
         if any(n > 1 for n in extend_lens[num_extend:]):
             raise ValueError("one-token requests must come after every multi-token request")
@@ -121,4 +129,5 @@ class ForwardBatch:
             kv_pool=kv_pool,
             req_to_token_pool=req_to_token_pool,
             cascade=cascade,
+            logits_last_per_request=last_per_request,
         )

@@ -1,7 +1,8 @@
 """KV memory: per-layer K/V buffers over token slots, and the request-to-slot table.
 
 Slots are token-granular indices into the buffers; pages of ``page_size`` consecutive slots
-are the allocation unit (the allocator lives in ``radix_cache``). Attention reads a request's
+are the allocation unit (the allocator lives in ``radix_cache``; it never hands out page 0, so
+``PADDING_SLOT`` is free for padded tokens to write to). Attention reads a request's
 KV through its row of the request-to-slot table, so KV never moves once written.
 The K/V dtype may differ from the model's compute dtype (``--kv-cache-dtype``): the pool casts
 on write and the attention kernels cast what they read to the query's dtype.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+# Padded tokens write their K/V here: radix_cache's allocator reserves page 0 (PADDING_PAGE).
+PADDING_SLOT = 0
 # ``--kv-cache-dtype`` names other than ``auto``, which keeps the model's compute dtype.
 KV_CACHE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -59,13 +62,19 @@ class KVPool:
 
 
 class ReqToTokenPool:
-    """Rows of slot indices, one row per running request, indexed by position in the sequence."""
+    """Rows of slot indices, one row per running request, indexed by position in the sequence.
+
+    ``max_requests`` rows are handed out; one more, ``padding_row``, never is: it stays zero,
+    so a padded decode row (CUDA graphs pad batches to a captured size) reads and writes only
+    slot 0, in the padding page the KV slot allocator never hands out.
+    """
 
     def __init__(self, max_requests: int, max_context_len: int, device: torch.device) -> None:
         self.max_context_len = max_context_len
+        self.padding_row = max_requests
         # Zero-filled so padded reads always index a real slot.
         self.req_to_token = torch.zeros(
-            (max_requests, max_context_len), dtype=torch.int64, device=device
+            (max_requests + 1, max_context_len), dtype=torch.int64, device=device
         )
         self._free_rows = list(range(max_requests - 1, -1, -1))
 

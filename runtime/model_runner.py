@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
+import kernels
 from runtime.cascade import DEFAULT_MIN_PREFIX
+from runtime.cuda_graph_runner import (
+    DECODE_OPS,
+    DEFAULT_MAX_BS,
+    CudaGraphFactory,
+    CudaGraphRunner,
+    GraphFactory,
+)
 from runtime.forward_batch import ForwardBatch
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
 from runtime.model_loader import load_model
+
+logger = logging.getLogger(__name__)
+
+# Test-only: CPU tests set this to an eager stand-in for CUDA graphs, so that the graph path
+# (static buffers, padding, fallbacks) runs on a machine without a GPU. Never set elsewhere.
+_TEST_GRAPH_FACTORY: GraphFactory | None = None
 
 
 class ModelRunner:
@@ -23,6 +38,11 @@ class ModelRunner:
     cascade_min_prefix: decode requests sharing at least this many tokens attend to them in
     one shared-prefix pass (runtime/cascade.py); None turns that off. pack_weights: move the
     projection weights into oneDNN's layout on CPU float32 (``CausalLM.pack_weights``).
+    cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches of up to
+    ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs captured here
+    at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other devices
+    never capture. Padded graph rows write slot 0 (``PADDING_SLOT``): callers placing KV
+    themselves must leave it free, as the KV allocator does.
     """
 
     def __init__(
@@ -38,6 +58,8 @@ class ModelRunner:
         kv_cache_dtype: str = "auto",
         cascade_min_prefix: int | None = DEFAULT_MIN_PREFIX,
         pack_weights: bool = True,
+        cuda_graph_max_bs: int | None = None,
+        disable_cuda_graph: bool = False,
     ) -> None:
         self.config = ModelConfig.from_pretrained(model_path)
         self.cascade_min_prefix = cascade_min_prefix
@@ -61,6 +83,16 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(max_requests, self.context_len, self.device)
         if pack_weights:  # after sizing the KV pool, which counts the plain weights
             self.model.pack_weights()
+        self.graph_runner: CudaGraphRunner | None = None
+        factory = None if disable_cuda_graph else self._graph_factory()
+        if factory is not None:
+            wanted = DEFAULT_MAX_BS if cuda_graph_max_bs is None else cuda_graph_max_bs
+            max_bs = min(wanted, max_requests)  # no decode batch holds more requests
+            with torch.inference_mode():
+                self.graph_runner = CudaGraphRunner(
+                    self.model, self.kv_pool, self.req_to_token_pool, self.config.vocab_size,
+                    max_bs, factory,
+                )  # fmt: skip
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -70,6 +102,8 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the packed batch; returns logits [N, vocab] float32 for ``batch.logit_indices``."""
         with torch.inference_mode():
+            if self.graph_runner is not None and self.graph_runner.can_run(batch):
+                return self.graph_runner.replay(batch)
             return self.model(batch)
 
     def build_batch(
@@ -83,6 +117,22 @@ class ModelRunner:
             rows, prefix_lens, new_token_ids, self.kv_pool, self.req_to_token_pool, logits,
             self.cascade_min_prefix if self.device.type == "cpu" else None,
         )  # fmt: skip
+
+    def _graph_factory(self) -> GraphFactory | None:
+        """How to capture decode graphs here, or None to run every batch eagerly."""
+        if _TEST_GRAPH_FACTORY is not None:
+            return _TEST_GRAPH_FACTORY
+        if self.device.type != "cuda":
+            return None
+        unsafe = [op for op in DECODE_OPS if not kernels.graph_safe(op, self.device)]
+        if unsafe:
+            logger.warning(
+                "CUDA graphs off: kernel backend %r has no graph-safe %s (use the triton "
+                "kernels, --kernel-backend auto or triton)",
+                kernels.kernel_backend(), ", ".join(unsafe),
+            )  # fmt: skip
+            return None
+        return CudaGraphFactory()
 
     def _default_kv_slots(self, mem_fraction: float) -> int:
         if self.device.type == "cuda":

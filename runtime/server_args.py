@@ -57,6 +57,10 @@ class ServerArgs:
     disable_cascade_attention: bool = False
     # Keep projection weights in torch's plain layout (F.linear) instead of oneDNN's on CPU.
     disable_weight_packing: bool = False
+    # On CUDA, decode batches of up to cuda_graph_max_bs requests replay CUDA graphs captured
+    # at start-up (runtime/cuda_graph_runner.py). None: min(max_running_requests, 160).
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
     # Serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -93,6 +97,8 @@ class ServerArgs:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:

@@ -2,6 +2,7 @@
 
 The pool may store K/V in another dtype than q's (``--kv-cache-dtype``): each sequence's
 gathered rows are cast to q's dtype, so only those rows are converted, never the pool.
+These loop over requests on the host (``.tolist()``), so they are not CUDA-graph safe.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Norms, rotary embedding and gated activation, numerically as Hugging Face models do them."""
+"""Norms, rotary embedding and gated activation, numerically as Hugging Face models do them.
+
+Plain tensor ops without host syncs, so they are registered graph-safe (CUDA graphs).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +11,14 @@ import torch.nn.functional as F
 from kernels.dispatch import register
 
 
-@register("rms_norm", "torch")
+@register("rms_norm", "torch", graph_safe=True)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 
-@register("fused_add_rms_norm", "torch")
+@register("fused_add_rms_norm", "torch", graph_safe=True)
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +26,7 @@ def fused_add_rms_norm(
     return rms_norm(residual, weight, eps), residual
 
 
-@register("apply_rotary_emb", "torch")
+@register("apply_rotary_emb", "torch", graph_safe=True)
 def apply_rotary_emb(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +40,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@register("silu_and_mul", "torch")
+@register("silu_and_mul", "torch", graph_safe=True)
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return F.silu(x[..., :half]) * x[..., half:]

@@ -29,7 +29,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * inter + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@register("silu_and_mul", "triton")
+@register("silu_and_mul", "triton", graph_safe=True)
 def silu_and_mul(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """Same contract as ``kernels.ops.silu_and_mul``: x [..., 2I] -> [..., I], x's dtype."""
     inter = x.shape[-1] // 2

@@ -6,6 +6,12 @@ and one contiguous split of the request's positions, and writes the split's norm
 output and its log-sum-exp. Stage 2, grid (B, H): combines the splits, weighting each by
 exp(lse - max lse); empty splits (short sequences) carry lse = -inf and weigh nothing.
 Split lengths are computed in the kernel from seq_lens, so there is no host sync.
+
+CUDA-graph safe (registered so): the launch reads nothing but shapes on the host. The grids
+depend on (B, H, Hkv, num_kv_splits), and the default split count on B, Hkv and the device
+only, so a graph captured at batch size B replays with the same grids. No maximum context
+bound is baked in either: each split's range and the key loop's bounds come from ``seq_lens``
+on the device, so a replay with longer sequences than at capture reads all of them.
 """
 
 from __future__ import annotations
@@ -148,7 +154,7 @@ def default_kv_splits(batch: int, num_kv_heads: int, device: torch.device) -> in
     return max(1, min(16, triton.cdiv(4 * sms, batch * num_kv_heads)))
 
 
-@register("decode_attention", "triton")
+@register("decode_attention", "triton", graph_safe=True)
 def decode_attention(
     q: torch.Tensor,
     k_buffer: torch.Tensor,

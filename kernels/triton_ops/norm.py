@@ -70,13 +70,13 @@ def _launch(
     return out.view(x.shape), residual_out
 
 
-@register("rms_norm", "triton")
+@register("rms_norm", "triton", graph_safe=True)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Same contract as ``kernels.ops.rms_norm``: x [..., hidden], weight [hidden], one device."""
     return _launch(x, None, weight, eps)[0]
 
 
-@register("fused_add_rms_norm", "triton")
+@register("fused_add_rms_norm", "triton", graph_safe=True)
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

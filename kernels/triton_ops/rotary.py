@@ -111,7 +111,7 @@ def _rotary_kernel(
     )
 
 
-@register("apply_rotary_emb", "triton")
+@register("apply_rotary_emb", "triton", graph_safe=True)
 def apply_rotary_emb(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,6 +90,8 @@ class Scheduler:
             kv_cache_dtype=args.kv_cache_dtype,
             cascade_min_prefix=None if args.disable_cascade_attention else DEFAULT_MIN_PREFIX,
             pack_weights=not args.disable_weight_packing,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
+            disable_cuda_graph=args.disable_cuda_graph,
         )
         config = self.runner.config
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)

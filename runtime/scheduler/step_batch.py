@@ -84,5 +84,6 @@ class StepBatch:
             rows,  # type: ignore[arg-type]
             [req.kv_len - n for req, n in self.work],
             [req.step_tokens(n) for req, n in self.work],
-            logits=torch.tensor(logit_rows, dtype=torch.int64, device=runner.device),
+            # On the CPU: build_batch sees whether these are one row per request (CUDA graphs).
+            logits=torch.tensor(logit_rows, dtype=torch.int64),
         )

@@ -88,3 +88,43 @@ def test_any_batch(
         triton_ops, seq_lens, group, 1, 16, page_size, torch.float32, num_kv_splits, seed
     )
     assert_close(out, expected, torch.float32)
+
+
+def test_launch_grids_depend_on_shapes_only(
+    triton_ops: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CUDA graph needs: a replay repeats the captured launches, so the grids must not
+    depend on the lengths, and a launch must still read every key of sequences longer than
+    those it was first launched with (split ranges come from seq_lens on the device)."""
+    module = triton_ops.decode_attention
+    grids: list[tuple[int, ...]] = []
+    for name in ("_decode_partial_kernel", "_decode_reduce_kernel"):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name, _GridRecorder(kernel, grids))
+    batch = paged_batch(SEQ_LENS, [1] * len(SEQ_LENS), 2, 32, 16, torch.float32)
+    q = torch.randn(len(SEQ_LENS), 4, 32, generator=torch.Generator().manual_seed(3))
+    scale = 32**-0.5
+    captured = torch.ones_like(batch.seq_lens)  # as at capture, where every row is padding
+    for seq_lens in (captured, batch.seq_lens):
+        out = module.decode_attention(
+            q, batch.k_buffer, batch.v_buffer, batch.req_to_token, batch.req_pool_indices,
+            seq_lens, scale, block_n=16,
+        )  # fmt: skip
+    assert len(grids) == 4 and grids[:2] == grids[2:]
+    ref = batch.finite()
+    expected = reference.decode_attention(
+        q, ref.k_buffer, ref.v_buffer, batch.req_to_token, batch.req_pool_indices,
+        batch.seq_lens, scale,
+    )  # fmt: skip
+    assert_close(out, expected, torch.float32)
+
+
+class _GridRecorder:
+    """Stands in for a triton kernel: records each launch's grid, then launches."""
+
+    def __init__(self, kernel: object, grids: list[tuple[int, ...]]) -> None:
+        self._kernel, self._grids = kernel, grids
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self._grids.append(grid)
+        return self._kernel[grid]  # type: ignore[index]

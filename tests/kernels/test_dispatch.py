@@ -78,6 +78,23 @@ def test_forced_backends_win_over_the_device(triton_ops: ModuleType, restore_bac
     assert all(_module_of(op, "cpu").startswith("kernels.triton_ops.") for op in OPS)
 
 
+DECODE_FORWARD_OPS = ["decode_attention", "rms_norm", "fused_add_rms_norm", "apply_rotary_emb",
+                      "silu_and_mul"]  # fmt: skip
+
+
+def test_graph_safe_follows_the_implementation_picked(
+    triton_ops: ModuleType, restore_backend: None
+) -> None:
+    cuda = torch.device("cuda")
+    kernels.set_kernel_backend("auto")
+    assert all(kernels.graph_safe(op, cuda) for op in DECODE_FORWARD_OPS)
+    kernels.set_kernel_backend("torch")
+    # The reference decode attention loops over seq_lens.tolist(): not capturable.
+    assert not kernels.graph_safe("decode_attention", cuda)
+    assert kernels.graph_safe("rms_norm", cuda)  # plain tensor ops
+    assert not kernels.graph_safe("extend_attention", torch.device("cpu"))
+
+
 def test_forced_triton_runs_the_kernel_through_the_op(
     triton_ops: ModuleType, restore_backend: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
