@@ -24,6 +24,10 @@ void ban_row(scalar_t* row, const int32_t* words, int64_t num_words, int64_t voc
   for (int64_t w = 0; w < full_words; ++w) {
     uint32_t banned = ~static_cast<uint32_t>(words[w]);
     scalar_t* base = row + 32 * w;
+    if (banned == ~0u) {  // the common case in structural states: one vector store run
+      std::fill(base, base + 32, neg_inf);
+      continue;
+    }
     while (banned) {
       base[__builtin_ctz(banned)] = neg_inf;
       banned &= banned - 1;
