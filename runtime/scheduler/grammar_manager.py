@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,7 +33,6 @@ from grammar import (
     GrammarService,
     Prepared,
     allocate_bitmask,
-    apply_grammar_masks,
     create_backend,
 )
 from runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
@@ -42,6 +42,12 @@ from runtime.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 _OPTION_FIELDS = ("grammar_best_effort", "grammar_max_whitespace")
+
+# On CPU, masks are filled while the forward runs only when a step's fill takes this long on
+# average (measured, small model at batch 16: a 0.2 ms fill of fixed keys beside the forward
+# cost more than it hid; 5-25 ms fills inside free-text strings hide 15% of the step).
+OVERLAP_FILL_MIN_MS = 1.0
+_FILL_EMA = 0.2  # weight of the newest fill in the moving average
 
 
 def needs_preparing(params: SamplingParams) -> bool:
@@ -93,6 +99,7 @@ class GrammarManager:
         # Masks filled ahead by prepare_masks: the (request, matcher) identities they belong
         # to, and the filled rows of _bitmask.
         self._prepared: tuple[tuple[int, int], ...] | None = None
+        self.fill_ms = 0.0  # moving average of one step's mask fill (see prepare_masks)
 
     def enqueue(self, req: Req) -> None:
         """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
@@ -153,32 +160,40 @@ class GrammarManager:
             self._bitmask = allocate_bitmask(max(rows, 2 * self._bitmask.shape[0]), self.vocab_size)
         return self._bitmask[:rows]
 
-    def prepare_masks(self, reqs: Sequence[Req]) -> None:
+    def prepare_masks(self, reqs: Sequence[Req], device: torch.device) -> None:
         """Fill the masks of ``reqs``' constrained rows now, for the next ``apply_masks`` with
-        the same requests (the matchers must not move in between)."""
+        the same requests (the matchers must not move in between).
+
+        On CPU the forward already keeps every core busy, so a fill beside it slows the forward
+        down: it is done ahead only while the recent fills took at least OVERLAP_FILL_MIN_MS
+        (free-text strings, long bounded repetitions), and after the forward otherwise."""
         self._prepared = None
         matchers = [r.grammar for r in reqs if r.grammar is not None]
-        if matchers:
-            self.backend.fill_masks(
-                matchers, self.bitmask(len(matchers)), list(range(len(matchers)))
-            )
-            self._prepared = _identity(reqs)
+        if not matchers or (device.type == "cpu" and self.fill_ms < OVERLAP_FILL_MIN_MS):
+            return
+        self._fill(matchers)
+        self._prepared = _identity(reqs)
 
     def apply_masks(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place).
         Uses the masks ``prepare_masks`` filled for these requests, else fills them now."""
         matchers = [r.grammar for r in reqs]
-        constrained = sum(m is not None for m in matchers)
+        rows = [i for i, m in enumerate(matchers) if m is not None]
         prepared, self._prepared = self._prepared, None
-        if not constrained:
+        if not rows:
             return
-        if prepared is not None and prepared == _identity(reqs):
-            rows = [i for i, m in enumerate(matchers) if m is not None]
-            bitmask = self._bitmask[:constrained]
-            indices = torch.tensor(rows, device=logits.device)
-            kernels.apply_token_bitmask(logits, bitmask.to(logits.device), indices)
-            return
-        apply_grammar_masks(self.backend, logits, matchers, self.bitmask(constrained))
+        if prepared is None or prepared != _identity(reqs):
+            self._fill([matchers[i] for i in rows])
+        bitmask = self._bitmask[: len(rows)]
+        indices = torch.tensor(rows, device=logits.device)
+        kernels.apply_token_bitmask(logits, bitmask.to(logits.device), indices)
+
+    def _fill(self, matchers: list[Any]) -> None:
+        """Fill rows 0.. of the shared bitmask, one per matcher; keep the fill time's average."""
+        start = time.perf_counter()
+        self.backend.fill_masks(matchers, self.bitmask(len(matchers)), list(range(len(matchers))))
+        elapsed = (time.perf_counter() - start) * 1e3
+        self.fill_ms += _FILL_EMA * (elapsed - self.fill_ms)
 
     def shutdown(self) -> None:
         self.sandbox.shutdown()

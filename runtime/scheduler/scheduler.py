@@ -242,7 +242,7 @@ class Scheduler:
         """The step's work that does not need its logits, done while the forward runs."""
         self._flush_outputs()
         try:
-            self.grammar.prepare_masks(step.sample_reqs)
+            self.grammar.prepare_masks(step.sample_reqs, self.runner.device)
         except Exception:  # sampling fills them again and fails the row that raises
             logger.exception("filling the grammar masks ahead failed")
         for draft in step.drafts:

@@ -14,6 +14,7 @@ from runtime import Engine
 from runtime.channels import QueueChannel
 from runtime.ipc import AbortRequest, GenerateRequest, TokenOutputBatch
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler import grammar_manager
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
 from tests.grammar.schema_corpus import SCHEMAS
@@ -68,13 +69,17 @@ def test_stop_strings_and_n(engines: tuple[Engine, Engine]) -> None:
     _both(engines, PROMPTS[:2], {"temperature": 0.8, "seed": 5, "n": 3, "max_new_tokens": 12})
 
 
-def test_grammars_with_and_without_drafts(engines: tuple[Engine, Engine]) -> None:
+def test_grammars_with_and_without_drafts(
+    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tiny model's fills are fast: fill during every forward anyway, to test that path.
+    monkeypatch.setattr(grammar_manager, "OVERLAP_FILL_MIN_MS", 0.0)
     grammar = engines[0].scheduler.grammar
     prepare = grammar.prepare_masks
     prepared: list[bool] = []
 
-    def counting(reqs: Any) -> None:
-        prepare(reqs)
+    def counting(reqs: Any, device: Any) -> None:
+        prepare(reqs, device)
         prepared.append(grammar._prepared is not None)
 
     grammar.prepare_masks = counting  # type: ignore[method-assign]
@@ -88,6 +93,34 @@ def test_grammars_with_and_without_drafts(engines: tuple[Engine, Engine]) -> Non
         _both(engines, PROMPTS, params)
     grammar.prepare_masks = prepare  # type: ignore[method-assign]
     assert sum(prepared) > 20  # the overlapped engine filled its masks during forwards
+
+
+def test_on_cpu_masks_are_filled_beside_the_forward_only_when_fills_are_slow(
+    engines: tuple[Engine, Engine],
+) -> None:
+    overlapped, _ = engines
+    grammar = overlapped.scheduler.grammar
+    calls: list[tuple[bool, float]] = []
+    prepare = grammar.prepare_masks
+
+    def recording(reqs: Any, device: Any) -> None:
+        before = grammar.fill_ms
+        prepare(reqs, device)
+        if any(r.grammar is not None for r in reqs):  # not steps that only verify drafts
+            calls.append((grammar._prepared is not None, before))
+
+    grammar.prepare_masks = recording  # type: ignore[method-assign]
+    try:
+        params = {"json_schema": SCHEMA, "temperature": 0, "max_new_tokens": 32}
+        grammar.fill_ms = 50.0  # as after slow fills: the first steps fill ahead
+        overlapped.generate(PROMPTS[0], params)
+    finally:
+        grammar.prepare_masks = prepare  # type: ignore[method-assign]
+    ahead = [done for done, before in calls if before >= grammar_manager.OVERLAP_FILL_MIN_MS]
+    behind = [done for done, before in calls if before < grammar_manager.OVERLAP_FILL_MIN_MS]
+    assert ahead and all(ahead)
+    assert behind and not any(behind)  # the tiny model's fills are fast: the average fell
+    assert grammar.fill_ms < grammar_manager.OVERLAP_FILL_MIN_MS
 
 
 def test_retraction(tiny_model_path: Path) -> None:
