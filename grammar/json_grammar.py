@@ -34,8 +34,7 @@ def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: 
     with whitespace runs of at most N characters. Raises GrammarError (or its subclass
     UnsupportedSchemaFeature) for schemas that cannot be enforced exactly, unless best_effort.
     """
-    check_schema(schema, best_effort=best_effort)
-    lowered, rules = lower_schema(schema)
+    lowered, rules = lower_schema(check_schema(schema, best_effort=best_effort))
     if max_whitespace > 0:
         style: dict[str, Any] = {"any_whitespace": True, "max_whitespace_cnt": max_whitespace}
     else:

@@ -18,6 +18,7 @@ import jsonschema  # type: ignore[import-untyped]
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.schema_formats import SUPPORTED_FORMATS
+from grammar.schema_merge import distribute_combinators
 from grammar.schema_walk import iter_subschemas, resolve_local_ref
 
 # Keywords the backend ignores outright, with the reason users see.
@@ -60,9 +61,10 @@ _ANNOTATIONS = frozenset(
 )
 
 
-def check_schema(schema: Any, best_effort: bool = False) -> None:
+def check_schema(schema: Any, best_effort: bool = False) -> dict[str, Any]:
     """Raise GrammarError if ``schema`` is invalid, UnsupportedSchemaFeature if it uses a feature
-    the backend cannot enforce (skipped when ``best_effort``). Returns None when it is safe."""
+    the backend cannot enforce (skipped when ``best_effort``). Returns the schema to lower: a
+    copy with every combinator's sibling keywords combined into it (``schema_merge``)."""
     if not isinstance(schema, dict):
         raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
     validator_class = jsonschema.validators.validator_for(
@@ -75,8 +77,16 @@ def check_schema(schema: Any, best_effort: bool = False) -> None:
         raise GrammarError(f"invalid JSON schema at {where}: {exc.message}") from None
     for pointer, sub in iter_subschemas(schema):
         _check_refs(schema, pointer, sub)
+    try:
+        schema = distribute_combinators(schema)
+    except UnsupportedSchemaFeature:
         if not best_effort:
+            raise
+        return schema  # type: ignore[no-any-return]
+    if not best_effort:
+        for pointer, sub in iter_subschemas(schema):
             _check_subschema(schema, pointer, sub)
+    return schema  # type: ignore[no-any-return]
 
 
 def _check_refs(root: dict[str, Any], pointer: str, sub: dict[str, Any]) -> None:

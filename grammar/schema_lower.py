@@ -78,7 +78,10 @@ def lower_schema(
 
 def _filtered_values(schema: dict[str, Any]) -> dict[str, list[Any]]:
     """For each subschema with enum/const: the values that also satisfy its other keywords."""
-    validator = jsonschema.Draft202012Validator(schema)
+    # Formats asserted, as generation enforces them (jsonschema only annotates by default).
+    validator = jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
     result: dict[str, list[Any]] = {}
     for pointer, sub in iter_subschemas(schema):
         if "const" in sub:

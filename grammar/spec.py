@@ -109,8 +109,8 @@ class GrammarSpec:
         options = options or GrammarOptions()
         parsed = parse_schema(schema)
         check_nesting(parsed, "json_schema")
-        check_schema(parsed, best_effort=options.best_effort)
-        lower_schema(parsed)  # surfaces untranslatable patterns and empty enums now
+        # Surfaces unsupported keywords, untranslatable patterns and empty enums now.
+        lower_schema(check_schema(parsed, best_effort=options.best_effort))
         return cls("json_schema", canonical_schema_json(parsed), options)
 
     @classmethod

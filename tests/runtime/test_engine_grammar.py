@@ -145,7 +145,7 @@ def test_constrained_and_free_requests_share_a_batch(engine: Engine):
     [
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "number", "multipleOf": 3}, "multipleOf"),
-        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
+        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "required"),
         ({"type": "object", "properties": {"x": {"not": {"type": "string"}}}}, "not"),
         ({"type": "string", "format": "hostname-ish"}, "format"),
     ],

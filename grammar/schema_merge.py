@@ -1,0 +1,367 @@
+"""Combine a schema's own keywords with its ``allOf`` / ``anyOf`` / ``oneOf`` subschemas.
+
+xgrammar 0.2.8 builds a combinator's grammar from its subschemas alone: the keywords beside
+it are dropped (``{"type": "integer", "anyOf": [{"minimum": 0}, ...]}`` emitted strings). So
+before checking and lowering, every subschema holding a combinator is rewritten into one the
+backend enforces exactly:
+
+- ``allOf``: its subschemas are merged into the schema (their conjunction, keyword by keyword);
+- ``anyOf`` / ``oneOf`` beside other keywords: those keywords are merged into each branch
+  (``S and anyOf(B1..Bn)`` is ``anyOf(S and B1, .., S and Bn)``; the same holds for oneOf,
+  since every branch gets the same conjunct); branches that admit nothing are dropped;
+- ``$ref`` beside other keywords: in drafts 2019-09 and 2020-12 the referenced schema is merged
+  with them; in drafts 4 to 7, which ignore a reference's siblings, they are dropped.
+
+``merge`` is exact for the keywords it knows: types intersect (integer within number),
+enum/const values intersect, bounds tighten, ``required`` unites, ``properties`` merge by name
+(a name one side lacks meets the other side's ``additionalProperties``), ``items`` merge. Two
+different values of a keyword it cannot intersect (two patterns, two formats,
+``patternProperties`` on both sides...) raise UnsupportedSchemaFeature naming the keyword and
+the subschema: a schema is never weakened in silence.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+from grammar.errors import GrammarError, UnsupportedSchemaFeature
+from grammar.schema_walk import LISTS, MAPS, SINGLE, escape_pointer, resolve_local_ref
+
+COMBINATORS = ("allOf", "anyOf", "oneOf")
+# Keywords that only annotate: the first side's value is kept.
+ANNOTATIONS = frozenset(
+    {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+     "writeOnly", "$schema", "$id"}
+)  # fmt: skip
+_DEFS = ("$defs", "definitions")
+_LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
+_UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+_OBJECT = ("properties", "patternProperties", "additionalProperties")
+# Branches a distributed anyOf/oneOf may grow to before the schema is refused.
+MAX_BRANCHES = 64
+_MAX_INLINED_REFS = 16
+_OLD_DRAFTS = ("draft-04", "draft-06", "draft-07", "draft-03")
+
+Schema = dict[str, Any] | bool
+
+
+def distribute_combinators(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` in which no combinator or ``$ref`` has constraining siblings."""
+    root = copy.deepcopy(schema)
+    old_draft = any(d in str(root.get("$schema", "")) for d in _OLD_DRAFTS)
+    rewritten = _Rewriter(root, old_draft).rewrite(root, "")
+    if rewritten is False:
+        raise GrammarError("the JSON schema admits no value: its combined keywords conflict")
+    if rewritten is True:
+        rewritten = {}
+    for key in _DEFS:  # references resolve against the root's definitions
+        if key in root and key not in rewritten:
+            rewritten[key] = root[key]
+    return rewritten
+
+
+class _Rewriter:
+    def __init__(self, root: dict[str, Any], old_draft: bool) -> None:
+        self.root = root
+        self.old_draft = old_draft
+
+    def rewrite(self, sub: Any, pointer: str) -> Schema:
+        """``sub`` with its own combinators resolved, then its subschemas rewritten."""
+        if not isinstance(sub, dict):
+            return sub  # type: ignore[no-any-return]
+        sub = _split_by_type(self._resolve_here(sub, pointer))
+        if isinstance(sub, bool):
+            return sub
+        for key in SINGLE + ("items",):
+            if isinstance(sub.get(key), dict):
+                sub[key] = self.rewrite(sub[key], f"{pointer}/{key}")
+        if isinstance(sub.get("items"), list):
+            sub["items"] = [
+                self.rewrite(s, f"{pointer}/items/{i}") for i, s in enumerate(sub["items"])
+            ]
+        for key in MAPS:
+            if isinstance(sub.get(key), dict):
+                sub[key] = {
+                    name: self.rewrite(s, f"{pointer}/{key}/{escape_pointer(name)}")
+                    for name, s in sub[key].items()
+                }
+        for key in LISTS:
+            if isinstance(sub.get(key), list):
+                branches = [self.rewrite(s, f"{pointer}/{key}/{i}") for i, s in enumerate(sub[key])]
+                if key in ("anyOf", "oneOf"):  # a branch admitting nothing adds nothing
+                    branches = [b for b in branches if b is not False]
+                    if not branches:
+                        return False
+                sub[key] = branches
+        return sub
+
+    def _resolve_here(self, sub: dict[str, Any], pointer: str) -> Schema:
+        """Fold ``allOf`` into ``sub``, merge a ``$ref`` with its siblings, and distribute the
+        siblings of ``anyOf``/``oneOf`` into the branches."""
+        if isinstance(sub.get("$ref"), str) and _constraining(sub, exclude=("$ref",)):
+            if self.old_draft:
+                sub = {k: v for k, v in sub.items() if k == "$ref" or k in ANNOTATIONS}
+            else:
+                ref = sub.pop("$ref")
+                sub = {"allOf": [{"$ref": ref}, *sub.pop("allOf", [])], **sub}
+        all_of = sub.get("allOf")
+        if isinstance(all_of, list):
+            rest: Schema = {k: v for k, v in sub.items() if k != "allOf"}
+            for i, branch in enumerate(all_of):
+                rest = self.merge(rest, branch, f"{pointer}/allOf/{i}")
+            return rest
+        has = [key for key in ("anyOf", "oneOf") if isinstance(sub.get(key), list)]
+        if not has or (len(has) == 1 and not _constraining(sub, exclude=("anyOf", "oneOf"))):
+            return sub
+        return self._merge_combined(sub, {}, pointer, 0)
+
+    # ---- the conjunction of two schemas ---------------------------------------------------
+
+    def merge(self, a: Schema, b: Schema, pointer: str, refs: int = 0) -> Schema:
+        """A schema admitting exactly the values both ``a`` and ``b`` admit (False: none).
+        refs: references inlined on the way here (a recursive one would never end)."""
+        if a is False or b is False:
+            return False
+        if a is True or a == {}:
+            return copy.deepcopy(b)
+        if b is True or b == {}:
+            return copy.deepcopy(a)
+        assert isinstance(a, dict) and isinstance(b, dict)
+        for side, other in ((a, b), (b, a)):
+            if isinstance(side.get("$ref"), str):
+                if refs >= _MAX_INLINED_REFS:
+                    raise UnsupportedSchemaFeature(
+                        "$ref", pointer, "a recursive reference cannot be combined with other "
+                        "keywords",
+                    )  # fmt: skip
+                return self.merge(self._inline_ref(side, pointer), other, pointer, refs + 1)
+        for side, other in ((a, b), (b, a)):
+            if any(isinstance(side.get(k), list) for k in COMBINATORS):
+                return self._merge_combined(side, other, pointer, refs)
+        return self._merge_plain(a, b, pointer, refs)
+
+    def _inline_ref(self, sub: dict[str, Any], pointer: str) -> Schema:
+        ref = sub.get("$ref")
+        if not isinstance(ref, str):
+            return sub
+        if not ref.startswith("#"):
+            raise UnsupportedSchemaFeature("$ref", pointer, f"non-local reference {ref!r}")
+        try:
+            target = copy.deepcopy(resolve_local_ref(self.root, ref))
+        except KeyError:
+            raise GrammarError(f"invalid JSON schema at {pointer or '/'}: $ref {ref!r}") from None
+        rest = {k: v for k, v in sub.items() if k != "$ref"}
+        if isinstance(target, bool):
+            return target if not rest else self.merge(target, rest, pointer)
+        if not rest:
+            return target  # type: ignore[no-any-return]
+        return {"allOf": [target, rest]}
+
+    def _merge_combined(
+        self, side: dict[str, Any], other: dict[str, Any], pointer: str, refs: int
+    ) -> Schema:
+        """Merge where ``side`` holds allOf, anyOf or oneOf: fold allOf, distribute the rest."""
+        rest = {k: v for k, v in side.items() if k not in COMBINATORS}
+        if isinstance(side.get("allOf"), list):
+            merged: Schema = {**rest, **{k: side[k] for k in ("anyOf", "oneOf") if k in side}}
+            for i, branch in enumerate(side["allOf"]):
+                merged = self.merge(merged, branch, f"{pointer}/allOf/{i}", refs)
+            return self.merge(merged, other, pointer, refs)
+        if isinstance(side.get("anyOf"), list) and isinstance(side.get("oneOf"), list):
+            # Both hold: distribute one, then the other over its branches.
+            first = self.merge({**rest, "anyOf": side["anyOf"]}, other, pointer, refs)
+            return self.merge(first, {"oneOf": side["oneOf"]}, pointer, refs)
+        key = "anyOf" if isinstance(side.get("anyOf"), list) else "oneOf"
+        base = self.merge(rest, other, pointer, refs)
+        branches: list[Schema] = []
+        for i, branch in enumerate(side[key]):
+            merged = self.merge(base, branch, f"{pointer}/{key}/{i}", refs)
+            if merged is not False:
+                branches.extend(_flatten(merged, key))
+        if len(branches) > MAX_BRANCHES:
+            raise UnsupportedSchemaFeature(
+                key, pointer, f"combining it with its siblings makes over {MAX_BRANCHES} branches"
+            )
+        if not branches:
+            return False
+        return branches[0] if len(branches) == 1 else {key: branches}
+
+    def _merge_plain(self, a: dict[str, Any], b: dict[str, Any], pointer: str, refs: int) -> Schema:
+        out: dict[str, Any] = {}
+        for key in a.keys() | b.keys():
+            if key in _OBJECT:
+                continue
+            if key not in a or key not in b:
+                out[key] = copy.deepcopy(a[key] if key in a else b[key])
+                continue
+            value = self._merge_keyword(key, a[key], b[key], pointer, refs)
+            if value is _EMPTY:
+                return False
+            out[key] = value
+        objects = self._merge_objects(a, b, pointer, refs)
+        if objects is None:
+            return False
+        out.update(objects)
+        return _normalised(out)
+
+    def _merge_keyword(self, key: str, x: Any, y: Any, pointer: str, refs: int) -> Any:
+        """Both sides' values of one keyword, combined (``_EMPTY``: nothing satisfies both)."""
+        if key in ANNOTATIONS or _same(x, y):
+            return copy.deepcopy(x)
+        if key in _DEFS and isinstance(x, dict) and isinstance(y, dict):
+            return {**copy.deepcopy(y), **copy.deepcopy(x)}
+        if key == "type":
+            tx, ty = _types(x), _types(y)
+            types = tx & ty
+            if ("number" in tx and "integer" in ty) or ("integer" in tx and "number" in ty):
+                types.add("integer")
+            if not types:
+                return _EMPTY
+            return types.pop() if len(types) == 1 else sorted(types)
+        if key == "const":
+            return copy.deepcopy(x) if _canonical(x) == _canonical(y) else _EMPTY
+        if key == "enum" and isinstance(x, list) and isinstance(y, list):
+            wanted = {_canonical(v) for v in y}
+            common = [copy.deepcopy(v) for v in x if _canonical(v) in wanted]
+            return common if common else _EMPTY
+        if key in _LOWER + _UPPER and _is_number(x) and _is_number(y):
+            return max(x, y) if key in _LOWER else min(x, y)
+        if key == "required" and isinstance(x, list) and isinstance(y, list):
+            return list(dict.fromkeys([*x, *y]))
+        if key == "multipleOf" and _is_int(x) and _is_int(y):
+            return x * y // math.gcd(x, y)
+        if key == "uniqueItems" and isinstance(x, bool) and isinstance(y, bool):
+            return x or y
+        if key in ("items", "propertyNames") and isinstance(x, dict | bool):
+            if isinstance(y, dict | bool):
+                merged = self.merge(x, y, f"{pointer}/{key}", refs)
+                return merged
+        raise UnsupportedSchemaFeature(
+            key, pointer, "two different values of it cannot be combined exactly"
+        )
+
+    def _merge_objects(
+        self, a: dict[str, Any], b: dict[str, Any], pointer: str, refs: int
+    ) -> dict[str, Any] | None:
+        """properties / patternProperties / additionalProperties of ``a`` and ``b`` together;
+        None when a required property can have no value."""
+        if not any(k in a for k in _OBJECT) or not any(k in b for k in _OBJECT):
+            return {k: copy.deepcopy(s[k]) for s in (a, b) for k in _OBJECT if k in s}
+        if "patternProperties" in a or "patternProperties" in b:
+            raise UnsupportedSchemaFeature(
+                "patternProperties", pointer, "it cannot be combined with another object schema"
+            )
+        props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
+        extra_a: Schema = a.get("additionalProperties", True)
+        extra_b: Schema = b.get("additionalProperties", True)
+        properties: dict[str, Any] = {}
+        for name in dict.fromkeys([*props_a, *props_b]):
+            where = f"{pointer}/properties/{escape_pointer(name)}"
+            mine = props_a.get(name, extra_a)
+            theirs = props_b.get(name, extra_b)
+            properties[name] = self.merge(mine, theirs, where, refs)
+        required = set(a.get("required") or ()) | set(b.get("required") or ())
+        if any(properties.get(name) is False for name in required):
+            return None
+        out: dict[str, Any] = {"properties": properties} if properties else {}
+        extra = self.merge(extra_a, extra_b, f"{pointer}/additionalProperties", refs)
+        if extra is not True:
+            out["additionalProperties"] = extra
+        return out
+
+
+# Keywords that constrain one JSON type only (other types satisfy them vacuously).
+_BY_TYPE = {
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains",
+              "minContains", "maxContains", "additionalItems", "unevaluatedItems"),
+    "object": ("properties", "required", "additionalProperties", "patternProperties",
+               "minProperties", "maxProperties", "propertyNames", "dependentRequired",
+               "dependentSchemas", "dependencies", "unevaluatedProperties"),
+}  # fmt: skip
+_ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
+
+
+def _split_by_type(sub: Schema) -> Schema:
+    """A schema with no ``type`` whose number, string or array keywords would be dropped by
+    the backend (measured: ``{"minimum": 0}`` emitted any JSON value, negative numbers too),
+    as the equivalent ``anyOf`` of one branch per type it constrains plus one for the types it
+    leaves free. Object keywords alone stay: the backend then emits only objects, which is
+    narrower but never invalid."""
+    if not isinstance(sub, dict) or "type" in sub or "enum" in sub or "const" in sub:
+        return sub
+    if "$ref" in sub or any(k in sub for k in COMBINATORS):
+        return sub
+    present = [t for t, keys in _BY_TYPE.items() if any(k in sub for k in keys)]
+    if not set(present) & {"number", "string", "array"}:
+        return sub
+    typed = {k for keys in _BY_TYPE.values() for k in keys}
+    out = {k: v for k, v in sub.items() if k not in typed}
+    branches: list[Schema] = [
+        {"type": t, **{k: sub[k] for k in _BY_TYPE[t] if k in sub}} for t in present
+    ]
+    free = [t for t in _ALL_TYPES if t not in present]
+    if free:
+        branches.append({"type": free})
+    out["anyOf"] = branches
+    return out
+
+
+class _Empty:
+    """A keyword whose combined value admits nothing."""
+
+
+_EMPTY = _Empty()
+
+
+def _constraining(sub: dict[str, Any], exclude: tuple[str, ...]) -> bool:
+    return any(k not in ANNOTATIONS and k not in _DEFS and k not in exclude for k in sub)
+
+
+def _flatten(schema: Schema, key: str) -> list[Schema]:
+    """A merged branch that is itself only a ``key`` list contributes its branches."""
+    if isinstance(schema, dict) and set(schema) == {key}:
+        return list(schema[key])
+    return [schema]
+
+
+def _types(value: Any) -> set[str]:
+    return {value} if isinstance(value, str) else set(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _same(x: Any, y: Any) -> bool:
+    return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
+
+
+def _canonical(value: Any) -> str:
+    """Equal JSON values (1 and 1.0 included) give equal strings; booleans stay apart."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_canonical(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = sorted(value.items())
+        return "{" + ",".join(f"{json.dumps(k)}:{_canonical(v)}" for k, v in items) + "}"
+    return f"{type(value).__name__ if isinstance(value, bool) else ''}{json.dumps(value)}"
+
+
+def _normalised(out: dict[str, Any]) -> Schema:
+    """Finish a merged schema: const and enum become one enum of their common values."""
+    if "const" in out and "enum" in out:
+        wanted = _canonical(out.pop("const"))
+        out["enum"] = [v for v in out["enum"] if _canonical(v) == wanted]
+        if not out["enum"]:
+            return False
+    return out

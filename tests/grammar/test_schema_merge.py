@@ -1,0 +1,200 @@
+"""Keywords beside allOf / anyOf / oneOf / $ref are combined into the grammar, never dropped:
+every finished output of a compiled schema validates against the original schema."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grammar import GrammarError, GrammarService, GrammarSpec, UnsupportedSchemaFeature
+from grammar.schema_check import check_schema
+from tests.grammar.decoder import ConstrainedDecoder
+from tests.grammar.schema_corpus import validate_output
+
+SEEDS = (0, 1, 2, 3)
+BIAS = 4.0  # see decoder.py: helps a random model finish; the mask alone decides validity
+
+# The probes that found siblings dropped (xgrammar kept only the combinator's subschemas).
+PROBES: list[tuple[str, dict[str, Any]]] = [
+    ("type beside anyOf", {"type": "integer", "anyOf": [{"minimum": 0}, {"maximum": -10}]}),
+    ("formats in anyOf", {"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]}),
+    (
+        "object beside allOf",
+        {
+            "type": "object",
+            "properties": {"x": {"type": "integer"}},
+            "required": ["x"],
+            "allOf": [{"properties": {"y": {"type": "string", "maxLength": 5}}, "required": ["y"]}],
+        },
+    ),
+    ("bound beside anyOf", {"maximum": 3, "anyOf": [{"type": "integer"}, {"type": "number"}]}),
+    (
+        "several allOf",
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"a": {"minimum": 10, "maximum": 20}}},
+                {"properties": {"b": {"enum": ["x", "y", 3]}}, "required": ["b"]},
+                {"properties": {"b": {"type": "string"}}},
+            ]
+        },
+    ),
+    (
+        "ref beside keywords (2020-12)",
+        {
+            "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+            "$ref": "#/$defs/point",
+            "properties": {"x": {"maximum": 5}, "tag": {"const": "p"}},
+            "required": ["x", "tag"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "oneOf with a shared discriminator beside",
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["id", "kind"],
+            "oneOf": [
+                {"properties": {"kind": {"const": "a"}, "a": {"type": "boolean"}}},
+                {"properties": {"kind": {"const": "b"}, "b": {"type": "null"}}},
+            ],
+        },
+    ),
+    (
+        "required in a branch names a parent property",
+        {
+            "type": "object",
+            "properties": {"p": {"type": "integer"}, "q": {"type": "string", "maxLength": 4}},
+            "anyOf": [{"required": ["p"]}, {"required": ["q"]}],
+        },
+    ),
+]
+
+
+def _outputs_validate(
+    decoder: ConstrainedDecoder, service: GrammarService, schema: dict[str, Any]
+) -> int:
+    compiled = service.compile(GrammarSpec.for_json_schema(schema))
+    finished = 0
+    for seed, result in zip(
+        SEEDS, decoder.generate([compiled] * len(SEEDS), SEEDS, 96, 1.0, BIAS), strict=True
+    ):
+        if not result.terminated:
+            continue
+        finished += 1
+        try:
+            validate_output(schema, result.text)
+        except (ValueError, jsonschema.ValidationError) as exc:
+            pytest.fail(f"seed {seed}: {result.text!r} violates {schema}: {exc}")
+    return finished
+
+
+@pytest.mark.parametrize(("name", "schema"), PROBES, ids=[name for name, _ in PROBES])
+def test_probe_outputs_validate(
+    decoder: ConstrainedDecoder, service: GrammarService, name: str, schema: dict[str, Any]
+) -> None:
+    assert _outputs_validate(decoder, service, schema) >= 1, f"{name}: nothing finished"
+
+
+def test_siblings_are_merged_into_the_branches() -> None:
+    lowered = check_schema({"type": "integer", "anyOf": [{"minimum": 0}, {"maximum": -10}]})
+    assert lowered == {
+        "anyOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": -10}]
+    }
+    # A branch the siblings contradict is dropped; none left: the schema admits no value.
+    lowered = check_schema({"type": "string", "anyOf": [{"type": "integer"}, {"maxLength": 2}]})
+    assert lowered == {"type": "string", "maxLength": 2}
+    with pytest.raises(GrammarError, match="admits no value"):
+        check_schema({"type": "string", "allOf": [{"type": "integer"}]})
+    # anyOf beside oneOf: both hold, each oneOf branch within each anyOf branch.
+    lowered = check_schema({"anyOf": [{"type": "integer"}], "oneOf": [{"minimum": 1}]})
+    assert lowered == {"type": "integer", "minimum": 1}
+
+
+def test_old_drafts_ignore_a_references_siblings() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"n": {"type": "integer"}},
+        "$ref": "#/definitions/n",
+        "maximum": 3,
+    }
+    lowered = check_schema(schema)
+    assert lowered["$ref"] == "#/definitions/n" and "maximum" not in lowered
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),
+        ({"allOf": [{"format": "ipv4"}, {"format": "email"}]}, "format"),
+        (
+            {"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"b": {}}}]},
+            "patternProperties",
+        ),
+        ({"allOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [{}]}]}, "prefixItems"),
+    ],
+)
+def test_what_cannot_be_combined_is_refused_by_name(schema: dict[str, Any], keyword: str) -> None:
+    with pytest.raises(UnsupportedSchemaFeature) as info:
+        check_schema(schema)
+    assert info.value.keyword == keyword
+
+
+# ---- property test: generated schemas mixing siblings with combinators --------------------
+
+_LEAVES = st.sampled_from(
+    [
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "string"},
+        {"type": "boolean"},
+        {"type": ["integer", "string"]},
+        {"minimum": 0},
+        {"maximum": 5},
+        {"minimum": -3, "maximum": 40},
+        {"maxLength": 3},
+        {"minLength": 1},
+        {"enum": [1, 2, "a", True, None]},
+        {"enum": ["a", "b", 7]},
+        {"const": 2},
+        {"format": "date"},
+        {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]},
+        {"type": "object", "properties": {"k": {"maximum": 1}, "m": {"type": "boolean"}}},
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+    ]
+)
+
+
+def _combined(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    branches = st.lists(children, min_size=1, max_size=3)
+    return st.builds(
+        lambda sibling, key, subs: {**sibling, key: subs},
+        _LEAVES,
+        st.sampled_from(["anyOf", "allOf", "oneOf"]),
+        branches,
+    )
+
+
+SCHEMA_STRATEGY = st.recursive(_LEAVES, _combined, max_leaves=6)
+
+
+@settings(
+    max_examples=int(os.environ.get("ARBOR_SCHEMA_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schema=SCHEMA_STRATEGY)
+def test_generated_combinations_validate_or_are_refused(
+    decoder: ConstrainedDecoder, service: GrammarService, schema: dict[str, Any]
+) -> None:
+    try:
+        GrammarSpec.for_json_schema(schema)
+    except GrammarError:
+        return  # refused with a reason: allowed
+    _outputs_validate(decoder, service, schema)
