@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
-from grammar.schema_formats import SUPPORTED_FORMATS
+from grammar.schema_formats import STANDARD_FORMATS, SUPPORTED_FORMATS
 from grammar.schema_merge import distribute_combinators
 from grammar.schema_walk import iter_subschemas, resolve_local_ref
 
@@ -143,7 +143,7 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
     if "format" in sub:
         if "pattern" in sub:
             raise reject("format", "'format' is dropped next to 'pattern'")
-        if sub["format"] not in SUPPORTED_FORMATS:
+        if sub["format"] in STANDARD_FORMATS and sub["format"] not in SUPPORTED_FORMATS:
             supported = ", ".join(sorted(SUPPORTED_FORMATS))
             raise reject(
                 "format", f"format {sub['format']!r} is not enforced (enforced: {supported})"

@@ -9,7 +9,8 @@ exact patterns (years 0001-9999, leap days only in leap years, seconds 00-59, at
 fraction digits, upper-case T and Z) whose every string is valid. Every other format is
 rejected: xgrammar ignores ``hostname``'s label length limits, emits raw quotes and control
 characters for ``json-pointer`` and ``relative-json-pointer``, and treats ``idn-*``, ``iri*``,
-``regex``, ``uri-template`` and unknown formats as unconstrained strings.
+``regex`` and ``uri-template`` as unconstrained strings. Formats the specification does not
+define are annotations: accepted, and the string left unconstrained.
 """
 
 from __future__ import annotations
@@ -38,3 +39,12 @@ FORMAT_PATTERNS: dict[str, str] = {
 NATIVE_FORMATS = frozenset({"uuid", "email", "ipv6", "uri", "uri-reference", "duration"})
 
 SUPPORTED_FORMATS = frozenset(FORMAT_PATTERNS) | NATIVE_FORMATS
+
+# Every format the JSON Schema specification (2020-12) defines. Others (``int32``, ``color``,
+# ``utc-millisec``...) are annotations by the specification: accepted as unconstrained
+# strings. Defined ones outside SUPPORTED_FORMATS are refused (they would be weakened).
+STANDARD_FORMATS = frozenset(
+    {"date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+     "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+     "json-pointer", "relative-json-pointer", "regex"}
+)  # fmt: skip

@@ -65,7 +65,7 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
         "/properties/host",
         {"properties": {"host": {"type": "string", "format": "hostname"}}},
     ),
-    ("format", "", {"type": "string", "format": "made-up"}),
+    ("format", "", {"type": "string", "format": "uri-template"}),
     ("format", "", {"type": "string", "format": "json-pointer"}),
     (
         "oneOf",

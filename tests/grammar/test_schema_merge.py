@@ -198,3 +198,54 @@ def test_generated_combinations_validate_or_are_refused(
     except GrammarError:
         return  # refused with a reason: allowed
     _outputs_validate(decoder, service, schema)
+
+
+# ---- satisfiable schemas the backend refused, and formats the specification leaves free ------
+
+ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
+    (
+        "unknown format",
+        {
+            "type": "object",
+            "properties": {"n": {"type": "string", "format": "int32"}},
+            "required": ["n"],
+        },
+    ),
+    ("array without items", {"type": "array", "minItems": 1, "maxItems": 2}),
+    (
+        "false property",
+        {"type": "object", "properties": {"a": False, "b": {"type": "integer"}}, "required": ["b"]},
+    ),
+    (
+        "false pattern",
+        {
+            "type": "object",
+            "properties": {"xa": {"type": "integer"}, "b": {"type": "boolean"}},
+            "patternProperties": {"^x": False},
+            "required": ["b"],
+        },
+    ),
+    ("bound beyond int64", {"type": "integer", "minimum": -1e30, "maximum": 9223372036854776000}),
+]
+
+
+@pytest.mark.parametrize(("name", "schema"), ACCEPTED_NOW, ids=[n for n, _ in ACCEPTED_NOW])
+def test_satisfiable_schemas_compile_and_validate(
+    decoder: ConstrainedDecoder, service: GrammarService, name: str, schema: dict[str, Any]
+) -> None:
+    assert _outputs_validate(decoder, service, schema) >= 1, f"{name}: nothing finished"
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string", "format": "hostname"}, "format 'hostname' is not enforced"),
+        ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "admits no object"),
+        ({"properties": {"a": False}, "additionalProperties": {}}, "false is not enforced"),
+        ({"patternProperties": {"^x": False, "^y": {}}}, "false pattern is not enforced"),
+        ({"type": "integer", "minimum": 1e30}, "leaves no 64-bit integer"),
+    ],
+)
+def test_what_stays_refused_says_why_in_our_words(schema: dict[str, Any], message: str) -> None:
+    with pytest.raises(GrammarError, match=message):
+        GrammarSpec.for_json_schema(schema)

@@ -105,7 +105,7 @@ def test_bad_spec_errors_through_poll_only_for_it(backend: GrammarBackend) -> No
     service = GrammarService(backend)
     bad = service.submit(GrammarSpec("json_schema", '{"type": "integer", "minimum": 1e30}'))
     good = service.submit(GrammarSpec.for_regex("ok"))
-    with pytest.raises(GrammarError, match="cannot compile JSON schema"):
+    with pytest.raises(GrammarError, match="leaves no 64-bit integer"):
         _wait(service, bad)
     assert _wait(service, good) is not None
     assert service.stats().size == 1
