@@ -72,7 +72,7 @@ class _Rewriter:
         """``sub`` with its own combinators resolved, then its subschemas rewritten."""
         if not isinstance(sub, dict):
             return sub  # type: ignore[no-any-return]
-        sub = _split_by_type(self._resolve_here(sub, pointer))
+        sub = _expand_dependencies(_split_by_type(self._resolve_here(sub, pointer)), pointer)
         if isinstance(sub, bool):
             return sub
         for key in SINGLE + ("items",):
@@ -309,6 +309,69 @@ def _split_by_type(sub: Schema) -> Schema:
         branches.append({"type": free})
     out["anyOf"] = branches
     return out
+
+
+def _expand_dependencies(sub: Schema, pointer: str) -> Schema:
+    """``dependentRequired`` (and draft 4-7 ``dependencies`` with property lists) as an exact
+    ``anyOf``: for each trigger property that may be absent, objects without it, or with it
+    and its dependencies. Exact where objects hold only their declared properties (no
+    ``additionalProperties`` or ``patternProperties``, which could bring the trigger back);
+    otherwise the keyword stays, and the checker refuses it."""
+    if not isinstance(sub, dict):
+        return sub
+    deps: dict[str, list[str]] = {}
+    for key in ("dependentRequired", "dependencies"):
+        value = sub.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+            return sub  # schema-valued dependencies are not rewritten
+        for name, needed in value.items():
+            deps.setdefault(name, []).extend(needed)
+    if not deps:
+        return sub
+    if sub.get("additionalProperties", False) is not False or "patternProperties" in sub:
+        return sub
+    base = {k: v for k, v in sub.items() if k not in ("dependentRequired", "dependencies")}
+    properties = base.get("properties") or {}
+    required = list(base.get("required") or ())
+    branches: list[dict[str, Any]] = [base]
+    for trigger, needed in deps.items():
+        if trigger not in properties:
+            continue  # strict objects never hold it: the dependency never applies
+        grown: list[dict[str, Any]] = []
+        for branch in branches:
+            branch_required = list(branch.get("required") or required)
+            branch_props = branch.get("properties") or {}
+            if trigger not in branch_props:
+                grown.append(branch)  # this branch already excludes the trigger
+                continue
+            with_it = {
+                **branch,
+                "required": list(dict.fromkeys([*branch_required, trigger, *needed])),
+            }
+            grown.append(with_it)
+            if trigger not in branch_required:
+                without = {
+                    **branch,
+                    "properties": {k: v for k, v in branch_props.items() if k != trigger},
+                }
+                grown.append(without)
+        branches = grown
+        if len(branches) > MAX_BRANCHES:
+            raise UnsupportedSchemaFeature(
+                "dependentRequired", pointer, f"its expansion makes over {MAX_BRANCHES} branches"
+            )
+    # A branch requiring a property another trigger's branch removed holds no object.
+    branches = [
+        b for b in branches if set(b.get("required") or ()) <= set(b.get("properties") or {})
+    ]
+    if not branches:
+        return sub  # no branch holds an object: the checker refuses it as it stands
+    if len(branches) == 1:
+        return branches[0]
+    keep = {k: v for k, v in base.items() if k in ANNOTATIONS or k in _DEFS}
+    return {**keep, "anyOf": [{k: v for k, v in b.items() if k not in keep} for b in branches]}
 
 
 class _Empty:

@@ -72,7 +72,11 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
         "",
         {"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]},
     ),
-    ("dependentRequired", "", {"type": "object", "dependentRequired": {"a": ["b"]}}),
+    (
+        "dependentRequired",
+        "",
+        {"type": "object", "additionalProperties": True, "dependentRequired": {"a": ["b"]}},
+    ),
     ("dependentSchemas", "", {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}),
     ("required", "", {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}),
     (
@@ -147,15 +151,6 @@ EVIDENCE = [
             ]
         },
     ),
-    (
-        "dependentRequired",
-        {
-            "type": "object",
-            "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}},
-            "required": ["a"],
-            "dependentRequired": {"a": ["b"]},
-        },
-    ),
     ("required", {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["a", "b"]}),
 ]
 
@@ -204,6 +199,12 @@ def test_accepted_features() -> None:
         # Combined into one exact schema (grammar/schema_merge.py), no longer refused:
         {"allOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]},
         {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 3},
+        {
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}},
+            "required": ["a"],
+            "dependentRequired": {"a": ["b"]},
+        },
         {"type": "integer", "multipleOf": 3},
         {"type": "array", "uniqueItems": False},
         {"type": "string", "minLength": 1, "maxLength": 3},

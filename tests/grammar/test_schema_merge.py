@@ -226,6 +226,28 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("bound beyond int64", {"type": "integer", "minimum": -1e30, "maximum": 9223372036854776000}),
+    (
+        "dependentRequired",
+        {
+            "type": "object",
+            "properties": {
+                "card": {"type": "string", "maxLength": 4},
+                "billing": {"type": "string", "maxLength": 4},
+                "n": {"type": "integer"},
+            },
+            "required": ["n"],
+            "dependentRequired": {"card": ["billing"], "billing": ["n"]},
+        },
+    ),
+    (
+        "draft-07 dependencies",
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}},
+            "dependencies": {"a": ["b"]},
+        },
+    ),
 ]
 
 
@@ -244,6 +266,14 @@ def test_satisfiable_schemas_compile_and_validate(
         ({"properties": {"a": False}, "additionalProperties": {}}, "false is not enforced"),
         ({"patternProperties": {"^x": False, "^y": {}}}, "false pattern is not enforced"),
         ({"type": "integer", "minimum": 1e30}, "leaves no 64-bit integer"),
+        (
+            {
+                "properties": {"a": {}, "b": {}},
+                "additionalProperties": True,
+                "dependentRequired": {"a": ["b"]},
+            },
+            "property dependencies are not enforced",
+        ),
     ],
 )
 def test_what_stays_refused_says_why_in_our_words(schema: dict[str, Any], message: str) -> None:
