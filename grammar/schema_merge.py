@@ -72,7 +72,8 @@ class _Rewriter:
         """``sub`` with its own combinators resolved, then its subschemas rewritten."""
         if not isinstance(sub, dict):
             return sub  # type: ignore[no-any-return]
-        sub = _expand_dependencies(_split_by_type(self._resolve_here(sub, pointer)), pointer)
+        sub = self._expand_conditional(self._resolve_here(sub, pointer), pointer)
+        sub = _expand_dependencies(_split_by_type(sub), pointer)
         if isinstance(sub, bool):
             return sub
         for key in SINGLE + ("items",):
@@ -117,6 +118,43 @@ class _Rewriter:
         if not has or (len(has) == 1 and not _constraining(sub, exclude=("anyOf", "oneOf"))):
             return sub
         return self._merge_combined(sub, {}, pointer, 0)
+
+    def _expand_conditional(self, sub: Schema, pointer: str) -> Schema:
+        """``if``/``then``/``else`` whose ``if`` tests one property against const/enum values,
+        as an exact ``anyOf``: (if and then) or (not if and else). "Not if" is the property
+        holding one of the other values its schema allows (an enum, a const or a boolean), or,
+        when the ``if`` requires it, the property absent (objects holding only their declared
+        properties). Any other ``if`` stays, and the checker refuses it."""
+        if not isinstance(sub, dict) or "if" not in sub:
+            return sub
+        test = _property_test(sub["if"])
+        rest = {k: v for k, v in sub.items() if k not in ("if", "then", "else")}
+        declared = rest.get("properties")
+        if test is None or not isinstance(declared, dict) or test[0] not in declared:
+            return sub
+        name, tested, required = test
+        domain = _finite_values(declared[name])
+        strict = rest.get("additionalProperties", False) is False
+        if domain is None or not strict or "patternProperties" in rest:
+            return sub
+        others = [v for v in domain if _canonical(v) not in {_canonical(t) for t in tested}]
+        where = f"{pointer}/if"
+        branches = [
+            self.merge(self.merge(rest, sub["if"], where), sub.get("then", True), where),
+        ]
+        otherwise: list[Schema] = []
+        if others:
+            other_values = {"properties": {name: {"enum": others}}, "required": [name]}
+            otherwise.append(self.merge(rest, other_values, where))
+        if required and name not in (rest.get("required") or ()):
+            without = {k: v for k, v in declared.items() if k != name}
+            otherwise.append({**rest, "properties": without})
+        for negation in otherwise:
+            branches.append(self.merge(negation, sub.get("else", True), where))
+        kept = [b for b in branches if b is not False]
+        if not kept:
+            return False
+        return kept[0] if len(kept) == 1 else {"anyOf": kept}
 
     # ---- the conjunction of two schemas ---------------------------------------------------
 
@@ -309,6 +347,46 @@ def _split_by_type(sub: Schema) -> Schema:
         branches.append({"type": free})
     out["anyOf"] = branches
     return out
+
+
+def _property_test(schema: Any) -> tuple[str, list[Any], bool] | None:
+    """(name, values, required) when ``schema`` only tests one property against const/enum
+    values (and perhaps requires it), else None."""
+    if not isinstance(schema, dict):
+        return None
+    keys = set(schema) - ANNOTATIONS
+    properties = schema.get("properties")
+    if not keys <= {"properties", "required"} or not isinstance(properties, dict):
+        return None
+    if len(properties) != 1:
+        return None
+    ((name, check),) = properties.items()
+    required = schema.get("required") or []
+    if (
+        not isinstance(check, dict)
+        or set(check) - ANNOTATIONS - {"const", "enum"}
+        or required not in ([], [name])
+    ):
+        return None
+    if "const" in check:
+        return name, [check["const"]], bool(required)
+    if isinstance(check.get("enum"), list):
+        return name, list(check["enum"]), bool(required)
+    return None
+
+
+def _finite_values(schema: Any) -> list[Any] | None:
+    """The values a property schema allows when they are few and listed: enum, const or
+    boolean; None otherwise."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list):
+        return list(schema["enum"])
+    if schema.get("type") == "boolean" and set(schema) - ANNOTATIONS == {"type"}:
+        return [True, False]
+    return None
 
 
 def _expand_dependencies(sub: Schema, pointer: str) -> Schema:

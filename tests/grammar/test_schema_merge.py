@@ -240,6 +240,30 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "if/then/else on an enum property",
+        {
+            "type": "object",
+            "properties": {
+                "country": {"enum": ["US", "NL", "DE"]},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                "postcode": {"type": "string", "maxLength": 7},
+            },
+            "required": ["country"],
+            "if": {"properties": {"country": {"const": "US"}}, "required": ["country"]},
+            "then": {"required": ["zip"]},
+            "else": {"required": ["postcode"]},
+        },
+    ),
+    (
+        "if on an optional boolean",
+        {
+            "type": "object",
+            "properties": {"gift": {"type": "boolean"}, "note": {"type": "string", "maxLength": 6}},
+            "if": {"properties": {"gift": {"const": True}}, "required": ["gift"]},
+            "then": {"required": ["note"]},
+        },
+    ),
+    (
         "draft-07 dependencies",
         {
             "$schema": "http://json-schema.org/draft-07/schema#",
@@ -273,6 +297,14 @@ def test_satisfiable_schemas_compile_and_validate(
                 "dependentRequired": {"a": ["b"]},
             },
             "property dependencies are not enforced",
+        ),
+        (
+            {
+                "properties": {"n": {"type": "integer"}},
+                "if": {"properties": {"n": {"const": 1}}},
+                "then": {"required": ["n"]},
+            },
+            "conditional subschemas are not enforced",
         ),
     ],
 )
