@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
+from grammar.schema_lengths import fold_lengths_into_pattern
 from grammar.schema_walk import LISTS, MAPS, SINGLE, escape_pointer, resolve_local_ref
 
 COMBINATORS = ("allOf", "anyOf", "oneOf")
@@ -76,6 +77,7 @@ class _Rewriter:
         sub = _expand_dependencies(_split_by_type(sub), pointer)
         if isinstance(sub, bool):
             return sub
+        fold_lengths_into_pattern(sub)
         for key in SINGLE + ("items",):
             if isinstance(sub.get(key), dict):
                 sub[key] = self.rewrite(sub[key], f"{pointer}/{key}")

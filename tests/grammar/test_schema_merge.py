@@ -263,6 +263,8 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
             "then": {"required": ["note"]},
         },
     ),
+    ("lengths implied by the pattern", {"type": "string", "pattern": "^[A-Z]{2}$", "maxLength": 2}),
+    ("lengths on a repeated class", {"type": "string", "pattern": "^[a-z0-9-]+$", "maxLength": 4}),
     (
         "draft-07 dependencies",
         {
@@ -298,6 +300,7 @@ def test_satisfiable_schemas_compile_and_validate(
             },
             "property dependencies are not enforced",
         ),
+        ({"type": "string", "pattern": "^(ab)+$", "maxLength": 6}, "lengths are dropped"),
         (
             {
                 "properties": {"n": {"type": "integer"}},
