@@ -18,6 +18,10 @@ enum/const values intersect, bounds tighten, ``required`` unites, ``properties``
 different values of a keyword it cannot intersect (two patterns, two formats,
 ``patternProperties`` on both sides...) raise UnsupportedSchemaFeature naming the keyword and
 the subschema: a schema is never weakened in silence.
+
+The same pass applies the single-subschema rewrites of ``schema_rewrite`` (typeless keywords,
+property dependencies), conditionals on one enum property (``_expand_conditional``) and
+``schema_lengths`` (lengths beside a pattern).
 """
 
 from __future__ import annotations
@@ -29,24 +33,26 @@ from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.schema_lengths import fold_lengths_into_pattern
+from grammar.schema_rewrite import (
+    ANNOTATIONS,
+    COMBINATORS,
+    DEFS,
+    MAX_BRANCHES,
+    Schema,
+    canonical,
+    expand_dependencies,
+    finite_values,
+    property_test,
+    split_by_type,
+)
 from grammar.schema_walk import LISTS, MAPS, SINGLE, escape_pointer, resolve_local_ref
 
-COMBINATORS = ("allOf", "anyOf", "oneOf")
-# Keywords that only annotate: the first side's value is kept.
-ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-     "writeOnly", "$schema", "$id"}
-)  # fmt: skip
-_DEFS = ("$defs", "definitions")
+_DEFS = DEFS
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _OBJECT = ("properties", "patternProperties", "additionalProperties")
-# Branches a distributed anyOf/oneOf may grow to before the schema is refused.
-MAX_BRANCHES = 64
 _MAX_INLINED_REFS = 16
 _OLD_DRAFTS = ("draft-04", "draft-06", "draft-07", "draft-03")
-
-Schema = dict[str, Any] | bool
 
 
 def distribute_combinators(schema: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +80,7 @@ class _Rewriter:
         if not isinstance(sub, dict):
             return sub  # type: ignore[no-any-return]
         sub = self._expand_conditional(self._resolve_here(sub, pointer), pointer)
-        sub = _expand_dependencies(_split_by_type(sub), pointer)
+        sub = expand_dependencies(split_by_type(sub), pointer)
         if isinstance(sub, bool):
             return sub
         fold_lengths_into_pattern(sub)
@@ -129,17 +135,17 @@ class _Rewriter:
         properties). Any other ``if`` stays, and the checker refuses it."""
         if not isinstance(sub, dict) or "if" not in sub:
             return sub
-        test = _property_test(sub["if"])
+        test = property_test(sub["if"])
         rest = {k: v for k, v in sub.items() if k not in ("if", "then", "else")}
         declared = rest.get("properties")
         if test is None or not isinstance(declared, dict) or test[0] not in declared:
             return sub
         name, tested, required = test
-        domain = _finite_values(declared[name])
+        domain = finite_values(declared[name])
         strict = rest.get("additionalProperties", False) is False
         if domain is None or not strict or "patternProperties" in rest:
             return sub
-        others = [v for v in domain if _canonical(v) not in {_canonical(t) for t in tested}]
+        others = [v for v in domain if canonical(v) not in {canonical(t) for t in tested}]
         where = f"{pointer}/if"
         branches = [
             self.merge(self.merge(rest, sub["if"], where), sub.get("then", True), where),
@@ -262,10 +268,10 @@ class _Rewriter:
                 return _EMPTY
             return types.pop() if len(types) == 1 else sorted(types)
         if key == "const":
-            return copy.deepcopy(x) if _canonical(x) == _canonical(y) else _EMPTY
+            return copy.deepcopy(x) if canonical(x) == canonical(y) else _EMPTY
         if key == "enum" and isinstance(x, list) and isinstance(y, list):
-            wanted = {_canonical(v) for v in y}
-            common = [copy.deepcopy(v) for v in x if _canonical(v) in wanted]
+            wanted = {canonical(v) for v in y}
+            common = [copy.deepcopy(v) for v in x if canonical(v) in wanted]
             return common if common else _EMPTY
         if key in _LOWER + _UPPER and _is_number(x) and _is_number(y):
             return max(x, y) if key in _LOWER else min(x, y)
@@ -313,147 +319,6 @@ class _Rewriter:
         return out
 
 
-# Keywords that constrain one JSON type only (other types satisfy them vacuously).
-_BY_TYPE = {
-    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
-    "string": ("minLength", "maxLength", "pattern", "format"),
-    "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains",
-              "minContains", "maxContains", "additionalItems", "unevaluatedItems"),
-    "object": ("properties", "required", "additionalProperties", "patternProperties",
-               "minProperties", "maxProperties", "propertyNames", "dependentRequired",
-               "dependentSchemas", "dependencies", "unevaluatedProperties"),
-}  # fmt: skip
-_ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
-
-
-def _split_by_type(sub: Schema) -> Schema:
-    """A schema with no ``type`` whose number, string or array keywords would be dropped by
-    the backend (measured: ``{"minimum": 0}`` emitted any JSON value, negative numbers too),
-    as the equivalent ``anyOf`` of one branch per type it constrains plus one for the types it
-    leaves free. Object keywords alone stay: the backend then emits only objects, which is
-    narrower but never invalid."""
-    if not isinstance(sub, dict) or "type" in sub or "enum" in sub or "const" in sub:
-        return sub
-    if "$ref" in sub or any(k in sub for k in COMBINATORS):
-        return sub
-    present = [t for t, keys in _BY_TYPE.items() if any(k in sub for k in keys)]
-    if not set(present) & {"number", "string", "array"}:
-        return sub
-    typed = {k for keys in _BY_TYPE.values() for k in keys}
-    out = {k: v for k, v in sub.items() if k not in typed}
-    branches: list[Schema] = [
-        {"type": t, **{k: sub[k] for k in _BY_TYPE[t] if k in sub}} for t in present
-    ]
-    free = [t for t in _ALL_TYPES if t not in present]
-    if free:
-        branches.append({"type": free})
-    out["anyOf"] = branches
-    return out
-
-
-def _property_test(schema: Any) -> tuple[str, list[Any], bool] | None:
-    """(name, values, required) when ``schema`` only tests one property against const/enum
-    values (and perhaps requires it), else None."""
-    if not isinstance(schema, dict):
-        return None
-    keys = set(schema) - ANNOTATIONS
-    properties = schema.get("properties")
-    if not keys <= {"properties", "required"} or not isinstance(properties, dict):
-        return None
-    if len(properties) != 1:
-        return None
-    ((name, check),) = properties.items()
-    required = schema.get("required") or []
-    if (
-        not isinstance(check, dict)
-        or set(check) - ANNOTATIONS - {"const", "enum"}
-        or required not in ([], [name])
-    ):
-        return None
-    if "const" in check:
-        return name, [check["const"]], bool(required)
-    if isinstance(check.get("enum"), list):
-        return name, list(check["enum"]), bool(required)
-    return None
-
-
-def _finite_values(schema: Any) -> list[Any] | None:
-    """The values a property schema allows when they are few and listed: enum, const or
-    boolean; None otherwise."""
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema:
-        return [schema["const"]]
-    if isinstance(schema.get("enum"), list):
-        return list(schema["enum"])
-    if schema.get("type") == "boolean" and set(schema) - ANNOTATIONS == {"type"}:
-        return [True, False]
-    return None
-
-
-def _expand_dependencies(sub: Schema, pointer: str) -> Schema:
-    """``dependentRequired`` (and draft 4-7 ``dependencies`` with property lists) as an exact
-    ``anyOf``: for each trigger property that may be absent, objects without it, or with it
-    and its dependencies. Exact where objects hold only their declared properties (no
-    ``additionalProperties`` or ``patternProperties``, which could bring the trigger back);
-    otherwise the keyword stays, and the checker refuses it."""
-    if not isinstance(sub, dict):
-        return sub
-    deps: dict[str, list[str]] = {}
-    for key in ("dependentRequired", "dependencies"):
-        value = sub.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
-            return sub  # schema-valued dependencies are not rewritten
-        for name, needed in value.items():
-            deps.setdefault(name, []).extend(needed)
-    if not deps:
-        return sub
-    if sub.get("additionalProperties", False) is not False or "patternProperties" in sub:
-        return sub
-    base = {k: v for k, v in sub.items() if k not in ("dependentRequired", "dependencies")}
-    properties = base.get("properties") or {}
-    required = list(base.get("required") or ())
-    branches: list[dict[str, Any]] = [base]
-    for trigger, needed in deps.items():
-        if trigger not in properties:
-            continue  # strict objects never hold it: the dependency never applies
-        grown: list[dict[str, Any]] = []
-        for branch in branches:
-            branch_required = list(branch.get("required") or required)
-            branch_props = branch.get("properties") or {}
-            if trigger not in branch_props:
-                grown.append(branch)  # this branch already excludes the trigger
-                continue
-            with_it = {
-                **branch,
-                "required": list(dict.fromkeys([*branch_required, trigger, *needed])),
-            }
-            grown.append(with_it)
-            if trigger not in branch_required:
-                without = {
-                    **branch,
-                    "properties": {k: v for k, v in branch_props.items() if k != trigger},
-                }
-                grown.append(without)
-        branches = grown
-        if len(branches) > MAX_BRANCHES:
-            raise UnsupportedSchemaFeature(
-                "dependentRequired", pointer, f"its expansion makes over {MAX_BRANCHES} branches"
-            )
-    # A branch requiring a property another trigger's branch removed holds no object.
-    branches = [
-        b for b in branches if set(b.get("required") or ()) <= set(b.get("properties") or {})
-    ]
-    if not branches:
-        return sub  # no branch holds an object: the checker refuses it as it stands
-    if len(branches) == 1:
-        return branches[0]
-    keep = {k: v for k, v in base.items() if k in ANNOTATIONS or k in _DEFS}
-    return {**keep, "anyOf": [{k: v for k, v in b.items() if k not in keep} for b in branches]}
-
-
 class _Empty:
     """A keyword whose combined value admits nothing."""
 
@@ -488,23 +353,11 @@ def _same(x: Any, y: Any) -> bool:
     return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
 
 
-def _canonical(value: Any) -> str:
-    """Equal JSON values (1 and 1.0 included) give equal strings; booleans stay apart."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, list):
-        return "[" + ",".join(_canonical(v) for v in value) + "]"
-    if isinstance(value, dict):
-        items = sorted(value.items())
-        return "{" + ",".join(f"{json.dumps(k)}:{_canonical(v)}" for k, v in items) + "}"
-    return f"{type(value).__name__ if isinstance(value, bool) else ''}{json.dumps(value)}"
-
-
 def _normalised(out: dict[str, Any]) -> Schema:
     """Finish a merged schema: const and enum become one enum of their common values."""
     if "const" in out and "enum" in out:
-        wanted = _canonical(out.pop("const"))
-        out["enum"] = [v for v in out["enum"] if _canonical(v) == wanted]
+        wanted = canonical(out.pop("const"))
+        out["enum"] = [v for v in out["enum"] if canonical(v) == wanted]
         if not out["enum"]:
             return False
     return out
