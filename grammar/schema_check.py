@@ -164,7 +164,8 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
                     raise reject(
                         "oneOf",
                         "its subschemas may overlap and only 'anyOf' is enforced; make them "
-                        "disjoint (different types, or a required property with distinct const)",
+                        "disjoint (different types, a required property with distinct const, "
+                        "or objects each requiring a property the other does not declare)",
                     )
 
 
@@ -291,6 +292,8 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
     values_a, values_b = _values(a), _values(b)
     if values_a is not None and values_b is not None:
         return not {_canonical(v) for v in values_a} & {_canonical(v) for v in values_b}
+    if _misses_required(root, a, b) and _misses_required(root, b, a):
+        return True
     props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required") or ()) & set(b.get("required") or ()):
         va, vb = _values(props_a.get(name) or {}), _values(props_b.get(name) or {})
@@ -298,6 +301,18 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
             if not {_canonical(v) for v in va} & {_canonical(v) for v in vb}:
                 return True
     return False
+
+
+def _misses_required(root: dict[str, Any], made: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether every object generated from ``made`` lacks a property ``other`` requires, so
+    fails ``other``: generated objects hold only their declared properties (strict mode) unless
+    ``additionalProperties`` or ``patternProperties`` can add more."""
+    if _types(root, made) != {"object"} or "patternProperties" in made:
+        return False
+    if made.get("additionalProperties", False) is not False:
+        return False
+    declared = made.get("properties") or {}
+    return any(name not in declared for name in other.get("required") or ())
 
 
 def _canonical(value: Any) -> str:

@@ -266,6 +266,19 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
     ("lengths implied by the pattern", {"type": "string", "pattern": "^[A-Z]{2}$", "maxLength": 2}),
     ("lengths on a repeated class", {"type": "string", "pattern": "^[a-z0-9-]+$", "maxLength": 4}),
     (
+        "oneOf of objects told apart by a required key",
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"run": {"type": "string"}}, "required": ["run"]},
+                {
+                    "type": "object",
+                    "properties": {"uses": {"type": "string"}, "id": {"type": "integer"}},
+                    "required": ["uses"],
+                },
+            ]
+        },
+    ),
+    (
         "draft-07 dependencies",
         {
             "$schema": "http://json-schema.org/draft-07/schema#",
@@ -301,6 +314,15 @@ def test_satisfiable_schemas_compile_and_validate(
             "property dependencies are not enforced",
         ),
         ({"type": "string", "pattern": "^(ab)+$", "maxLength": 6}, "lengths are dropped"),
+        (
+            {
+                "oneOf": [
+                    {"type": "object", "properties": {"a": {}}, "required": ["a"]},
+                    {"type": "object", "required": ["b"], "additionalProperties": True},
+                ]
+            },
+            "may overlap",
+        ),
         (
             {
                 "properties": {"n": {"type": "integer"}},

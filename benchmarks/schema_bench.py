@@ -1,0 +1,244 @@
+"""JSON-schema coverage on real-world schemas: compiled, refused (by keyword), compile time,
+and whether generated outputs validate.
+
+The corpus is assembled at run time from schemas that installed packages ship (nothing is
+copied into this repository):
+
+- ``check-jsonschema`` (``pip install check-jsonschema``; optional): its vendored SchemaStore
+  schemas (GitHub workflows and actions, GitLab CI, Azure Pipelines, Renovate, Dependabot,
+  docker compose, CircleCI, Travis, ReadTheDocs, Taskfile, CITATION.cff...; each file's
+  licence is in the package's ``builtin_schemas/vendor/licenses``);
+- ``jsonschema-specifications`` (a dependency of ``jsonschema``): the JSON Schema
+  metaschemas of drafts 3 to 2020-12.
+
+Each file gives one sample for the whole schema and one per definition (``definitions`` /
+``$defs``, referenced from a root that keeps every definition), as real requests often use a
+part of a big schema. Samples are taken round-robin over the files up to ``--limit``.
+
+Every sample goes through the same preparation as a served request (``CompileSandbox``:
+checks, lowering, trial compile, deadline ``--timeout``) with the tiny test model's tokenizer.
+For compiled ones, ``--samples`` outputs are generated with the tiny model at temperature 1
+(a closing-token bias helps a random model finish; the grammar alone decides validity) and
+validated with ``jsonschema`` (formats asserted). Targets (issue 16): at least 90% compiled,
+every finished output valid, compile p90 at most 100 ms.
+
+    python -m benchmarks.schema_bench [--limit 400] [--timeout 10] [--samples 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.resources
+import importlib.util
+import json
+import re
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+
+from benchmarks.common import print_table, write_json
+from grammar import CompileSandbox, GrammarError, UnsupportedSchemaFeature
+
+Sample = tuple[str, dict[str, Any]]
+_REFUSED = re.compile(r"unsupported JSON schema feature '([^']+)'")
+
+
+def corpus(limit: int) -> list[Sample]:
+    """Up to ``limit`` (name, schema) samples, round-robin over the source files."""
+    files = list(_schema_files())
+    streams = [_samples(name, schema) for name, schema in files]
+    out: list[Sample] = []
+    while streams and len(out) < limit:
+        for stream in list(streams):
+            sample = next(stream, None)
+            if sample is None:
+                streams.remove(stream)
+            elif len(out) < limit:
+                out.append(sample)
+    return out
+
+
+def _schema_files() -> Iterator[tuple[str, dict[str, Any]]]:
+    # Located without importing check_jsonschema (it needs its own dependencies to import).
+    spec = importlib.util.find_spec("check_jsonschema")
+    if spec is not None and spec.origin is not None:
+        vendor = Path(spec.origin).parent / "builtin_schemas" / "vendor"
+        for entry in sorted(vendor.glob("*.json")):
+            yield entry.stem, json.loads(entry.read_text())
+    metaschemas = importlib.resources.files("jsonschema_specifications") / "schemas"
+    for path in sorted(Path(str(metaschemas)).rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            try:
+                schema = json.loads(path.read_text())
+            except ValueError:
+                continue
+            if isinstance(schema, dict):
+                yield f"metaschema-{path.parent.name}-{path.name}", schema
+
+
+def _samples(name: str, schema: dict[str, Any]) -> Iterator[Sample]:
+    yield name, schema
+    # Drafts 4 to 7 ignore a $ref's siblings, so there the whole root can stay (definitions
+    # may point at any part of it); later drafts would apply them, so only definitions stay.
+    old_draft = any(
+        d in str(schema.get("$schema", "")) for d in ("draft-04", "draft-06", "draft-07")
+    )
+    for key in ("definitions", "$defs"):
+        defs = schema.get(key)
+        if isinstance(defs, dict):
+            for part in defs:
+                kept = {k: v for k, v in schema.items() if old_draft or k in ("$schema", key)}
+                kept.pop("$ref", None)
+                yield f"{name}#{part}", {**kept, "$ref": f"#/{key}/{_escape(part)}"}
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def prepare_all(
+    samples: list[Sample], tokenizer: Any, vocab: int, stop_ids: list[int], timeout: float
+) -> list[dict[str, Any]]:
+    """Each sample through the request path's preparation, one at a time (so times are its
+    own): outcome, refused keyword or message, wall milliseconds, and the prepared result."""
+    sandbox = CompileSandbox(("xgrammar", tokenizer, vocab, stop_ids), workers=1, timeout=timeout)
+    sandbox.submit({"regex": "warm"}).result()  # the worker's start is not a compile
+    results = []
+    try:
+        for name, schema in samples:
+            start = time.perf_counter()
+            row: dict[str, Any] = {"name": name}
+            try:
+                row["prepared"] = sandbox.submit({"json_schema": json.dumps(schema)}).result()
+                row["outcome"] = "compiled"
+            except UnsupportedSchemaFeature as exc:
+                row.update(outcome="refused", keyword=exc.keyword)
+            except GrammarError as exc:  # the sandbox sends errors back as GrammarError
+                refused = _REFUSED.match(str(exc))
+                if refused:
+                    row.update(outcome="refused", keyword=refused.group(1))
+                else:
+                    row.update(outcome="error", message=_bucket(str(exc)))
+            row["ms"] = (time.perf_counter() - start) * 1e3
+            results.append(row)
+    finally:
+        sandbox.shutdown()
+    return results
+
+
+def _bucket(message: str) -> str:
+    """An error message without its instance details, to count alike errors together."""
+    head = message.split(":")[0] if "timed out" not in message else "compile timed out"
+    return head[:80]
+
+
+def generate_and_validate(
+    results: list[dict[str, Any]], samples: list[Sample], count: int
+) -> collections.Counter[str]:
+    """Outputs of the compiled samples, validated against their schemas."""
+    from grammar import create_backend
+    from runtime.model_config import ModelConfig
+    from runtime.model_runner import ModelRunner
+    from runtime.test_model import cached_test_model
+    from tests.grammar.decoder import ConstrainedDecoder
+
+    path = cached_test_model("tiny", "llama")
+    config = ModelConfig.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    backend = create_backend("xgrammar", tokenizer, config.vocab_size, config.eos_token_ids)
+    runner = ModelRunner(str(path), kv_slots=16384, max_requests=16, context_len=1024)
+    decoder = ConstrainedDecoder(runner, tokenizer, backend)
+    schemas = dict(samples)
+    tally: collections.Counter[str] = collections.Counter()
+    for row in results:
+        if row["outcome"] != "compiled" or row["prepared"].lowered is None:
+            continue
+        compiled = backend.compile_lowered(row["prepared"].lowered)
+        seeds = list(range(count))
+        for result in decoder.generate([compiled] * count, seeds, 160, 1.0, 4.0):
+            if not result.terminated:
+                tally["unfinished"] += 1
+                continue
+            try:
+                value = json.loads(result.text)
+                jsonschema.validators.validator_for(schemas[row["name"]])(
+                    schemas[row["name"]], format_checker=jsonschema.FormatChecker()
+                ).validate(value)
+                tally["valid"] += 1
+            except (ValueError, jsonschema.ValidationError) as exc:
+                tally["invalid"] += 1
+                row.setdefault("invalid", []).append(f"{result.text[:120]!r}: {exc}"[:300])
+    return tally
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--limit", type=int, default=400)
+    parser.add_argument("--timeout", type=float, default=10.0, help="compile deadline, s")
+    parser.add_argument("--samples", type=int, default=2, help="outputs per compiled schema")
+    parser.add_argument("--out", default=None, help="JSON results path")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    from runtime.model_config import ModelConfig
+    from runtime.test_model import cached_test_model
+
+    path = cached_test_model("tiny", "llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = ModelConfig.from_pretrained(path)
+    samples = corpus(args.limit)
+    sources = len({name.split("#")[0] for name, _ in samples})
+    print(f"corpus: {len(samples)} samples from {sources} files")
+    results = prepare_all(
+        samples, tokenizer, config.vocab_size, list(config.eos_token_ids), args.timeout
+    )
+    outcomes = collections.Counter(row["outcome"] for row in results)
+    keywords = collections.Counter(row["keyword"] for row in results if "keyword" in row)
+    errors = collections.Counter(row["message"] for row in results if "message" in row)
+    times = sorted(row["ms"] for row in results if row["outcome"] == "compiled")
+    tally = generate_and_validate(results, samples, args.samples) if args.samples else {}
+    total = len(results)
+    summary = {
+        "samples": total,
+        "compiled": outcomes["compiled"],
+        "compiled_pct": 100 * outcomes["compiled"] / max(total, 1),
+        "refused": outcomes["refused"],
+        "errors": outcomes["error"],
+        "compile_ms_p50": statistics.median(times) if times else None,
+        "compile_ms_p90": times[int(0.9 * (len(times) - 1))] if times else None,
+        "compile_ms_max": times[-1] if times else None,
+        "outputs_valid": tally.get("valid", 0),
+        "outputs_invalid": tally.get("invalid", 0),
+        "outputs_unfinished": tally.get("unfinished", 0),
+    }
+    print_table(["metric", "value"], [[k, v] for k, v in summary.items()])
+    if keywords:
+        print("\nrefused by keyword:")
+        print_table(["keyword", "samples"], [[k, n] for k, n in keywords.most_common()])
+    if errors:
+        print("\nerrors:")
+        print_table(["message", "samples"], [[k, n] for k, n in errors.most_common(15)])
+    invalid = [(row["name"], row["invalid"]) for row in results if "invalid" in row]
+    for name, found in invalid[:10]:
+        print(f"INVALID {name}: {found[0]}")
+    write_json(
+        "schema_bench",
+        {
+            "summary": summary,
+            "refused_by_keyword": dict(keywords),
+            "errors": dict(errors),
+            "per_sample": [{k: v for k, v in row.items() if k != "prepared"} for row in results],
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
