@@ -70,15 +70,15 @@ def _schema_files() -> Iterator[tuple[str, dict[str, Any]]]:
         vendor = Path(spec.origin).parent / "builtin_schemas" / "vendor"
         for entry in sorted(vendor.glob("*.json")):
             yield entry.stem, json.loads(entry.read_text())
-    metaschemas = importlib.resources.files("jsonschema_specifications") / "schemas"
-    for path in sorted(Path(str(metaschemas)).rglob("*")):
+    metaschemas = Path(str(importlib.resources.files("jsonschema_specifications") / "schemas"))
+    for path in sorted(metaschemas.rglob("*")):
         if path.is_file() and not path.name.startswith("."):
             try:
                 schema = json.loads(path.read_text())
             except ValueError:
                 continue
             if isinstance(schema, dict):
-                yield f"metaschema-{path.parent.name}-{path.name}", schema
+                yield f"metaschema-{path.relative_to(metaschemas)}", schema
 
 
 def _samples(name: str, schema: dict[str, Any]) -> Iterator[Sample]:

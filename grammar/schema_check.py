@@ -19,7 +19,7 @@ import jsonschema  # type: ignore[import-untyped]
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.schema_formats import STANDARD_FORMATS, SUPPORTED_FORMATS
 from grammar.schema_merge import distribute_combinators
-from grammar.schema_walk import iter_subschemas, resolve_local_ref
+from grammar.schema_walk import iter_subschemas, prune_unused_definitions, resolve_local_ref
 
 # Keywords the backend ignores outright, with the reason users see.
 _IGNORED = {
@@ -77,6 +77,7 @@ def check_schema(schema: Any, best_effort: bool = False) -> dict[str, Any]:
         raise GrammarError(f"invalid JSON schema at {where}: {exc.message}") from None
     for pointer, sub in iter_subschemas(schema):
         _check_refs(schema, pointer, sub)
+    schema = prune_unused_definitions(schema)
     try:
         schema = distribute_combinators(schema)
     except UnsupportedSchemaFeature:

@@ -112,7 +112,8 @@ class _Rewriter:
         siblings of ``anyOf``/``oneOf`` into the branches."""
         if isinstance(sub.get("$ref"), str) and _constraining(sub, exclude=("$ref",)):
             if self.old_draft:
-                sub = {k: v for k, v in sub.items() if k == "$ref" or k in ANNOTATIONS}
+                kept = ("$ref", *DEFS)
+                sub = {k: v for k, v in sub.items() if k in kept or k in ANNOTATIONS}
             else:
                 ref = sub.pop("$ref")
                 sub = {"allOf": [{"$ref": ref}, *sub.pop("allOf", [])], **sub}

@@ -75,3 +75,47 @@ def resolve_local_ref(root: dict[str, Any], ref: str) -> Any:
         except (IndexError, ValueError, TypeError):
             raise KeyError(ref) from None
     return node
+
+
+def prune_unused_definitions(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without the root ``$defs``/``definitions`` entries that no reference reachable
+    from the root leads to (they cannot shape any value, so their features must not refuse the
+    schema); the schema itself when all are used."""
+    pools = {
+        key: schema[key] for key in ("$defs", "definitions") if isinstance(schema.get(key), dict)
+    }
+    if not pools:
+        return schema
+    kept: dict[str, set[str]] = {key: set() for key in pools}
+    root = {k: v for k, v in schema.items() if k not in pools}
+    old_draft = any(
+        d in str(schema.get("$schema", ""))
+        for d in ("draft-03", "draft-04", "draft-06", "draft-07")
+    )
+    if old_draft and isinstance(root.get("$ref"), str):
+        root = {"$ref": root["$ref"]}  # drafts 4-7 ignore a reference's siblings
+    pending: list[Any] = [root]
+    while pending:
+        refs = {
+            unquote(sub["$ref"])
+            for node in pending
+            for _, sub in iter_subschemas(node)
+            if isinstance(sub.get("$ref"), str)
+        }
+        pending = []
+        for key, pool in pools.items():
+            for name in pool:
+                target = f"#/{key}/{escape_pointer(name)}"
+                if name not in kept[key] and any(
+                    r == target or r.startswith(target + "/") for r in refs
+                ):
+                    kept[key].add(name)
+                    pending.append(pool[name])
+        if any(ref == "#" for ref in refs):
+            break  # the root refers to itself: already walked
+    if all(len(kept[key]) == len(pool) for key, pool in pools.items()):
+        return schema
+    pruned = dict(schema)
+    for key, pool in pools.items():
+        pruned[key] = {name: sub for name, sub in pool.items() if name in kept[key]}
+    return pruned

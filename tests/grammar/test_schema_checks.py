@@ -84,8 +84,16 @@ REJECTED: list[tuple[str, str, dict[str, Any]]] = [
         "",
         {"type": "object", "patternProperties": {"^x": {}}, "propertyNames": {"maxLength": 2}},
     ),
-    ("$anchor", "/$defs/a", {"$defs": {"a": {"$anchor": "here", "type": "integer"}}}),
-    ("$id", "/$defs/a", {"$defs": {"a": {"$id": "https://x.org/a", "type": "integer"}}}),
+    (
+        "$anchor",
+        "/$defs/a",
+        {"$defs": {"a": {"$anchor": "here", "type": "integer"}}, "$ref": "#/$defs/a"},
+    ),
+    (
+        "$id",
+        "/$defs/a",
+        {"$defs": {"a": {"$id": "https://x.org/a", "type": "integer"}}, "$ref": "#/$defs/a"},
+    ),
 ]
 
 

@@ -336,3 +336,21 @@ def test_satisfiable_schemas_compile_and_validate(
 def test_what_stays_refused_says_why_in_our_words(schema: dict[str, Any], message: str) -> None:
     with pytest.raises(GrammarError, match=message):
         GrammarSpec.for_json_schema(schema)
+
+
+def test_unused_definitions_do_not_refuse_a_schema() -> None:
+    defs = {"used": {"type": "integer"}, "unused": {"not": {"type": "string"}}}
+    lowered = check_schema({"$defs": defs, "$ref": "#/$defs/used"})
+    assert set(lowered["$defs"]) == {"used"}
+    with pytest.raises(UnsupportedSchemaFeature, match="not"):
+        check_schema(
+            {"$defs": defs, "anyOf": [{"$ref": "#/$defs/used"}, {"$ref": "#/$defs/unused"}]}
+        )
+    # A reference through a definition keeps what it reaches; drafts 4-7 ignore $ref siblings.
+    chained = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"a": {"$ref": "#/definitions/b"}, "b": {"type": "null"}, "c": {"not": {}}},
+        "$ref": "#/definitions/a",
+        "properties": {"x": {"$ref": "#/definitions/c"}},
+    }
+    assert set(check_schema(chained)["definitions"]) == {"a", "b"}
