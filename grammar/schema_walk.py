@@ -111,8 +111,6 @@ def prune_unused_definitions(schema: dict[str, Any]) -> dict[str, Any]:
                 ):
                     kept[key].add(name)
                     pending.append(pool[name])
-        if any(ref == "#" for ref in refs):
-            break  # the root refers to itself: already walked
     if all(len(kept[key]) == len(pool) for key, pool in pools.items()):
         return schema
     pruned = dict(schema)

@@ -354,3 +354,12 @@ def test_unused_definitions_do_not_refuse_a_schema() -> None:
         "properties": {"x": {"$ref": "#/definitions/c"}},
     }
     assert set(check_schema(chained)["definitions"]) == {"a", "b"}
+
+
+def test_a_reference_to_the_root_does_not_stop_the_walk() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"self": {"$ref": "#"}, "x": {"$ref": "#/definitions/a"}},
+        "definitions": {"a": {"items": {"$ref": "#/definitions/b"}}, "b": {"type": "null"}},
+    }
+    assert set(check_schema(schema)["definitions"]) == {"a", "b"}
