@@ -118,6 +118,13 @@ class GrammarBackend(ABC):
         for matcher, row in zip(matchers, rows, strict=True):
             matcher.fill_mask(bitmask, row)
 
+    def accept_tokens(
+        self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int]
+    ) -> list[bool]:
+        """``matchers[i].accept_token(tokens[i])`` for all i (backends may batch it). A refused
+        token leaves its matcher as it was."""
+        return [m.accept_token(t) for m, t in zip(matchers, tokens, strict=True)]
+
 
 _BACKENDS: dict[str, type[GrammarBackend]] = {}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,7 @@ from runtime.scheduler.req import Req
 _DRAFT_STREAM = 0x5DEECE66D
 
 GrammarMaskFn = Callable[[torch.Tensor, Sequence[Req]], None]
+GrammarAcceptFn = Callable[[list[Any], list[int]], list[bool]]
 
 
 # Temperatures above this act as it: beyond, float32 cannot tell the scaled logits apart.
@@ -54,6 +56,8 @@ class Sampler:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.grammar_mask: GrammarMaskFn | None = None  # set by the grammar integration
+        # Advances matchers by their tokens, all at once (GrammarBackend.accept_tokens).
+        self.grammar_accept: GrammarAcceptFn | None = None
 
     def sample(
         self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False
@@ -107,8 +111,17 @@ class Sampler:
         that cannot be advanced.
         """
         accepted = [False] * len(reqs)
-        for row, req in enumerate(reqs):
-            if req.grammar is None or row in failures:
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and i not in failures]
+        if self.grammar_accept is not None and len(rows) > 1:
+            try:  # the batch first; refused rows (their matchers unchanged) redraw below
+                batch = self.grammar_accept([reqs[i].grammar for i in rows], tokens[rows].tolist())
+                for row, ok in zip(rows, batch, strict=True):
+                    accepted[row] = ok
+            except Exception:
+                logger.exception("accepting the batch's tokens failed; accepting them one by one")
+        for row in rows:
+            req = reqs[row]
+            if accepted[row]:
                 continue
             try:
                 accepted[row] = self._accept_or_redraw(logits, tokens, row, req)

@@ -108,6 +108,7 @@ class Scheduler:
         self.sampler = Sampler(config.vocab_size, config.eos_token_ids)
         self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
         self.sampler.grammar_mask = self.grammar.apply_masks
+        self.sampler.grammar_accept = self.grammar.backend.accept_tokens
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
         )
