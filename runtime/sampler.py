@@ -1,10 +1,11 @@
 """The sampling pipeline, batched: bias, penalties, grammar mask, temperature, top-k/p, min-p, draw.
 
-The order is fixed (DESIGN.md): logit_bias, repetition / presence / frequency penalties, the
-grammar mask and the stop-token mask below min_new_tokens (which yields where the grammar
-allows only its end), then temperature, top-k, top-p, min-p and the draw. Greedy rows
-(temperature below GREEDY_TEMPERATURE, or top_k 1) take the argmax of the processed logits. A
-row's draw depends only on its request's seed and output length, never on the batch.
+The order is fixed (docs/architecture.md, step 3): logit_bias, repetition / presence /
+frequency penalties, the grammar mask and the stop-token mask below min_new_tokens (which
+yields where the grammar allows only its end), then temperature, top-k, top-p, min-p and
+the draw. Greedy rows (temperature below GREEDY_TEMPERATURE, or top_k 1) take the argmax of
+the processed logits. A row's draw depends only on its request's seed and output length, never
+on the batch.
 
 Numerically safe: logits are scaled by the temperature after subtracting the row's maximum, so
 no temperature or bias can overflow them (tiny temperatures give the argmax, huge biases the

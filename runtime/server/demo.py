@@ -39,6 +39,10 @@ def run_demo(model_path: str | None, prompt: str, max_new_tokens: int) -> int:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     print(f"starting: arbor serve --model-path {path} --port {port}")
+    print(
+        "(the built-in test model has random weights: its text is noise by design; the "
+        "JSON-schema answer is still valid, because the grammar decides its shape)"
+    )
     server = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "serve", "--model-path", path]
         + ["--port", str(port), "--max-total-tokens", "8192", "--log-level", "warning"]
