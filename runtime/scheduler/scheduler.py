@@ -131,7 +131,9 @@ class Scheduler:
         # waiting to be sent while the next forward runs.
         self.overlap = not args.disable_overlap_schedule
         self._forward_thread = (
-            ThreadPoolExecutor(1, thread_name_prefix="forward") if self.overlap else None
+            ThreadPoolExecutor(1, "forward", _forward_thread_setup, (self.runner.device,))
+            if self.overlap
+            else None
         )
         self._in_forward = False
         self._pending_outputs: list[TokenOutput] = []
@@ -506,6 +508,14 @@ class Scheduler:
             "gen_throughput": self.stats["generated_tokens"] / elapsed,
             **self.stats,
         }
+
+
+def _forward_thread_setup(device: torch.device) -> None:
+    """The forward thread works on the scheduler's device (CUDA's current device is per
+    thread; triton launches on it) with autograd off (also per thread)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_grad_enabled(False)
 
 
 def _pool_slots(max_total_tokens: int | None, page_size: int) -> int | None:
