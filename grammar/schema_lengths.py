@@ -1,4 +1,4 @@
-"""``minLength`` / ``maxLength`` beside ``pattern``, made exact where it is cheap.
+"""``minLength`` / ``maxLength`` / ``format`` beside ``pattern``, made exact where it is cheap.
 
 xgrammar 0.2.8 keeps a pattern and drops the lengths beside it. Two common real-world shapes
 are exact without intersecting automata:
@@ -9,7 +9,11 @@ are exact without intersecting automata:
   the repetition takes the bounds (``^[a-z0-9-]{1,63}$``), since each repetition is one
   character.
 
-Anything else keeps its lengths, and the checker refuses them by keyword and pointer.
+A ``format`` we enforce with a pattern of our own (``date``, ``date-time``, ``time``, ``ipv4``)
+beside a user's ``pattern``: when one language contains the other (compared as automata), the
+smaller one alone is exact (``format: date`` with ``^\\d{4}-\\d{2}-\\d{2}$``: the date
+pattern). Anything else keeps both keywords, and the checker refuses them by keyword and
+pointer.
 Patterns are generated with fullmatch semantics (``grammar.regex``), so lengths are measured
 on the strings the pattern fullmatches.
 """
@@ -23,6 +27,7 @@ import interegular
 
 from grammar.errors import GrammarError
 from grammar.regex import to_backend_regex
+from grammar.schema_formats import FORMAT_PATTERNS
 
 # One repeated atom: a class, an escape class or a dot, with + or *, optionally anchored.
 # Larger automata are not analysed (the walk below recurses once per state).
@@ -56,6 +61,22 @@ def fold_lengths_into_pattern(sub: dict[str, Any]) -> None:
     sub["pattern"] = f"^{atom}{{{low},{'' if high is None else high}}}$"
     sub.pop("minLength", None)
     sub.pop("maxLength", None)
+
+
+def fold_format_into_pattern(sub: dict[str, Any]) -> None:
+    """Keep only the smaller of ``format`` and ``pattern`` when one contains the other."""
+    pattern, name = sub.get("pattern"), sub.get("format")
+    if not isinstance(pattern, str) or name not in FORMAT_PATTERNS:
+        return
+    try:
+        mine = interegular.parse_pattern(to_backend_regex(FORMAT_PATTERNS[name])).to_fsm()
+        theirs = interegular.parse_pattern(to_backend_regex(pattern)).to_fsm()
+        if mine.difference(theirs).empty():
+            del sub["pattern"]  # every formatted string matches the pattern
+        elif theirs.difference(mine).empty():
+            del sub["format"]  # every string of the pattern is well formatted
+    except (GrammarError, interegular.Unsupported, interegular.InvalidSyntax):
+        return
 
 
 def _length_range(pattern: str) -> tuple[int | None, int | None]:

@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
-from grammar.schema_lengths import fold_lengths_into_pattern
+from grammar.schema_lengths import fold_format_into_pattern, fold_lengths_into_pattern
 from grammar.schema_rewrite import (
     ANNOTATIONS,
     COMBINATORS,
@@ -83,6 +83,7 @@ class _Rewriter:
         sub = expand_dependencies(split_by_type(sub), pointer)
         if isinstance(sub, bool):
             return sub
+        fold_format_into_pattern(sub)
         fold_lengths_into_pattern(sub)
         for key in SINGLE + ("items",):
             if isinstance(sub.get(key), dict):

@@ -263,6 +263,14 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
             "then": {"required": ["note"]},
         },
     ),
+    (
+        "format within the pattern",
+        {"type": "string", "format": "date", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
+    ),
+    (
+        "pattern within the format",
+        {"type": "string", "format": "ipv4", "pattern": "^10\\.0\\.0\\.[0-9]$"},
+    ),
     ("lengths implied by the pattern", {"type": "string", "pattern": "^[A-Z]{2}$", "maxLength": 2}),
     ("lengths on a repeated class", {"type": "string", "pattern": "^[a-z0-9-]+$", "maxLength": 4}),
     (
