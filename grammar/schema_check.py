@@ -258,6 +258,16 @@ def _types(root: dict[str, Any], sub: Any, hops: int = 0) -> set[str] | None:
     if values is not None:
         return {_json_type(v) for v in values}
     declared = sub.get("type")
+    branches = sub.get("anyOf", sub.get("oneOf"))
+    if declared is None and isinstance(branches, list) and branches:
+        # No type of its own: the union of its branches' types, when each is known.
+        union: set[str] = set()
+        for branch in branches:
+            types = _types(root, branch, hops + 1)
+            if types is None:
+                return None
+            union |= types
+        return union
     if declared is None:
         return None
     types = {declared} if isinstance(declared, str) else set(declared)
@@ -297,6 +307,11 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
         return not {_canonical(v) for v in values_a} & {_canonical(v) for v in values_b}
     if _misses_required(root, a, b) and _misses_required(root, b, a):
         return True
+    if types_a == types_b == {"array"} and _nonempty(a) and _nonempty(b):
+        items_a, items_b = a.get("items"), b.get("items")
+        if isinstance(items_a, dict) and isinstance(items_b, dict):
+            if _disjoint(root, items_a, items_b):  # their first items differ
+                return True
     props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required") or ()) & set(b.get("required") or ()):
         va, vb = _values(props_a.get(name) or {}), _values(props_b.get(name) or {})
@@ -304,6 +319,12 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
             if not {_canonical(v) for v in va} & {_canonical(v) for v in vb}:
                 return True
     return False
+
+
+def _nonempty(sub: dict[str, Any]) -> bool:
+    """Whether an array schema requires at least one item (and has no tuple prefix)."""
+    low = sub.get("minItems", 0)
+    return isinstance(low, int) and low >= 1 and "prefixItems" not in sub
 
 
 def _misses_required(root: dict[str, Any], made: dict[str, Any], other: dict[str, Any]) -> bool:

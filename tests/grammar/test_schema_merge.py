@@ -287,6 +287,19 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "oneOf of non-empty arrays with disjoint items",
+        {
+            "oneOf": [
+                {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2},
+                {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2},
+            ]
+        },
+    ),
+    (
+        "oneOf whose branch is itself a union",
+        {"oneOf": [{"oneOf": [{"type": "boolean"}, {"type": "integer"}]}, {"type": "null"}]},
+    ),
+    (
         "draft-07 dependencies",
         {
             "$schema": "http://json-schema.org/draft-07/schema#",
@@ -329,6 +342,10 @@ def test_satisfiable_schemas_compile_and_validate(
                     {"type": "object", "required": ["b"], "additionalProperties": True},
                 ]
             },
+            "may overlap",
+        ),
+        (
+            {"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array"}]},
             "may overlap",
         ),
         (
