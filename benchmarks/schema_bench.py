@@ -43,6 +43,7 @@ import jsonschema  # type: ignore[import-untyped]
 
 from benchmarks.common import print_table, write_json
 from grammar import CompileSandbox, GrammarError, UnsupportedSchemaFeature
+from grammar.schema_walk import is_old_draft
 
 Sample = tuple[str, dict[str, Any]]
 _REFUSED = re.compile(r"unsupported JSON schema feature '([^']+)'")
@@ -85,9 +86,7 @@ def _samples(name: str, schema: dict[str, Any]) -> Iterator[Sample]:
     yield name, schema
     # Drafts 4 to 7 ignore a $ref's siblings, so there the whole root can stay (definitions
     # may point at any part of it); later drafts would apply them, so only definitions stay.
-    old_draft = any(
-        d in str(schema.get("$schema", "")) for d in ("draft-04", "draft-06", "draft-07")
-    )
+    old_draft = is_old_draft(schema)
     for key in ("definitions", "$defs"):
         defs = schema.get(key)
         if isinstance(defs, dict):

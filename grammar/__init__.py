@@ -25,7 +25,7 @@ from grammar.backend import (
 )
 from grammar.errors import GrammarCompileTimeout, GrammarError, UnsupportedSchemaFeature
 from grammar.jump_forward import DraftVerdict, commit_draft, fill_draft_masks, verify_draft
-from grammar.masking import apply_grammar_masks
+from grammar.masking import apply_filled_masks, apply_grammar_masks
 from grammar.options import GrammarOptions
 from grammar.regex import to_backend_regex
 from grammar.sandbox import CompileSandbox, Prepared
@@ -55,6 +55,7 @@ __all__ = [
     "StopRegex",
     "UnsupportedSchemaFeature",
     "allocate_bitmask",
+    "apply_filled_masks",
     "apply_grammar_masks",
     "check_schema",
     "commit_draft",

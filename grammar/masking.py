@@ -32,6 +32,13 @@ def apply_grammar_masks(
     bitmask = bitmask[: len(rows)]
     present = [m for m in matchers if m is not None]
     backend.fill_masks(present, bitmask, list(range(len(rows))))
+    apply_filled_masks(logits, bitmask, rows)
+
+
+def apply_filled_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    """Mask ``logits`` [B, V] in place: row rows[i] by the already filled ``bitmask[i]`` (a CPU
+    int32 buffer, copied to the logits' device), in one ``kernels.apply_token_bitmask``."""
     device = logits.device
-    indices = torch.tensor(rows, device=device)
-    kernels.apply_token_bitmask(logits, bitmask.to(device, non_blocking=True), indices)
+    indices = torch.tensor(list(rows), device=device)
+    mask = bitmask[: len(rows)].to(device, non_blocking=True)
+    kernels.apply_token_bitmask(logits, mask, indices)

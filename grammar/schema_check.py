@@ -10,7 +10,6 @@ are refused either way.
 
 from __future__ import annotations
 
-import json
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
@@ -19,6 +18,7 @@ import jsonschema  # type: ignore[import-untyped]
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.schema_formats import STANDARD_FORMATS, SUPPORTED_FORMATS
 from grammar.schema_merge import distribute_combinators
+from grammar.schema_rewrite import canonical
 from grammar.schema_walk import iter_subschemas, prune_unused_definitions, resolve_local_ref
 
 # Keywords the backend ignores outright, with the reason users see.
@@ -67,6 +67,8 @@ def check_schema(schema: Any, best_effort: bool = False) -> dict[str, Any]:
     copy with every combinator's sibling keywords combined into it (``schema_merge``)."""
     if not isinstance(schema, dict):
         raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    if not isinstance(schema.get("$schema", ""), str):
+        raise GrammarError("invalid JSON schema at /$schema: it must be a URI string")
     # Definitions no reference reaches cannot shape a value: they are neither validated nor
     # checked (a whole SchemaStore schema carries hundreds; checking them cost 0.3 s).
     schema = prune_unused_definitions(schema)
@@ -304,7 +306,7 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
             return True
     values_a, values_b = _values(a), _values(b)
     if values_a is not None and values_b is not None:
-        return not {_canonical(v) for v in values_a} & {_canonical(v) for v in values_b}
+        return not {canonical(v) for v in values_a} & {canonical(v) for v in values_b}
     if _misses_required(root, a, b) and _misses_required(root, b, a):
         return True
     if types_a == types_b == {"array"} and _nonempty(a) and _nonempty(b):
@@ -316,7 +318,7 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
     for name in set(a.get("required") or ()) & set(b.get("required") or ()):
         va, vb = _values(props_a.get(name) or {}), _values(props_b.get(name) or {})
         if va is not None and vb is not None:
-            if not {_canonical(v) for v in va} & {_canonical(v) for v in vb}:
+            if not {canonical(v) for v in va} & {canonical(v) for v in vb}:
                 return True
     return False
 
@@ -337,7 +339,3 @@ def _misses_required(root: dict[str, Any], made: dict[str, Any], other: dict[str
         return False
     declared = made.get("properties") or {}
     return any(name not in declared for name in other.get("required") or ())
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps([_json_type(value), value], sort_keys=True)

@@ -45,26 +45,30 @@ from grammar.schema_rewrite import (
     property_test,
     split_by_type,
 )
-from grammar.schema_walk import LISTS, MAPS, SINGLE, escape_pointer, resolve_local_ref
+from grammar.schema_walk import (
+    LISTS,
+    MAPS,
+    SINGLE,
+    escape_pointer,
+    is_old_draft,
+    resolve_local_ref,
+)
 
-_DEFS = DEFS
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _OBJECT = ("properties", "patternProperties", "additionalProperties")
 _MAX_INLINED_REFS = 16
-_OLD_DRAFTS = ("draft-04", "draft-06", "draft-07", "draft-03")
 
 
 def distribute_combinators(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``schema`` in which no combinator or ``$ref`` has constraining siblings."""
     root = copy.deepcopy(schema)
-    old_draft = any(d in str(root.get("$schema", "")) for d in _OLD_DRAFTS)
-    rewritten = _Rewriter(root, old_draft).rewrite(root, "")
+    rewritten = _Rewriter(root, is_old_draft(root)).rewrite(root, "")
     if rewritten is False:
         raise GrammarError("the JSON schema admits no value: its combined keywords conflict")
     if rewritten is True:
         rewritten = {}
-    for key in _DEFS:  # references resolve against the root's definitions
+    for key in DEFS:  # references resolve against the root's definitions
         if key in root and key not in rewritten:
             rewritten[key] = root[key]
     return rewritten
@@ -259,7 +263,7 @@ class _Rewriter:
         """Both sides' values of one keyword, combined (``_EMPTY``: nothing satisfies both)."""
         if key in ANNOTATIONS or _same(x, y):
             return copy.deepcopy(x)
-        if key in _DEFS and isinstance(x, dict) and isinstance(y, dict):
+        if key in DEFS and isinstance(x, dict) and isinstance(y, dict):
             return {**copy.deepcopy(y), **copy.deepcopy(x)}
         if key == "type":
             tx, ty = _types(x), _types(y)
@@ -329,7 +333,7 @@ _EMPTY = _Empty()
 
 
 def _constraining(sub: dict[str, Any], exclude: tuple[str, ...]) -> bool:
-    return any(k not in ANNOTATIONS and k not in _DEFS and k not in exclude for k in sub)
+    return any(k not in ANNOTATIONS and k not in DEFS and k not in exclude for k in sub)
 
 
 def _flatten(schema: Schema, key: str) -> list[Schema]:

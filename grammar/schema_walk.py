@@ -24,6 +24,12 @@ MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSch
 LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
+def is_old_draft(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` declares draft 3 to 7, whose ``$ref`` makes its siblings ignored."""
+    declared = str(schema.get("$schema", ""))
+    return any(draft in declared for draft in ("draft-03", "draft-04", "draft-06", "draft-07"))
+
+
 def escape_pointer(token: str) -> str:
     """One JSON-pointer reference token (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
     return token.replace("~", "~0").replace("/", "~1")
@@ -88,11 +94,7 @@ def prune_unused_definitions(schema: dict[str, Any]) -> dict[str, Any]:
         return schema
     kept: dict[str, set[str]] = {key: set() for key in pools}
     root = {k: v for k, v in schema.items() if k not in pools}
-    old_draft = any(
-        d in str(schema.get("$schema", ""))
-        for d in ("draft-03", "draft-04", "draft-06", "draft-07")
-    )
-    if old_draft and isinstance(root.get("$ref"), str):
+    if is_old_draft(schema) and isinstance(root.get("$ref"), str):
         root = {"$ref": root["$ref"]}  # drafts 4-7 ignore a reference's siblings
     pending: list[Any] = [root]
     while pending:

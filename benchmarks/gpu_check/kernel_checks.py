@@ -119,35 +119,40 @@ def _paged(
     return PagedBatch(*(getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)))
 
 
-def _decode(sizes: Sizes, dtype: torch.dtype, device: torch.device) -> Cases:
+def _attention(
+    op: Callable[..., torch.Tensor],
+    seq_lens: list[int],
+    extend_lens: list[int],
+    sizes: Sizes,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Cases:
+    """``op`` (decode or extend attention) on paged batches of every shape and page size;
+    extend attention also takes the new-token counts."""
     cases: Cases = []
-    seq_lens = list(sizes.decode_seq_lens)
-    for name, heads, kv_heads, dim in sizes.attention_shapes:
-        for page in sizes.page_sizes:
-            b = _paged(seq_lens, [1] * len(seq_lens), kv_heads, dim, page, dtype, device)
-            q = _randn(len(seq_lens), heads, dim, dtype=dtype, device=device, seed=page)
-            table = (b.req_to_token, b.req_pool_indices, b.seq_lens, dim**-0.5)
-            out = _triton(kernels.decode_attention, q, b.k_buffer, b.v_buffer, *table)
-            ref = b.finite()
-            expected = _reference(kernels.decode_attention, q, ref.k_buffer, ref.v_buffer, *table)
-            cases.append((f"{name} page {page}", tensor_error(out, expected, *_tol(dtype))))
-    return cases
-
-
-def _extend(sizes: Sizes, dtype: torch.dtype, device: torch.device) -> Cases:
-    cases: Cases = []
-    seq_lens = [p + e for p, e in sizes.extend_requests]
-    extend_lens = [e for _, e in sizes.extend_requests]
+    decode = op is kernels.decode_attention
     for name, heads, kv_heads, dim in sizes.attention_shapes:
         for page in sizes.page_sizes:
             b = _paged(seq_lens, extend_lens, kv_heads, dim, page, dtype, device)
             q = _randn(sum(extend_lens), heads, dim, dtype=dtype, device=device, seed=page)
-            table = (b.req_to_token, b.req_pool_indices, b.seq_lens, b.extend_lens, dim**-0.5)
-            out = _triton(kernels.extend_attention, q, b.k_buffer, b.v_buffer, *table)
+            lens = (b.seq_lens,) if decode else (b.seq_lens, b.extend_lens)
+            table = (b.req_to_token, b.req_pool_indices, *lens, dim**-0.5)
+            out = _triton(op, q, b.k_buffer, b.v_buffer, *table)
             ref = b.finite()
-            expected = _reference(kernels.extend_attention, q, ref.k_buffer, ref.v_buffer, *table)
+            expected = _reference(op, q, ref.k_buffer, ref.v_buffer, *table)
             cases.append((f"{name} page {page}", tensor_error(out, expected, *_tol(dtype))))
     return cases
+
+
+def _decode(sizes: Sizes, dtype: torch.dtype, device: torch.device) -> Cases:
+    seq_lens = list(sizes.decode_seq_lens)
+    return _attention(kernels.decode_attention, seq_lens, [1] * len(seq_lens), sizes, dtype, device)
+
+
+def _extend(sizes: Sizes, dtype: torch.dtype, device: torch.device) -> Cases:
+    seq_lens = [p + e for p, e in sizes.extend_requests]
+    extend_lens = [e for _, e in sizes.extend_requests]
+    return _attention(kernels.extend_attention, seq_lens, extend_lens, sizes, dtype, device)
 
 
 def _rms_norm(sizes: Sizes, dtype: torch.dtype, device: torch.device) -> Cases:

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-import kernels
 from grammar import (
     CompileHandle,
     CompileSandbox,
@@ -33,6 +32,7 @@ from grammar import (
     GrammarService,
     Prepared,
     allocate_bitmask,
+    apply_filled_masks,
     create_backend,
 )
 from runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
@@ -184,9 +184,7 @@ class GrammarManager:
             return
         if prepared is None or prepared != _identity(reqs):
             self._fill([matchers[i] for i in rows])
-        bitmask = self._bitmask[: len(rows)]
-        indices = torch.tensor(rows, device=logits.device)
-        kernels.apply_token_bitmask(logits, bitmask.to(logits.device), indices)
+        apply_filled_masks(logits, self._bitmask, rows)
 
     def _fill(self, matchers: list[Any]) -> None:
         """Fill rows 0.. of the shared bitmask, one per matcher; keep the fill time's average."""

@@ -56,7 +56,7 @@ from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
 from runtime.scheduler.req import Req
 from runtime.scheduler.schedule_policy import make_policy, with_starved_first
-from runtime.scheduler.step_batch import DraftRows, StepBatch
+from runtime.scheduler.step_batch import StepBatch
 from runtime.scheduler.stop_checker import StopChecker
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
@@ -146,8 +146,6 @@ class Scheduler:
             self.to_tokenizer.send(SchedulerReady(self.server_info()))
             while not self._stopped:
                 idle = not self.waiting and not self.running
-                if idle:
-                    self._flush_outputs()
                 wait = 0.002 if self.grammar.queue else 0.05
                 for message in drain(self.inbox, timeout=wait if idle else 0):
                     self.handle(message)
@@ -190,13 +188,13 @@ class Scheduler:
         if prefill or decodes:
             self._run(StepBatch.from_parts(prefill, decodes))
         else:
-            self._flush_outputs()
-        if not (prefill or decodes) and len(self.running) > 1:
-            # Nothing could run: partial prefills hold the memory each other needs. Admission
-            # budgets make this unlikely; if it happens, free the cheapest one to make progress.
-            victim = self.decodes.retract_cheapest(self.running)
-            self.running.remove(victim)
-            self.waiting.append(victim)
+            self._flush_outputs()  # no forward to send them behind
+            if len(self.running) > 1:
+                # Nothing could run: partial prefills hold the memory each other needs.
+                # Admission budgets make this unlikely; if it happens, free the cheapest one.
+                victim = self.decodes.retract_cheapest(self.running)
+                self.running.remove(victim)
+                self.waiting.append(victim)
         self._finish_and_emit(failed)
         if not self.running:  # no forward follows to send the outputs behind
             self._flush_outputs()
@@ -249,14 +247,13 @@ class Scheduler:
         except Exception:  # sampling fills them again and fails the row that raises
             logger.exception("filling the grammar masks ahead failed")
         for draft in step.drafts:
-            draft_masks[id(draft.req)] = self._draft_mask(draft)
+            draft_masks[id(draft.req)] = self._draft_mask(draft.req)
         for message in drain(self.inbox, timeout=0):
             self.handle(message)
 
-    def _draft_mask(self, draft: DraftRows) -> torch.Tensor | Exception:
-        """The grammar's masks at each position of ``draft`` (its matcher then stands past the
-        draft, as ``_verify_draft`` expects), or what filling them raised."""
-        req = draft.req
+    def _draft_mask(self, req: Req) -> torch.Tensor | Exception:
+        """The grammar's masks at each position of ``req.draft`` (its matcher then stands past
+        the draft, as ``_verify_draft`` expects), or what filling them raised."""
         mask = allocate_bitmask(len(req.draft) + 1, self.runner.config.vocab_size)
         try:
             fill_draft_masks(req.grammar, req.draft, mask, 0)
@@ -303,13 +300,9 @@ class Scheduler:
         drop the KV of the rest, and emit the accepted tokens plus one. filled: the draft's
         masks from ``_draft_mask`` (None: fill them here)."""
         draft = req.draft
-        if isinstance(filled, Exception):
-            raise filled
-        if filled is None:
-            mask = self.grammar.bitmask(len(draft) + 1)
-            fill_draft_masks(req.grammar, draft, mask, 0)
-        else:
-            mask = filled
+        mask = self._draft_mask(req) if filled is None else filled
+        if isinstance(mask, Exception):
+            raise mask
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
         if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
             # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
@@ -371,7 +364,7 @@ class Scheduler:
                 self.stats["requests_finished"] += 1
         if not outputs:
             return
-        if self.overlap:  # sent while the next forward runs (or when the loop goes idle)
+        if self.overlap:  # sent while the next forward runs, or at the end of an idle step
             self._pending_outputs += outputs
         else:
             self.to_detokenizer.send(TokenOutputBatch(outputs))

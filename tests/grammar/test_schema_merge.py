@@ -348,6 +348,8 @@ def test_satisfiable_schemas_compile_and_validate(
             {"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array"}]},
             "may overlap",
         ),
+        ({"oneOf": [{"const": 1}, {"const": 1.0}]}, "may overlap"),  # equal JSON numbers
+        ({"$schema": 5, "type": "integer"}, "must be a URI string"),
         (
             {
                 "properties": {"n": {"type": "integer"}},
