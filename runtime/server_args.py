@@ -73,6 +73,7 @@ class ServerArgs:
     timeout_keep_alive_s: int = 5  # idle keep-alive connections are closed after this
     max_connections: int = 4096  # concurrent connections; beyond them uvicorn answers 503
     max_n: int = 128  # the largest n (samples per prompt) a request may ask for
+    responses_store_size: int = 1024  # responses kept for GET and previous_response_id
     # Debugging
     debug_invariants: bool = False  # check radix-cache accounting after every step
     log_level: str = "info"
@@ -101,6 +102,8 @@ class ServerArgs:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
+        if self.responses_store_size < 0:
+            raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
 

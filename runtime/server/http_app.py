@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.errors import RequestError, SchedulerDied
 from runtime.sampling_params import InvalidSamplingParams
-from runtime.server import native_api, openai_api
+from runtime.server import native_api, openai_api, responses_api
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
 from runtime.server.openapi import openapi_json
 from runtime.server.state import ServerState, get_state
@@ -42,6 +42,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.add_api_route("/openapi.json", openapi_json, methods=["GET"], include_in_schema=False)
     return app
 

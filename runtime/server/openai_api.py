@@ -74,7 +74,7 @@ async def list_models(request: Request) -> Response:
 @router.get("/models/{model:path}")
 async def retrieve_model(request: Request, model: str) -> Response:
     state = get_state(request)
-    _check_model(state, model)
+    check_model(state, model)
     return JSONResponse(_model_card(state))
 
 
@@ -83,7 +83,7 @@ async def completions(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
     body = parse_model(CompletionRequest, await state.read_body(request))
-    _check_model(state, body.model)
+    check_model(state, body.model)
     if body.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     if body.best_of not in (None, body.n):
@@ -117,7 +117,7 @@ async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
     body = parse_model(ChatCompletionRequest, await state.read_body(request))
-    _check_model(state, body.model)
+    check_model(state, body.model)
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
@@ -185,7 +185,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
     }
 
 
-def _check_model(state: ServerState, model: str) -> None:
+def check_model(state: ServerState, model: str) -> None:
     if model not in (state.args.model_name, state.args.model_path):
         raise ApiError(
             404, f"The model `{model}` does not exist.", param="model", code="model_not_found"

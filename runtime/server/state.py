@@ -17,6 +17,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_body import read_json
+from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
@@ -34,6 +35,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.tokenizer)
+        self.responses = ResponseStore(self.args.responses_store_size)
 
     @property
     def context_length(self) -> int:

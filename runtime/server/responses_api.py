@@ -1,0 +1,386 @@
+"""The OpenAI Responses API: ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``
+and ``GET /v1/responses/{id}/input_items``.
+
+One request is one generation. The conversation (the stored turns of ``previous_response_id``,
+then this turn's input) is rendered with the chat template behind ``instructions`` as a system
+message. When the rendered prompt starts with the text of the previous turn's prompt and
+output, the prompt reuses that turn's exact tokens and only the new text is tokenized, so the
+turn continues from the KV the radix cache holds for them (``usage.input_tokens_details.
+cached_tokens`` shows it). Constraints: ``text.format`` (json_schema / json_object) and
+``tool_choice`` required / named / allowed_tools, as in chat completions. Responses made with
+``store`` (the default) are kept in a bounded in-memory store (``--responses-store-size``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from runtime.errors import RequestError
+from runtime.sampling_params import InvalidSamplingParams, SamplingParams
+from runtime.server.errors import ApiError
+from runtime.server.openai_api import check_model
+from runtime.server.openai_protocol import FunctionDefinition
+from runtime.server.request_body import parse_model
+from runtime.server.responses_input import input_items, items_to_messages, output_to_items
+from runtime.server.responses_output import new_id
+from runtime.server.responses_protocol import InputItemsQuery, ResponsesRequest
+from runtime.server.responses_run import ResponseRun, run_response, stream_response
+from runtime.server.responses_store import StoredResponse
+from runtime.server.state import ServerState, SubRequest, get_state, open_streams
+from runtime.server.streams import merge_streams, primed
+from runtime.server.tool_calls import tool_call_constraint
+
+router = APIRouter(prefix="/v1")
+
+# Stands for the previous turn's answer when the conversation is rendered around it.
+_TURN = "\u2063arbor-previous-answer\u2063"
+_REFUSED = ("background", "conversation", "prompt", "context_management")
+_OPENAI_NAMES = {
+    "max_new_tokens": "max_output_tokens",
+    "structural_tag": "tool_choice",
+    "json_object": "text.format",
+    "json_schema": "text.format",
+}
+_PASSTHROUGH = (
+    "temperature",
+    "top_p",
+    "seed",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "stop",
+    "ignore_eos",
+)
+
+
+@router.post("/responses")
+async def create_response(request: Request) -> Response:
+    state = get_state(request)
+    state.require_ready()
+    body = parse_model(ResponsesRequest, await state.read_body(request))
+    check_model(state, body.model)
+    for name in _REFUSED:
+        if getattr(body, name) not in (None, False):
+            raise ApiError(400, f"{name} is not supported by this server", param=name)
+    previous = _previous(state, body.previous_response_id)
+    items = input_items(body.input)
+    for item in items:
+        if isinstance(item, dict) and item.get("type", "message") != "item_reference":
+            item.setdefault(
+                "id", new_id("msg" if item.get("type", "message") == "message" else "fc")
+            )
+    messages = items_to_messages(items, state.responses.item)
+    history = (previous.messages if previous else []) + messages
+    functions = _functions(body)
+    choice, names = _tool_choice(body, functions)
+    constraints = _constraints(body, functions, choice, names)
+    tools_on = bool(functions) and choice != "none"
+    prompt_text, input_ids = await _prompt(
+        state, body.instructions, history, functions if tools_on else None, previous
+    )
+    logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
+        body.include or []
+    )
+    run = ResponseRun(
+        response=_response_object(state, body, new_id("resp")),
+        token_text=state.token_text,
+        tool_names=names if tools_on else None,
+        max_tool_calls=_max_calls(body),
+        want_logprobs=logprobs,
+    )
+    sub = SubRequest(
+        input_ids,
+        _sampling(state, body, constraints),
+        return_logprob=logprobs,
+        top_logprobs_num=body.top_logprobs or 0,
+    )
+    streams = open_streams(state, [sub])
+
+    def store(final: dict[str, Any]) -> None:
+        if not body.store:
+            return
+        output_ids = final.get("output_ids", [])
+        answer = items_to_messages(output_to_items(run.response["output"]), state.responses.item)
+        matched = (final["meta_info"].get("finish_reason") or {}).get("matched")
+        state.responses.put(
+            StoredResponse(
+                response=run.response,
+                input_items=items,
+                messages=history + answer,
+                prompt_text=prompt_text,
+                prompt_ids=input_ids,
+                output_ids=output_ids,
+                ends_with_stop_token=bool(output_ids) and matched == output_ids[-1],
+                answer_index=len(history) if len(answer) == 1 else None,
+            )
+        )
+
+    if not body.stream:
+        await run_response(run, merge_streams(request, streams))
+        if run.final:
+            store(run.final)
+        return JSONResponse(run.response)
+    events = await primed(merge_streams(request, streams))
+    return StreamingResponse(stream_response(run, events, store), media_type="text/event-stream")
+
+
+@router.get("/responses/{response_id}")
+async def retrieve_response(request: Request, response_id: str) -> Response:
+    return JSONResponse(_stored(get_state(request), response_id).response)
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> Response:
+    state = get_state(request)
+    _stored(state, response_id)
+    state.responses.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/responses/{response_id}/input_items")
+async def list_input_items(request: Request, response_id: str) -> Response:
+    state = get_state(request)
+    stored = _stored(state, response_id)
+    query = parse_model(InputItemsQuery, dict(request.query_params))
+    items = list(stored.input_items)
+    if query.order == "desc":
+        items.reverse()
+    if query.after is not None:
+        ids = [item.get("id") for item in items]
+        if query.after not in ids:
+            raise ApiError(400, f"after: no input item with id {query.after!r}", param="after")
+        items = items[ids.index(query.after) + 1 :]
+    page = items[: query.limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > len(page),
+        }
+    )
+
+
+def _stored(state: ServerState, response_id: str) -> StoredResponse:
+    stored = state.responses.get(response_id)
+    if stored is None:
+        raise ApiError(
+            404,
+            f"No response with id '{response_id}' found.",
+            param="response_id",
+            code="not_found",
+        )
+    return stored
+
+
+def _previous(state: ServerState, response_id: str | None) -> StoredResponse | None:
+    if response_id is None:
+        return None
+    stored = state.responses.get(response_id)
+    if stored is None:
+        raise ApiError(
+            400,
+            f"Previous response with id '{response_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return stored
+
+
+def _functions(body: ResponsesRequest) -> list[dict[str, Any]]:
+    functions = []
+    for i, tool in enumerate(body.tools or []):
+        if tool.type != "function":
+            raise ApiError(
+                400,
+                f"tools.{i}.type: {tool.type!r} tools are not supported; only functions",
+                f"tools.{i}.type",
+            )
+        if not tool.name:
+            raise ApiError(400, f"tools.{i}.name: a function tool needs a name", f"tools.{i}.name")
+        definition = FunctionDefinition(
+            name=tool.name,
+            description=tool.description,
+            parameters=tool.parameters,
+            strict=tool.strict,
+        )
+        functions.append(definition.model_dump(exclude_none=True))
+    return functions
+
+
+def _tool_choice(body: ResponsesRequest, functions: list[dict[str, Any]]) -> tuple[str, set[str]]:
+    """(mode, names of the callable tools): mode is none, auto, required or named."""
+    names = {f["name"] for f in functions}
+    choice = body.tool_choice or ("auto" if functions else "none")
+    if isinstance(choice, str):
+        if choice == "required" and not functions:
+            raise ApiError(400, "tool_choice: required needs tools", param="tool_choice")
+        return choice, names
+    if choice.type == "function":
+        if choice.name not in names:
+            raise ApiError(400, f"tool_choice: unknown tool {choice.name!r}", param="tool_choice")
+        return "named", {choice.name}
+    allowed = {tool.get("name") for tool in choice.tools if isinstance(tool, dict)}
+    unknown = allowed - names
+    if unknown or not allowed:
+        raise ApiError(
+            400,
+            f"tool_choice.tools: unknown tools {sorted(map(str, unknown))}",
+            "tool_choice.tools",
+        )
+    return choice.mode, {name for name in allowed if isinstance(name, str)}
+
+
+def _constraints(
+    body: ResponsesRequest, functions: list[dict[str, Any]], choice: str, names: set[str]
+) -> dict[str, Any]:
+    constraints: dict[str, Any] = {}
+    fmt = body.text.format if body.text else None
+    if choice in ("required", "named"):
+        allowed = [f for f in functions if f["name"] in names]
+        name = next(iter(names)) if choice == "named" else None
+        constraints["structural_tag"] = tool_call_constraint(
+            allowed, choice, name, body.parallel_tool_calls and _max_calls(body) != 1
+        )
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.schema_ is None:
+            raise ApiError(
+                400, "text.format.schema: a json_schema format needs a schema", "text.format.schema"
+            )
+        constraints["json_schema"] = fmt.schema_
+    elif fmt is not None and fmt.type == "json_object":
+        constraints["json_object"] = True
+    return constraints
+
+
+def _max_calls(body: ResponsesRequest) -> int | None:
+    if not body.parallel_tool_calls:
+        return 1
+    return body.max_tool_calls
+
+
+def _sampling(
+    state: ServerState, body: ResponsesRequest, constraints: dict[str, Any]
+) -> SamplingParams:
+    max_tokens = body.max_output_tokens or state.context_length
+    params: dict[str, Any] = {"max_new_tokens": max_tokens}
+    for name in _PASSTHROUGH:
+        value = getattr(body, name)
+        if value is not None:
+            params[name] = value
+    params.update(constraints)
+    try:
+        return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
+    except InvalidSamplingParams as exc:
+        name = _OPENAI_NAMES.get(exc.field, exc.field)
+        reason = str(exc).split(": ", 1)[-1]
+        raise ApiError(400, f"{name}: {reason}", param=name) from None
+
+
+async def _prompt(
+    state: ServerState,
+    instructions: str | None,
+    history: list[dict[str, Any]],
+    functions: list[dict[str, Any]] | None,
+    previous: StoredResponse | None,
+) -> tuple[str, list[int]]:
+    """(the prompt as the chat template renders it, the prompt's token ids).
+
+    With a previous turn whose prompt renders the same as before, the ids are that turn's
+    prompt and output ids followed by the new text: the model continues from its own tokens
+    (whose KV the radix cache holds) rather than from the template's re-rendering of its
+    answer, which may differ in whitespace or key order."""
+    offset = 1 if instructions else 0
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + history
+    if not messages:
+        raise ApiError(400, "input: the conversation is empty", param="input")
+    tools = [{"type": "function", "function": f} for f in functions] if functions else None
+    tokenizer = state.tokenizer
+    manager = state.tokenizer_manager
+
+    def render(conversation: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(
+            conversation, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+
+    async def tokenize(text: str) -> list[int]:
+        return await manager.run_tokenizer(
+            lambda: tokenizer(text, add_special_tokens=False).input_ids, "input"
+        )
+
+    try:
+        text = await manager.run_tokenizer(lambda: render(messages), "input")
+        if previous is None or previous.answer_index is None:
+            return text, await tokenize(text)
+        at = offset + previous.answer_index
+        probe = [*messages[:at], {"role": "assistant", "content": _TURN}, *messages[at + 1 :]]
+        before, found, after = (
+            await manager.run_tokenizer(lambda: render(probe), "input")
+        ).partition(_TURN)
+    except RequestError as exc:
+        raise ApiError(400, str(exc), param="input") from None
+    except Exception as exc:  # jinja errors, or a tokenizer without a template
+        raise ApiError(400, f"the chat template failed: {exc}", param="input") from None
+    if not found or before != previous.prompt_text:
+        return text, await tokenize(text)
+    output = previous.output_ids
+    if previous.ends_with_stop_token:
+        stop_text = tokenizer.decode(output[-1:], skip_special_tokens=False)
+        if after.startswith(stop_text):
+            after = after[len(stop_text) :]
+        else:
+            output = output[:-1]
+    return text, previous.prompt_ids + output + await tokenize(after)
+
+
+def _response_object(
+    state: ServerState, body: ResponsesRequest, response_id: str
+) -> dict[str, Any]:
+    fmt = (
+        body.text.format.model_dump(by_alias=True, exclude_none=True)
+        if body.text and body.text.format
+        else {"type": "text"}
+    )
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
+        "model": state.args.model_name,
+        "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": body.store,
+        "temperature": body.temperature if body.temperature is not None else 1.0,
+        "text": {"format": fmt},
+        "tool_choice": _echo_choice(body),
+        "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+        "top_logprobs": body.top_logprobs,
+        "top_p": body.top_p if body.top_p is not None else 1.0,
+        "truncation": body.truncation or "disabled",
+        "usage": None,
+        "user": body.user,
+        "metadata": body.metadata or {},
+    }
+
+
+def _echo_choice(body: ResponsesRequest) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()

@@ -1,0 +1,126 @@
+"""Request bodies of the Responses API (``POST /v1/responses``).
+
+``input`` is a string or a list of items: messages (``{"role", "content"}``, with or without
+``"type": "message"``), ``function_call``, ``function_call_output``, ``reasoning`` and
+``item_reference``. Items are kept as dicts here and checked one by one when they are turned
+into chat messages (``responses_input``), so an error names the item's index.
+
+Fields the runtime cannot honour (``background``, ``conversation``, ``prompt``,
+``context_management``) are refused by name; fields that do not change the output
+(``include`` beyond logprobs, ``metadata``, ``prompt_cache_key``, ``safety_identifier``, ...)
+are accepted and, where the response echoes them, echoed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.request_checks import INT64_MAX, INT64_MIN
+from runtime.server.openai_protocol import OpenAIModel
+
+MAX_INPUT_ITEMS = 4096
+
+
+class FunctionTool(OpenAIModel):
+    """A function the model may call. Other tool types (web_search, file_search, mcp, ...)
+    are hosted tools this server does not run; they are refused by ``type``."""
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionToolChoice(OpenAIModel):
+    type: Literal["function"]
+    name: str
+
+
+class AllowedToolsChoice(OpenAIModel):
+    """Restrict the model to some of the tools, in ``auto`` or ``required`` mode."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
+class TextFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(OpenAIModel):
+    format: TextFormat | None = None
+    verbosity: str | None = None  # accepted and ignored
+
+
+class ReasoningConfig(OpenAIModel):
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class ResponseStreamOptions(OpenAIModel):
+    include_obfuscation: bool | None = None  # nothing to obfuscate: accepted and ignored
+
+
+class ResponsesRequest(OpenAIModel):
+    model: str
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: (
+        Literal["none", "auto", "required"] | FunctionToolChoice | AllowedToolsChoice | None
+    ) = None
+    parallel_tool_calls: bool = True
+    max_tool_calls: int | None = Field(None, ge=1, le=INT64_MAX)
+    text: TextConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    store: bool = True
+    previous_response_id: str | None = None
+    stream: bool = False
+    stream_options: ResponseStreamOptions | None = None
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    reasoning: ReasoningConfig | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    context_management: Any = None
+    # Accepted and ignored: they do not change the output.
+    user: str | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    # Extensions, as in chat completions (``extra_body`` in the openai client).
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+
+
+class InputItemsQuery(BaseModel):
+    """Query parameters of ``GET /v1/responses/{id}/input_items``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(20, ge=1, le=100)
+    order: Literal["asc", "desc"] = "desc"
+    after: str | None = None

@@ -1,0 +1,145 @@
+"""Running one Responses API generation: the generated text split into output items, the
+final response object, and the server-sent event stream.
+
+The stream is ``response.created``, ``response.in_progress``, the item events of
+``OutputBuilder`` as text arrives, then ``response.completed`` (or ``response.incomplete``
+when ``max_output_tokens`` cut the output short) carrying the whole response. Every event has
+a ``sequence_number`` and is sent as ``event: <type>`` plus ``data: <json>``. A failure after
+the stream started sends an ``error`` event and ``response.failed``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.errors import RequestError, SchedulerDied
+from runtime.server.errors import ClientGone
+from runtime.server.openai_format import chat_logprobs
+from runtime.server.responses_output import OutputBuilder
+from runtime.server.streams import Events
+from runtime.server.token_text import TokenText
+from runtime.server.tool_calls import ToolCall, ToolCallParser
+
+
+@dataclass
+class ResponseRun:
+    """One response being generated; ``response`` is completed in place."""
+
+    response: dict[str, Any]
+    token_text: TokenText
+    tool_names: set[str] | None = None  # tool calls are parsed when set
+    max_tool_calls: int | None = None
+    want_logprobs: bool = False
+    builder: OutputBuilder = field(default_factory=OutputBuilder)
+    final: dict[str, Any] | None = None
+    _parser: ToolCallParser | None = None
+    _logprobs_sent: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tool_names is not None:
+            self._parser = ToolCallParser(self.tool_names, self.max_tool_calls)
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        """Add one result chunk of the generation to the output items."""
+        meta = chunk["meta_info"]
+        finished = meta["finish_reason"] is not None
+        logprobs = self._new_logprobs(meta) if self.want_logprobs else None
+        pieces: list[str | ToolCall] = [chunk["delta"]]
+        if self._parser is not None:
+            pieces = self._parser.feed(chunk["delta"])
+            if finished:
+                pieces += self._parser.finish()
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                self.builder.call_start(piece.id, piece.name)
+                self.builder.call_arguments(piece.arguments)
+            else:
+                self.builder.text(piece, logprobs)
+                logprobs = None
+        if logprobs:
+            self.builder.text("", logprobs)
+        if finished:
+            self.final = chunk
+            self._complete(meta)
+
+    def fail(self, message: str) -> None:
+        self.builder.finish("incomplete")
+        self.response.update(
+            status="failed",
+            output=self.builder.items,
+            error={"code": "server_error", "message": message},
+        )
+
+    def _new_logprobs(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
+        chosen = meta.get("output_token_logprobs", [])[self._logprobs_sent :]
+        tops = meta.get("output_top_logprobs", [])[self._logprobs_sent :]
+        self._logprobs_sent += len(chosen)
+        return chat_logprobs(self.token_text, chosen, tops)["content"] if chosen else []
+
+    def _complete(self, meta: dict[str, Any]) -> None:
+        reason = (meta.get("finish_reason") or {}).get("type")
+        cut = reason == "length"
+        self.builder.finish("incomplete" if cut else "completed")
+        prompt = meta["prompt_tokens"]
+        output = meta["completion_tokens"]
+        self.response.update(
+            status="incomplete" if cut else "completed",
+            incomplete_details={"reason": "max_output_tokens"} if cut else None,
+            completed_at=int(time.time()),
+            output=self.builder.items,
+            usage={
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": meta["cached_tokens"]},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + output,
+            },
+        )
+
+
+async def run_response(run: ResponseRun, events: Events) -> None:
+    """Generate the whole response (errors propagate to the HTTP error handlers)."""
+    async for _, chunk in events:
+        run.feed(chunk)
+        run.builder.take_events()
+
+
+async def stream_response(
+    run: ResponseRun, events: Events, on_done: Callable[[dict[str, Any]], None]
+) -> AsyncIterator[bytes]:
+    """The SSE body; ``on_done(final chunk)`` runs once the response is complete."""
+    sequence = 0
+
+    def event(payload: dict[str, Any]) -> bytes:
+        nonlocal sequence
+        payload["sequence_number"] = sequence
+        sequence += 1
+        data = json.dumps(payload, ensure_ascii=False)
+        return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+
+    yield event({"type": "response.created", "response": copy.deepcopy(run.response)})
+    yield event({"type": "response.in_progress", "response": copy.deepcopy(run.response)})
+    try:
+        async for _, chunk in events:
+            run.feed(chunk)
+            for item_event in run.builder.take_events():
+                yield event(item_event)
+    except ClientGone:
+        return
+    except (RequestError, SchedulerDied) as exc:
+        code = "invalid_request_error" if getattr(exc, "status_code", 500) < 500 else "server_error"
+        yield event({"type": "error", "code": code, "message": str(exc), "param": None})
+        run.fail(str(exc))
+        for item_event in run.builder.take_events():
+            yield event(item_event)
+        yield event({"type": "response.failed", "response": run.response})
+        return
+    if run.final is not None:
+        on_done(run.final)
+    kind = "response.incomplete" if run.response["status"] == "incomplete" else "response.completed"
+    yield event({"type": kind, "response": run.response})
