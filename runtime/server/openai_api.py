@@ -122,10 +122,9 @@ async def chat_completions(request: Request) -> Response:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
     choice = body.tool_choice or ("auto" if functions else "none")
-    constraints = _format_constraint(body)
+    # A forced call this turn; the response format is for a later, answering turn.
     tag = _tool_constraint(functions, choice, body.parallel_tool_calls)
-    if tag is not None:
-        constraints["structural_tag"] = tag
+    constraints = _format_constraint(body) if tag is None else {"structural_tag": tag}
     tools_on = bool(functions) and choice != "none"
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
