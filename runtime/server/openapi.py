@@ -22,6 +22,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from runtime.server.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIModel
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
+from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.state import ServerState
 
 REF_TEMPLATE = "#/components/schemas/{model}"
@@ -32,9 +33,12 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/abort_request": AbortReqInput,
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/responses": ResponsesRequest,
 }
 # Routes that answer server-sent events when the body asks for ``stream``.
-STREAMING_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+STREAMING_PATHS = frozenset(
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"}
+)
 METRICS = {"type": "string", "description": "Prometheus text format 0.0.4"}
 ERROR_STATUSES = {
     "400": "Invalid request: malformed JSON, a bad field (named in 'param'), a bad value",
@@ -80,7 +84,7 @@ def _schemas(served: dict[str, Any]) -> dict[str, Any]:
         {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
         for name in ("text", "input_ids")
     ]
-    for model in (CompletionRequest, ChatCompletionRequest):
+    for model in (CompletionRequest, ChatCompletionRequest, ResponsesRequest):
         schemas[model.__name__]["properties"]["model"] = served
     return schemas
 

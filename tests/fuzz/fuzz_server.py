@@ -34,6 +34,7 @@ MAX_RESTARTS = 10
 MAX_TOKENS_SENT = 4
 NATIVE_TOKEN_FIELDS = ("max_new_tokens", "min_new_tokens")
 OPENAI_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 Reply = TypeVar("Reply")
 
@@ -150,16 +151,29 @@ def check_reply(status: int, content_type: str, body: bytes, request: str) -> No
 
 
 def sse_events(body: bytes, request: str) -> list[Any]:
-    """The JSON payloads of a complete server-sent event stream (ending in ``[DONE]``)."""
+    """The JSON payloads of a complete server-sent event stream: ``data:`` lines ending in
+    ``[DONE]``, or (the Responses API) ``event:`` + ``data:`` pairs ending in a terminal
+    ``response.*`` event."""
     events: list[Any] = []
+    names: list[str] = []
     for line in re.split(r"\r\n|\r|\n", body.decode()):  # not splitlines: U+0085 is no break
         if not line:
             continue
+        if line.startswith("event: "):
+            names.append(line[len("event: ") :])
+            continue
         assert line.startswith("data: "), f"{request}: stray line {line[:200]!r}"
         data = line[len("data: ") :]
-        if data == "[DONE]":
+        if data == "[DONE]" and not names:
             return events
         events.append(_json(data.encode(), request))
+    if names:
+        assert len(names) == len(events), f"{request}: events and data lines do not pair up"
+        for name, event in zip(names, events, strict=True):
+            assert event.get("type") == name, f"{request}: event {name} carries {event}"
+            assert event.get("code") != "server_error", f"{request}: {event}"
+        assert names[-1] in RESPONSE_ENDS, f"{request}: the stream ended with {names[-1]}"
+        return events
     raise AssertionError(f"{request}: the stream ended without data: [DONE]")
 
 
@@ -201,6 +215,10 @@ def cap_token_counts(path: str, body: Any) -> None:
         _cap_fields(body, OPENAI_TOKEN_FIELDS)
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_completion_tokens"] = MAX_TOKENS_SENT
+    elif path == "/v1/responses":
+        _cap_fields(body, ("max_output_tokens",))
+        if body.get("max_output_tokens") is None:
+            body["max_output_tokens"] = MAX_TOKENS_SENT
 
 
 def _cap_fields(container: dict[str, Any], fields: tuple[str, ...]) -> None:
