@@ -14,6 +14,7 @@ cached_tokens`` shows it). Constraints: ``text.format`` (json_schema / json_obje
 from __future__ import annotations
 
 import time
+from array import array
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -115,8 +116,8 @@ async def create_response(request: Request) -> Response:
                 input_items=items,
                 messages=history + answer,
                 prompt_text=prompt_text,
-                prompt_ids=input_ids,
-                output_ids=output_ids,
+                prompt_ids=array("i", input_ids),
+                output_ids=array("i", output_ids),
                 ends_with_stop_token=bool(output_ids) and matched == output_ids[-1],
                 answer_index=len(history) if len(answer) == 1 else None,
             )
@@ -331,14 +332,14 @@ async def _prompt(
         raise ApiError(400, f"the chat template failed: {exc}", param="input") from None
     if not found or before != previous.prompt_text:
         return text, await tokenize(text)
-    output = previous.output_ids
+    output = previous.output_ids.tolist()
     if previous.ends_with_stop_token:
         stop_text = tokenizer.decode(output[-1:], skip_special_tokens=False)
         if after.startswith(stop_text):
             after = after[len(stop_text) :]
         else:
             output = output[:-1]
-    return text, previous.prompt_ids + output + await tokenize(after)
+    return text, previous.prompt_ids.tolist() + output + await tokenize(after)
 
 
 def _response_object(

@@ -10,6 +10,7 @@ responses are held.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +22,9 @@ class StoredResponse:
     input_items: list[dict[str, Any]]  # this turn's input items, ids added
     messages: list[dict[str, Any]]  # the whole conversation so far, this turn's output included
     prompt_text: str  # the prompt as the chat template rendered it
-    prompt_ids: list[int]  # the tokens the model was given (see responses_api._prompt)
-    output_ids: list[int]  # the tokens it produced, the stop token included
+    # Token ids as 4-byte arrays: a long conversation's turns each keep their whole prompt.
+    prompt_ids: array[int]  # the tokens the model was given (see responses_api._prompt)
+    output_ids: array[int]  # the tokens it produced, the stop token included
     ends_with_stop_token: bool  # output_ids[-1] is the stop token that ended the output
     answer_index: int | None  # index in messages of this turn's one assistant message
 

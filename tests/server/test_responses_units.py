@@ -3,6 +3,8 @@ the store."""
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from runtime.server.errors import ApiError
@@ -159,8 +161,8 @@ def _stored(response_id: str, item_id: str) -> StoredResponse:
         input_items=[{"id": item_id}],
         messages=[],
         prompt_text="",
-        prompt_ids=[],
-        output_ids=[],
+        prompt_ids=array("i"),
+        output_ids=array("i"),
         ends_with_stop_token=False,
         answer_index=None,
     )
