@@ -304,3 +304,28 @@ def test_raw_stream_is_named_server_sent_events(server: ServerProcess, model: st
         assert name.startswith("event: ") and data.startswith("data: ")
         assert json.loads(data[len("data: ") :])["type"] == name[len("event: ") :]
     assert "[DONE]" not in lines[-1]
+
+
+@pytest.mark.parametrize("max_tokens", [5, 40])
+def test_previous_response_chain_reuses_every_turn(
+    client: openai.OpenAI, model: str, max_tokens: int
+):
+    """Text turns cut by max_output_tokens (no stop token) or ended by the model: each turn's
+    prompt starts with all the tokens of the turn before."""
+    previous = None
+    for turn in range(3):
+        response = client.responses.create(
+            model=model,
+            instructions="Chat.",
+            input=f"Turn {turn}: say something.",
+            previous_response_id=previous.id if previous else None,
+            max_output_tokens=max_tokens,
+            temperature=0,
+        )
+        assert response.usage is not None
+        if previous is not None:
+            assert previous.usage is not None
+            reusable = previous.usage.input_tokens + previous.usage.output_tokens - 1
+            assert response.usage.input_tokens_details.cached_tokens >= reusable
+            assert response.usage.input_tokens > reusable
+        previous = response
