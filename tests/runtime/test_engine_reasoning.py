@@ -21,6 +21,7 @@ from runtime import Engine
 from runtime.channels import QueueChannel
 from runtime.ipc import GenerateRequest
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler import grammar_manager
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
 from tests.runtime.helpers import random_prompts
@@ -37,10 +38,14 @@ NO_BIAS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def engines(thinking_model_path: Path) -> Iterator[tuple[Engine, Engine]]:
+    """Overlapped (filling every mask while the forward runs, which the tiny model's fast
+    fills would otherwise skip) and plain."""
     common = {"max_total_tokens": 8192, "debug_invariants": True}
-    with Engine(thinking_model_path, **common) as overlapped:
-        with Engine(thinking_model_path, disable_overlap_schedule=True, **common) as plain:
-            yield overlapped, plain
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grammar_manager, "OVERLAP_FILL_MIN_MS", 0.0)
+        with Engine(thinking_model_path, **common) as overlapped:
+            with Engine(thinking_model_path, disable_overlap_schedule=True, **common) as plain:
+                yield overlapped, plain
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,7 +14,7 @@ from runtime.server.reasoning import (
     make_reasoning_parser,
     reasoning_token_ids,
 )
-from runtime.server_args import REASONING_PARSERS
+from runtime.server_args import REASONING_PARSERS, ServerArgs
 
 OPEN_PROMPT = "<|im_start|>assistant\n<think>\n"
 CLOSED_PROMPT = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -95,6 +97,19 @@ def test_the_registry_and_the_flag_name_the_same_parsers():
     assert tuple(REASONING_FORMATS) == REASONING_PARSERS
     with pytest.raises(ValueError, match="unknown reasoning parser 'r1'"):
         make_reasoning_parser("r1")
+
+
+def test_the_flag_takes_only_known_parsers(capsys: pytest.CaptureFixture[str]):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--reasoning-parser", "deepseek-r1"])
+    assert ServerArgs.from_cli(args).reasoning_parser == "deepseek-r1"
+    assert ServerArgs.from_cli(parser.parse_args(["--model-path", "m"])).reasoning_parser is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "m", "--reasoning-parser", "r1"])
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="reasoning_parser must be one of"):
+        ServerArgs(model_path="m", reasoning_parser="r1")
 
 
 def test_tag_token_ids(thinking_model_path, tiny_model_path):
