@@ -9,7 +9,6 @@ OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 import uuid
@@ -31,7 +30,7 @@ from runtime.server.openai_protocol import (
     SamplingRequest,
 )
 from runtime.server.openai_stream import chat_stream, completion_stream
-from runtime.server.reasoning import REASONING_FORMATS, make_reasoning_parser, reasoning_token_ids
+from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_parser
 from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, merge_streams, primed
@@ -274,27 +273,13 @@ def _tool_constraint(
 
 
 def _after_reasoning(state: ServerState, name: str, sampling: SamplingParams) -> SamplingParams:
-    """With reasoning parser ``name``, a constraint applies to the answer: it starts after the
-    token that ends the reasoning (``reasoning_end_token_id``; runtime/scheduler/reasoning_gate.py).
-    A 400 when the format's tags are not single tokens of this tokenizer."""
-    if not sampling.has_grammar:
-        return sampling
-    fmt = REASONING_FORMATS[name]
-    start, end = reasoning_token_ids(name, state.tokenizer)
-    if end is None or (start is None and not fmt.starts_inside):
-        tags = fmt.end_tag if fmt.starts_inside else f"{fmt.start_tag} and {fmt.end_tag}"
+    """With reasoning parser ``name``, a constraint applies to the answer after the reasoning;
+    a 400 naming the constraint when the model's tags cannot mark where it starts."""
+    try:
+        return constrain_after_reasoning(name, state.tokenizer, sampling)
+    except ValueError as exc:
         param = "tool_choice" if sampling.structural_tag is not None else "response_format"
-        raise ApiError(
-            400,
-            f"a constraint with --reasoning-parser {name} starts after the reasoning, which "
-            f"needs {tags} to be single tokens of this model's tokenizer",
-            param=param,
-        )
-    return dataclasses.replace(
-        sampling,
-        reasoning_end_token_id=end,
-        reasoning_start_token_id=None if fmt.starts_inside else start,
-    )
+        raise ApiError(400, str(exc), param=param) from None
 
 
 async def _chat_prompt(

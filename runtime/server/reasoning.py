@@ -27,13 +27,17 @@ Incremental use (chat streaming, Responses events)::
 
 Text that may be the start of a tag is held back until a later piece (or ``finish``) decides
 it, so tags split across pieces at any character are found. ``parser.parse(text)`` splits a
-whole output at once.
+whole output at once. ``constrain_after_reasoning`` makes a request's constraint apply to the
+answer only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from runtime.sampling_params import SamplingParams
 
 Phase = Literal["opening", "reasoning", "answer"]
 
@@ -152,6 +156,30 @@ def make_reasoning_parser(name: str, prompt: str = "") -> ReasoningParser:
             f"unknown reasoning parser {name!r}; choose one of {', '.join(REASONING_FORMATS)}"
         )
     return ReasoningParser(fmt, prompt)
+
+
+def constrain_after_reasoning(
+    name: str, tokenizer: Any, sampling: SamplingParams
+) -> SamplingParams:
+    """``sampling`` with its constraint (if any) starting after the reasoning of format
+    ``name``: ``reasoning_end_token_id`` (and, for a model that may or may not open the block,
+    ``reasoning_start_token_id``) set to the tags' token ids (runtime/scheduler/reasoning_gate.py).
+    ValueError when the tags are not single tokens of ``tokenizer``."""
+    if not sampling.has_grammar:
+        return sampling
+    fmt = REASONING_FORMATS[name]
+    start, end = reasoning_token_ids(name, tokenizer)
+    if end is None or (start is None and not fmt.starts_inside):
+        tags = fmt.end_tag if fmt.starts_inside else f"{fmt.start_tag} and {fmt.end_tag}"
+        raise ValueError(
+            f"a constraint with --reasoning-parser {name} starts after the reasoning, which "
+            f"needs {tags} to be single tokens of this model's tokenizer"
+        )
+    return dataclasses.replace(
+        sampling,
+        reasoning_end_token_id=end,
+        reasoning_start_token_id=None if fmt.starts_inside else start,
+    )
 
 
 def reasoning_token_ids(name: str, tokenizer: Any) -> tuple[int | None, int | None]:

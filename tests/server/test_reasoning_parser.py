@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runtime.sampling_params import SamplingParams
 from runtime.server.reasoning import (
     REASONING_FORMATS,
     ReasoningDelta,
+    constrain_after_reasoning,
     make_reasoning_parser,
     reasoning_token_ids,
 )
@@ -127,3 +129,20 @@ def _streamed(name: str, prompt: str, pieces: list[str]) -> tuple[str, str]:
     parser = make_reasoning_parser(name, prompt)
     deltas = [parser.feed(piece) for piece in pieces] + [parser.finish()]
     return "".join(d.reasoning for d in deltas), "".join(d.content for d in deltas)
+
+
+def test_constraints_start_after_the_reasoning(thinking_model_path, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    thinking = AutoTokenizer.from_pretrained(thinking_model_path)
+    start, end = thinking.convert_tokens_to_ids(["<think>", "</think>"])
+    constrained = SamplingParams(json_object=True)
+    qwen3 = constrain_after_reasoning("qwen3", thinking, constrained)
+    assert (qwen3.reasoning_start_token_id, qwen3.reasoning_end_token_id) == (start, end)
+    r1 = constrain_after_reasoning("deepseek-r1", thinking, constrained)
+    assert (r1.reasoning_start_token_id, r1.reasoning_end_token_id) == (None, end)
+    free = SamplingParams()
+    assert constrain_after_reasoning("qwen3", thinking, free) is free
+    plain = AutoTokenizer.from_pretrained(tiny_model_path)
+    with pytest.raises(ValueError, match="<think> and </think> to be single tokens"):
+        constrain_after_reasoning("qwen3", plain, constrained)
