@@ -20,6 +20,7 @@ from grammar.backend import (
     GrammarMatcher,
     LoweredGrammar,
     allocate_bitmask,
+    allow_token,
     create_backend,
     register_backend,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "StopRegex",
     "UnsupportedSchemaFeature",
     "allocate_bitmask",
+    "allow_token",
     "apply_filled_masks",
     "apply_grammar_masks",
     "check_schema",

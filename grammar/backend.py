@@ -151,3 +151,9 @@ def create_backend(
 def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """A CPU int32 bitmask [batch, ceil(vocab_size / 32)] with every token allowed."""
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def allow_token(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """Set token ``token``'s bit in ``bitmask[row]`` (a filled CPU int32 bitmask), in place."""
+    word = int(bitmask[row, token // 32]) | (1 << (token % 32))
+    bitmask[row, token // 32] = word - (1 << 32) if word >= 1 << 31 else word

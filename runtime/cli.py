@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from runtime.server_args import ServerArgs
-from runtime.test_model import ARCHITECTURES, PRESETS
+from runtime.test_model import ARCHITECTURES, CHAT_TEMPLATE_NAMES, PRESETS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--arch", default="llama", choices=ARCHITECTURES)
     make.add_argument("--vocab-size", type=int, default=None)
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--chat-template", default="chatml", choices=CHAT_TEMPLATE_NAMES)
 
     demo = commands.add_parser(
         "demo", help="serve the built-in test model and query it with the openai client"
@@ -81,9 +82,13 @@ def _make_test_model(args: argparse.Namespace) -> int:
     from runtime.test_model import cached_test_model, make_test_model
 
     if args.out:
-        path = make_test_model(args.out, args.preset, args.arch, args.vocab_size, args.seed)
+        path = make_test_model(
+            args.out, args.preset, args.arch, args.vocab_size, args.seed, args.chat_template
+        )
     else:
-        path = cached_test_model(args.preset, args.arch, args.vocab_size, args.seed)
+        path = cached_test_model(
+            args.preset, args.arch, args.vocab_size, args.seed, args.chat_template
+        )
     print(path)
     return 0
 

@@ -75,7 +75,7 @@ class Sampler:
         if not in_place:
             logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
-        if self.grammar_mask is not None and any(r.grammar is not None for r in reqs):
+        if self.grammar_mask is not None and any(r.masks_next_token for r in reqs):
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
             self._mask_stop_below_min(logits[i], req, len(req.output_ids))
@@ -238,7 +238,7 @@ class Sampler:
         stop_ids = self._stop_ids(req)
         masked = row.clone()
         masked[stop_ids] = float("-inf")
-        if req.grammar is None or bool(torch.isfinite(masked).any()):
+        if not req.masks_next_token or bool(torch.isfinite(masked).any()):
             row.copy_(masked)
 
     def _draw(
@@ -298,7 +298,7 @@ def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tupl
     for row in (broken | empty).nonzero().flatten().tolist():
         if bool(broken[row]):
             failures[row] = (500, "the model produced NaN logits for this request")
-        elif reqs[row].grammar is not None:
+        elif reqs[row].masks_next_token:
             failures[row] = (
                 400,
                 "no token is allowed: the constraint admits none here given logit_bias, "

@@ -116,6 +116,12 @@ class SamplingParamsInput(BaseModel):
     json_object: bool = False
     grammar_best_effort: bool = False
     grammar_max_whitespace: int = Field(0, ge=0, le=MAX_GRAMMAR_WHITESPACE)
+    reasoning_end_token_id: TokenId | None = Field(
+        None, description="with a constraint: it applies after this token (e.g. </think>)"
+    )
+    reasoning_start_token_id: TokenId | None = Field(
+        None, description="with reasoning_end_token_id: a first token that opens reasoning"
+    )
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,13 @@ class SamplingParams:
     json_object: bool = False
     grammar_best_effort: bool = False  # compile schema features the backend cannot enforce
     grammar_max_whitespace: int = 0  # 0: compact JSON; N: ", " / ": " and whitespace runs <= N
+    # Reasoning models (runtime/scheduler/reasoning_gate.py): the constraint applies to the
+    # output after the token that ends the reasoning (e.g. </think>), the thinking is free. With
+    # a start token (e.g. <think>) the output may open its reasoning with it, or not reason at
+    # all (then it is constrained from its first token); without, it starts inside the
+    # reasoning. A prompt whose last non-whitespace token is the end token is already past it.
+    reasoning_end_token_id: int | None = None
+    reasoning_start_token_id: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -243,6 +256,7 @@ class SamplingParams:
             raise InvalidSamplingParams(
                 grammars[1], f"only one constraint per request; also got {grammars[0]}"
             )
+        self._validate_reasoning_tokens(bool(grammars))
         try:
             for name in ("stop", "stop_regex", "choice", "regex", "ebnf"):
                 check_json_value(getattr(self, name), name)
@@ -252,6 +266,21 @@ class SamplingParams:
             raise InvalidSamplingParams(exc.field.split(".")[0], exc.reason) from None
         if limits is not None:
             self._validate_limits(limits)
+
+    def _validate_reasoning_tokens(self, has_grammar: bool) -> None:
+        end, start = self.reasoning_end_token_id, self.reasoning_start_token_id
+        if start is not None and end is None:
+            raise InvalidSamplingParams("reasoning_start_token_id", "needs reasoning_end_token_id")
+        if end is not None and not has_grammar:
+            raise InvalidSamplingParams(
+                "reasoning_end_token_id",
+                "needs a constraint (json_schema, regex, ebnf, choice, structural_tag or "
+                "json_object) to start after the reasoning",
+            )
+        if start is not None and start == end:
+            raise InvalidSamplingParams(
+                "reasoning_start_token_id", "must differ from reasoning_end_token_id"
+            )
 
     def _validate_limits(self, limits: RequestLimits) -> None:
         vocab = limits.vocab_size
@@ -268,6 +297,12 @@ class SamplingParams:
             if token >= vocab:
                 raise InvalidSamplingParams(
                     "stop_token_ids", f"token id {token} is outside the vocabulary [0, {vocab})"
+                )
+        for name in ("reasoning_end_token_id", "reasoning_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and value >= vocab:
+                raise InvalidSamplingParams(
+                    name, f"token id {value} is outside the vocabulary [0, {vocab})"
                 )
         for token in self.logit_bias or {}:
             if not 0 <= token < vocab:

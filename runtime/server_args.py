@@ -13,8 +13,15 @@ KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 # kernels.BACKENDS, named here so that parsing flags does not import torch (a test keeps the
 # two equal).
 KERNEL_BACKENDS = ("auto", "torch", "triton", "native")
+# runtime.server.reasoning.REASONING_FORMATS, named here for the same reason (a test keeps the
+# two equal).
+REASONING_PARSERS = ("qwen3", "deepseek-r1")
 # Flags whose values argparse checks, so a bad one is refused before anything loads.
-_CLI_CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, "kernel_backend": KERNEL_BACKENDS}
+_CLI_CHOICES = {
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+    "kernel_backend": KERNEL_BACKENDS,
+    "reasoning_parser": REASONING_PARSERS,
+}
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,9 @@ class ServerArgs:
     max_connections: int = 4096  # concurrent connections; beyond them uvicorn answers 503
     max_n: int = 128  # the largest n (samples per prompt) a request may ask for
     responses_store_size: int = 1024  # responses kept for GET and previous_response_id
+    # Split chat outputs into reasoning_content and content, and start constraints after the
+    # reasoning (runtime/server/reasoning.py): qwen3 | deepseek-r1; None: no reasoning model.
+    reasoning_parser: str | None = None
     # Debugging
     debug_invariants: bool = False  # check radix-cache accounting after every step
     log_level: str = "info"
@@ -93,6 +103,11 @@ class ServerArgs:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
+            )
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                f"got {self.reasoning_parser!r}"
             )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")

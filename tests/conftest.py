@@ -30,3 +30,12 @@ def tiny_arch_model_path(request: pytest.FixtureRequest) -> Path:
     from runtime.test_model import cached_test_model
 
     return cached_test_model("tiny", request.param)
+
+
+@pytest.fixture(scope="session")
+def thinking_model_path() -> Path:
+    """The tiny qwen3-architecture model with the qwen3 chat template: <think> and </think>
+    are single tokens and the template takes ``enable_thinking``."""
+    from runtime.test_model import cached_test_model
+
+    return cached_test_model("tiny", "qwen3", chat_template="qwen3")

@@ -4,9 +4,10 @@ A request with a constraint or stop regexes waits in the grammar queue while the
 in the compile sandbox's worker processes (built, analysed and trial-compiled under a hard
 deadline) and then compiled on the grammar service's threads; other requests keep running.
 Each loop iteration polls the queue; a ready request joins the waiting queue with a fresh
-matcher and stop-regex matcher. An invalid constraint, an overrun of the deadline or a crashed
-worker fails that request alone with a 400. Each step, the masks of the constrained rows are
-filled into one packed int32 bitmask and applied to the batch's logits in one op.
+matcher (held by a ``ReasoningGate`` while a reasoning model thinks) and stop-regex matcher.
+An invalid constraint, an overrun of the deadline or a crashed worker fails that request alone
+with a 400. Each step, the masks of the constrained rows are filled into one packed int32
+bitmask and applied to the batch's logits in one op.
 
 The fill only needs each matcher's state, which the previous step's tokens fixed, so the
 overlap scheduler fills the masks (``prepare_masks``) while the forward runs; applying them
@@ -32,10 +33,12 @@ from grammar import (
     GrammarService,
     Prepared,
     allocate_bitmask,
+    allow_token,
     apply_filled_masks,
     create_backend,
 )
 from runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
+from runtime.scheduler.reasoning_gate import reasoning_gate
 from runtime.scheduler.req import Req
 from runtime.server_args import ServerArgs
 
@@ -55,8 +58,29 @@ def needs_preparing(params: SamplingParams) -> bool:
     return params.has_grammar or bool(params.stop_regex)
 
 
-def _identity(reqs: Sequence[Req]) -> tuple[tuple[int, int], ...]:
-    return tuple((id(r), id(r.grammar)) for r in reqs)
+def _mask_sources(reqs: Sequence[Req]) -> list[tuple[Any, int | None] | None]:
+    """Per request, what its mask is filled from: (matcher, a token allowed besides the
+    grammar's), or None for an unconstrained row. A request whose reasoning gate is opening
+    gets its held matcher's mask plus the token that opens the reasoning."""
+    sources: list[tuple[Any, int | None] | None] = []
+    for req in reqs:
+        gate = req.reasoning_gate
+        if req.grammar is not None:
+            sources.append((req.grammar, None))
+        elif gate is not None and gate.opening:
+            sources.append((gate.matcher, gate.start_token))
+        else:
+            sources.append(None)
+    return sources
+
+
+def _identity(
+    reqs: Sequence[Req], sources: Sequence[tuple[Any, int | None] | None]
+) -> tuple[tuple[int, int, int | None], ...]:
+    return tuple(
+        (id(r), id(s[0]) if s else 0, s[1] if s else None)
+        for r, s in zip(reqs, sources, strict=True)
+    )
 
 
 def constraint_request(params: SamplingParams) -> dict[str, Any]:
@@ -96,10 +120,11 @@ class GrammarManager:
         self.vocab_size = vocab_size
         self.queue: list[Req] = []
         self._bitmask = allocate_bitmask(8, vocab_size)
-        # Masks filled ahead by prepare_masks: the (request, matcher) identities they belong
-        # to, and the filled rows of _bitmask.
-        self._prepared: tuple[tuple[int, int], ...] | None = None
+        # Masks filled ahead by prepare_masks: the (request, matcher, extra token) identities
+        # they belong to, and the filled rows of _bitmask.
+        self._prepared: tuple[tuple[int, int, int | None], ...] | None = None
         self.fill_ms = 0.0  # moving average of one step's mask fill (see prepare_masks)
+        self._blank_tokens: dict[int, bool] = {}
 
     def enqueue(self, req: Req) -> None:
         """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
@@ -144,8 +169,19 @@ class GrammarManager:
         compiled = self.service.poll(pending.compile)
         if compiled is None:
             return False
-        req.grammar = compiled.new_matcher()
+        matcher = compiled.new_matcher()
+        req.reasoning_gate = reasoning_gate(req.sampling, req.input_ids, matcher, self._blank)
+        if req.reasoning_gate is None:
+            req.grammar = matcher
         return True
+
+    def _blank(self, token: int) -> bool:
+        """Whether ``token`` decodes to whitespace alone (remembered per token)."""
+        blank = self._blank_tokens.get(token)
+        if blank is None:
+            text = self.backend.tokenizer.decode([token])
+            blank = self._blank_tokens[token] = bool(text) and text.isspace()
+        return blank
 
     def remove(self, rid: str) -> Req | None:
         for req in self.queue:
@@ -168,28 +204,35 @@ class GrammarManager:
         down: it is done ahead only while the recent fills took at least OVERLAP_FILL_MIN_MS
         (free-text strings, long bounded repetitions), and after the forward otherwise."""
         self._prepared = None
-        matchers = [r.grammar for r in reqs if r.grammar is not None]
-        if not matchers or (device.type == "cpu" and self.fill_ms < OVERLAP_FILL_MIN_MS):
+        sources = _mask_sources(reqs)
+        present = [s for s in sources if s is not None]
+        if not present or (device.type == "cpu" and self.fill_ms < OVERLAP_FILL_MIN_MS):
             return
-        self._fill(matchers)
-        self._prepared = _identity(reqs)
+        self._fill(present)
+        self._prepared = _identity(reqs, sources)
 
     def apply_masks(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
-        """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place).
-        Uses the masks ``prepare_masks`` filled for these requests, else fills them now."""
-        matchers = [r.grammar for r in reqs]
-        rows = [i for i, m in enumerate(matchers) if m is not None]
+        """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place;
+        see ``_mask_sources``). Uses the masks ``prepare_masks`` filled for these requests,
+        else fills them now."""
+        sources = _mask_sources(reqs)
+        rows = [i for i, s in enumerate(sources) if s is not None]
         prepared, self._prepared = self._prepared, None
         if not rows:
             return
-        if prepared is None or prepared != _identity(reqs):
-            self._fill([matchers[i] for i in rows])
+        if prepared is None or prepared != _identity(reqs, sources):
+            self._fill([s for s in sources if s is not None])
         apply_filled_masks(logits, self._bitmask, rows)
 
-    def _fill(self, matchers: list[Any]) -> None:
-        """Fill rows 0.. of the shared bitmask, one per matcher; keep the fill time's average."""
+    def _fill(self, sources: list[tuple[Any, int | None]]) -> None:
+        """Fill rows 0.. of the shared bitmask, one per (matcher, extra allowed token); keep
+        the fill time's average."""
         start = time.perf_counter()
-        self.backend.fill_masks(matchers, self.bitmask(len(matchers)), list(range(len(matchers))))
+        bitmask = self.bitmask(len(sources))
+        self.backend.fill_masks([m for m, _ in sources], bitmask, list(range(len(sources))))
+        for row, (_, token) in enumerate(sources):
+            if token is not None:
+                allow_token(bitmask, row, token)
         elapsed = (time.perf_counter() - start) * 1e3
         self.fill_ms += _FILL_EMA * (elapsed - self.fill_ms)
 

@@ -63,7 +63,10 @@ class OutputProcessor:
             if logprob is not None:
                 req.output_logprobs.append((logprob[0], token, logprob[1]))
             try:
-                if not grammar_advanced and req.grammar is not None:
+                if req.reasoning_gate is not None:  # reasoning: the grammar waits for its end
+                    if req.reasoning_gate.advance(token):
+                        req.grammar, req.reasoning_gate = req.reasoning_gate.matcher, None
+                elif not grammar_advanced and req.grammar is not None:
                     if not req.grammar.accept_token(token):
                         req.fail(500, f"the grammar rejected sampled token {token}")
                         return

@@ -43,7 +43,8 @@ class Req:
         self.last_node: TreeNode | None = None
         self.cached_tokens = 0  # prompt tokens served from the cache, for the client
         # State
-        self.grammar: Any = None  # a grammar matcher once compiled
+        self.grammar: Any = None  # a grammar matcher once compiled (and the reasoning is over)
+        self.reasoning_gate: Any = None  # a ReasoningGate holding the matcher while it thinks
         self.grammar_pending: Any = None  # a compile handle while waiting in the grammar queue
         self.draft: list[int] = []  # jump-forward tokens the grammar forces next, to verify
         self.draft_draws = 0  # uniforms used verifying drafts (a stream apart from sampling)
@@ -67,6 +68,12 @@ class Req:
     @property
     def is_admitted(self) -> bool:
         return self.row is not None
+
+    @property
+    def masks_next_token(self) -> bool:
+        """Whether a grammar mask applies to the next token (see GrammarManager.apply_masks)."""
+        gate = self.reasoning_gate
+        return self.grammar is not None or (gate is not None and gate.opening)
 
     @property
     def pending_len(self) -> int:

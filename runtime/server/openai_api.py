@@ -13,6 +13,7 @@ import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from inspect import signature
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -29,6 +30,7 @@ from runtime.server.openai_protocol import (
     SamplingRequest,
 )
 from runtime.server.openai_stream import chat_stream, completion_stream
+from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_parser
 from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, merge_streams, primed
@@ -130,10 +132,14 @@ async def chat_completions(request: Request) -> Response:
     if max_tokens is None:
         max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
     sampling = _sampling(state, body, max_tokens, constraints)
-    ids = await _chat_prompt(state, body, tools_on)
+    text, ids = await _chat_prompt(state, body, tools_on)
+    ctx = _context(state, body, "chatcmpl", sampling.n)
+    reasoning = state.args.reasoning_parser
+    if reasoning is not None:
+        sampling = _after_reasoning(state, reasoning, sampling)
+        ctx.reasoning = functools.partial(make_reasoning_parser, reasoning, text)
     options = {"return_logprob": body.logprobs, "top_logprobs_num": body.top_logprobs or 0}
     subs = expand_samples(ids, sampling, None, **options)
-    ctx = _context(state, body, "chatcmpl", sampling.n)
     if tools_on:
         ctx.tool_names = {f["name"] for f in functions}
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1
@@ -265,11 +271,21 @@ def _tool_constraint(
     return tool_call_constraint(functions, "required", parallel=parallel)
 
 
+def _after_reasoning(state: ServerState, name: str, sampling: SamplingParams) -> SamplingParams:
+    """With reasoning parser ``name``, a constraint applies to the answer after the reasoning;
+    a 400 naming the constraint when the model's tags cannot mark where it starts."""
+    try:
+        return constrain_after_reasoning(name, state.tokenizer, sampling)
+    except ValueError as exc:
+        param = "tool_choice" if sampling.structural_tag is not None else "response_format"
+        raise ApiError(400, str(exc), param=param) from None
+
+
 async def _chat_prompt(
     state: ServerState, body: ChatCompletionRequest, with_tools: bool
-) -> list[int]:
-    """Render the messages (and tools) with the tokenizer's chat template, then tokenize, on
-    the tokenizer threads."""
+) -> tuple[str, list[int]]:
+    """Render the messages (and tools, and ``chat_template_kwargs``) with the tokenizer's chat
+    template, then tokenize, on the tokenizer threads: (prompt text, token ids)."""
     messages = []
     for i, message in enumerate(body.messages):
         rendered = message.model_dump(exclude_none=True)
@@ -281,10 +297,21 @@ async def _chat_prompt(
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     tokenizer = state.tokenizer
+    extra = body.chat_template_kwargs or {}
+    # The template's own arguments (tokenize, tools, ...) are not template variables.
+    taken = sorted(
+        set(extra) & ({"messages"} | set(signature(tokenizer.apply_chat_template).parameters))
+    )
+    if taken:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs: {taken[0]!r} is not a template variable one may set",
+            param="chat_template_kwargs",
+        )
 
     def render() -> str:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **extra
         )
 
     try:
@@ -293,9 +320,10 @@ async def _chat_prompt(
         raise ApiError(400, str(exc), param="messages") from None
     except Exception as exc:  # jinja errors, or a tokenizer without a template
         raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
-    return await state.tokenizer_manager.run_tokenizer(
+    ids = await state.tokenizer_manager.run_tokenizer(
         lambda: tokenizer(text, add_special_tokens=False).input_ids, "messages"
     )
+    return text, ids
 
 
 def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str | None:

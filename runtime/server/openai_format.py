@@ -3,9 +3,11 @@ logprobs in both the chat shape and the legacy completions shape, finish reasons
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.server.reasoning import ReasoningParser
 from runtime.server.token_text import TokenText
 from runtime.server.tool_calls import ToolCall, parse_tool_calls
 
@@ -27,6 +29,9 @@ class ResponseContext:
     max_tool_calls: int | None = None
     # Completions with echo: the prompt texts, prepended to each prompt's choices.
     echo_texts: list[str] = field(default_factory=list)
+    # Chat with --reasoning-parser: a fresh parser per choice; the reasoning goes to
+    # ``reasoning_content``, tool calls and content are parsed from the answer alone.
+    reasoning: Callable[[], ReasoningParser] | None = None
 
 
 def finish_fields(meta: dict[str, Any], called_tools: bool = False) -> dict[str, Any]:
@@ -130,11 +135,17 @@ def chat_response(
     choices = []
     for index, final in enumerate(finals):
         meta = final["meta_info"]
-        message: dict[str, Any] = {"role": "assistant", "content": final["text"]}
+        text = final["text"]
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if ctx.reasoning is not None:
+            parser = ctx.reasoning()
+            split = parser.parse(text)
+            text = message["content"] = split.content
+            message["reasoning_content"] = split.reasoning if parser.has_reasoning else None
         calls: list[ToolCall] = []
         if ctx.tool_names is not None:
             message["content"], calls = parse_tool_calls(
-                final["text"], ctx.tool_names, ctx.max_tool_calls
+                text, ctx.tool_names, ctx.max_tool_calls
             )
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]

@@ -10,9 +10,17 @@ SGLang/vLLM names (``top_k``, ``min_p``, ``regex``, ``ebnf``, ``json_schema``, .
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from runtime.request_checks import INT64_MAX, INT64_MIN
 from runtime.sampling_params import (
@@ -24,6 +32,10 @@ from runtime.sampling_params import (
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 MaxTokens = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# chat_template_kwargs: variables the chat template reads (enable_thinking, ...), bounded.
+MAX_TEMPLATE_KWARGS = 64
+MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
+TemplateVariable = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class OpenAIModel(BaseModel):
@@ -143,3 +155,15 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
+    # {"enable_thinking": false}.
+    chat_template_kwargs: (
+        Annotated[dict[TemplateVariable, Any], Field(max_length=MAX_TEMPLATE_KWARGS)] | None
+    ) = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _bounded_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and len(json.dumps(value)) > MAX_TEMPLATE_KWARGS_BYTES:
+            raise ValueError(f"must be at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON")
+        return value

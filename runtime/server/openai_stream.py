@@ -6,6 +6,9 @@ are on, as one complete delta each once their block has closed), then a chunk wi
 finish reason. With ``stream_options.include_usage`` every chunk carries ``"usage": null``
 and a last chunk with no choices carries the usage. An error after the stream started is
 sent as an ``{"error": ...}`` event before ``[DONE]``.
+
+With ``--reasoning-parser``, chat sends the thinking as ``reasoning_content`` deltas apart
+from the content; the content deltas and tool calls come from the answer alone.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ async def _chat_chunks(
         ToolCallParser(ctx.tool_names, ctx.max_tool_calls) if ctx.tool_names is not None else None
         for _ in range(num_choices)
     ]
+    reasoners = [ctx.reasoning() if ctx.reasoning else None for _ in range(num_choices)]
     async for index, chunk in events:
         meta = chunk["meta_info"]
         finished = meta["finish_reason"] is not None
@@ -127,8 +131,13 @@ async def _chat_chunks(
             started[index] = True
             delta = {"role": "assistant", "content": ""}
             yield _chunk(ctx, kind, [{"index": index, "delta": delta, "logprobs": None}])
+        text, thinking = chunk["delta"], ""
+        reasoner = reasoners[index]
+        if reasoner is not None:  # the reasoning goes apart; the rest is content and tools
+            split = reasoner.feed(text, final=finished)
+            thinking, text = split.reasoning, split.content
         parser = parsers[index]
-        pieces: list[str | ToolCall] = parser.feed(chunk["delta"]) if parser else [chunk["delta"]]
+        pieces: list[str | ToolCall] = parser.feed(text) if parser else [text]
         if finished and parser:
             pieces += parser.finish()
         logprobs = None
@@ -137,7 +146,7 @@ async def _chat_chunks(
             tops = meta.get("output_top_logprobs", [])[sent[index] :]
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
-        deltas: list[dict[str, Any]] = []
+        deltas: list[dict[str, Any]] = [{"reasoning_content": thinking}] if thinking else []
         for piece in pieces:
             if isinstance(piece, ToolCall):
                 deltas.append({"tool_calls": [piece.to_openai(index=calls[index])]})

@@ -32,8 +32,10 @@ def make_test_model(
     arch: str = "llama",
     vocab_size: int | None = None,
     seed: int = 0,
+    chat_template: str = "chatml",
 ) -> Path:
-    """Build the folder at ``out`` (replacing it) and return its path."""
+    """Build the folder at ``out`` (replacing it) and return its path. ``chat_template``: a
+    key of ``CHAT_TEMPLATES`` (runtime/test_model/tokenizer.py)."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     shape = get_preset(preset).for_arch(arch)
@@ -43,7 +45,7 @@ def make_test_model(
         tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
     )
     try:
-        tokenizer = train_tokenizer(vocab, seed, add_bos=(arch == "llama"))
+        tokenizer = train_tokenizer(vocab, seed, arch == "llama", chat_template)
         tokenizer.save_pretrained(tmp)
         vocab_map = tokenizer.get_vocab()
         ids = {name: vocab_map[name] for name in (BOS, EOS, PAD, IM_END)}
@@ -64,6 +66,7 @@ def make_test_model(
                     "arch": arch,
                     "vocab_size": vocab,
                     "seed": seed,
+                    "chat_template": chat_template,
                     "builder_version": BUILDER_VERSION,
                 },
                 indent=2,
@@ -80,17 +83,25 @@ def make_test_model(
 
 
 def cached_test_model(
-    preset: str = "tiny", arch: str = "llama", vocab_size: int | None = None, seed: int = 0
+    preset: str = "tiny",
+    arch: str = "llama",
+    vocab_size: int | None = None,
+    seed: int = 0,
+    chat_template: str = "chatml",
 ) -> Path:
-    """The folder for these arguments under the cache dir, built once (safe across processes)."""
+    """The folder for these arguments under the cache dir, built once (safe across processes).
+    Other templates than the default "chatml" are named in the folder name."""
     vocab = vocab_size or get_preset(preset).vocab_size
     root = default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    out = root / f"{preset}-{arch}-v{vocab}-s{seed}-b{BUILDER_VERSION}"
+    name = f"{preset}-{arch}-v{vocab}-s{seed}-b{BUILDER_VERSION}"
+    if chat_template != "chatml":
+        name += f"-{chat_template}"
+    out = root / name
     with open(root / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "arbor_test_model.json").exists():
-            make_test_model(out, preset, arch, vocab_size, seed)
+            make_test_model(out, preset, arch, vocab_size, seed, chat_template)
     return out
 
 

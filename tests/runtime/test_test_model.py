@@ -54,3 +54,44 @@ def test_config_records_the_preset(tiny_arch_model_path: Path):
     meta = json.loads((tiny_arch_model_path / "arbor_test_model.json").read_text())
     config = json.loads((tiny_arch_model_path / "config.json").read_text())
     assert meta["preset"] == "tiny" and config["vocab_size"] == 4096
+
+
+def test_qwen3_template_thinks_and_keeps_the_default_tokenizer(tiny_model_path: Path):
+    from runtime.test_model import cached_test_model
+
+    tok = AutoTokenizer.from_pretrained(cached_test_model("tiny", "qwen3", chat_template="qwen3"))
+    think = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    assert len(tok) == 4096 and all(t < 4096 for t in think)
+    assert tok("a<think>b</think>c", add_special_tokens=False).input_ids[1::2] == think
+    assert tok.decode(think, skip_special_tokens=True) == "<think></think>"  # not special
+    default = AutoTokenizer.from_pretrained(tiny_model_path)
+    assert "</think>" not in default.get_vocab()  # the default tokenizer is unchanged
+
+    user = [{"role": "user", "content": "Hi"}]
+    thinking = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    assert thinking.endswith("<|im_start|>assistant\n")
+    plain = tok.apply_chat_template(
+        user, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert plain == thinking + "<think>\n\n</think>\n\n"
+
+
+def test_qwen3_template_keeps_reasoning_only_after_the_last_user_turn():
+    from runtime.test_model import cached_test_model
+
+    tok = AutoTokenizer.from_pretrained(cached_test_model("tiny", "qwen3", chat_template="qwen3"))
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<think>\nold plan\n</think>\n\nHello"},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "new plan",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+        },
+        {"role": "tool", "content": "sunny"},
+    ]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "old plan" not in text and "<|im_start|>assistant\nHello<|im_end|>" in text
+    assert "<|im_start|>assistant\n<think>\nnew plan\n</think>\n\n<tool_call>" in text

@@ -1,0 +1,251 @@
+"""Reasoning models through the real server and the ``openai`` client: ``reasoning_content``
+apart from ``content`` (streamed and not), constraints that start after ``</think>``, and
+``chat_template_kwargs``.
+
+The test model (qwen3 template) thinks noise; logit_bias on ``<think>`` / ``</think>``, found
+by a sweep through ``/generate``, makes a greedy output open and close its reasoning. The
+unconstrained output under the same bias is the reference for the thinking: a constraint must
+not have touched it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from runtime.sampling_params import SamplingParams
+from runtime.server import ServerProcess
+from runtime.server.errors import ApiError
+from runtime.server.openai_api import _after_reasoning
+from tests.server.server_process import POOL
+
+pytestmark = pytest.mark.timeout(300)
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+MESSAGES = [{"role": "user", "content": "Is the sky blue?"}]
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _server(model: Path, parser: str) -> Iterator[ServerProcess]:
+    process = ServerProcess(model, *POOL, "--reasoning-parser", parser)
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
+    yield from _server(thinking_model_path, "qwen3")
+
+
+@pytest.fixture(scope="module")
+def r1_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
+    yield from _server(thinking_model_path, "deepseek-r1")
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60.0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(thinking_model_path: Path) -> Any:
+    return AutoTokenizer.from_pretrained(thinking_model_path)
+
+
+@pytest.fixture(scope="module")
+def tags(tokenizer: Any) -> tuple[str, str]:
+    start, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    return str(start), str(end)
+
+
+def _sweep(
+    server: ServerProcess, prompt: str, end: str, bases: list[dict[str, Any]], min_thinking: int
+) -> tuple[dict[str, Any], str]:
+    """Sampling options (one of ``bases`` plus a logit_bias on ``end``) under which the greedy
+    output of ``prompt`` closes its reasoning after at least ``min_thinking`` tokens, and that
+    output's text through ``</think>``."""
+    tries = [
+        {**base, "logit_bias": {**base.get("logit_bias", {}), end: b / 4}}
+        for base in bases
+        for b in range(0, 60)
+    ]
+    params = [{"temperature": 0, "max_new_tokens": 16, **t} for t in tries]
+    body = {"text": [prompt] * len(params), "sampling_params": params}
+    outs = httpx.post(f"{server.url}/generate", json=body, timeout=120.0).json()
+    for options, out in zip(tries, outs, strict=True):
+        ids = out["output_ids"]
+        if int(end) in ids and ids.index(int(end)) >= min_thinking:
+            return options, out["text"].split("</think>")[0] + "</think>"
+    raise AssertionError("no bias closes this model's reasoning")
+
+
+def _chat(client: openai.OpenAI, options: dict[str, Any], **request: Any) -> Any:
+    """A greedy chat request; ``options`` are sampling extensions (logit_bias, penalties)."""
+    extra = {k: v for k, v in options.items() if k != "logit_bias"}
+    return client.chat.completions.create(
+        model=client.models.list().data[0].id,
+        messages=request.pop("messages", MESSAGES),
+        temperature=0,
+        max_tokens=request.pop("max_tokens", 40),
+        logit_bias=options.get("logit_bias"),
+        extra_body={**extra, **request.pop("extra_body", {})},
+        **request,
+    )
+
+
+def _streamed(client: openai.OpenAI, options: dict[str, Any], **request: Any) -> tuple[str, str]:
+    """(reasoning, content) of a streamed chat, checking that all reasoning comes first."""
+    reasoning, content = [], []
+    for chunk in _chat(client, options, stream=True, **request):
+        delta = chunk.choices[0].delta
+        thought = (delta.model_extra or {}).get("reasoning_content")
+        if thought:
+            assert not content, "reasoning after content"
+            reasoning.append(thought)
+        if delta.content:
+            content.append(delta.content)
+    return "".join(reasoning), "".join(content)
+
+
+def test_deepseek_r1_splits_reasoning_and_constrains_the_answer(
+    r1_server: ServerProcess, tokenizer: Any, tags: tuple[str, str]
+):
+    """deepseek-r1: the output starts inside the reasoning; the schema applies after it."""
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    options, thinking = _sweep(r1_server, prompt, tags[1], [{}], min_thinking=3)
+    with _client(r1_server) as client:
+        message = _chat(client, options, response_format=RESPONSE_FORMAT).choices[0].message
+        assert message.model_extra["reasoning_content"] == thinking.removesuffix("</think>")
+        jsonschema.validate(json.loads(message.content), SCHEMA)
+        streamed = _streamed(client, options, response_format=RESPONSE_FORMAT)
+        assert streamed == (message.model_extra["reasoning_content"], message.content)
+        free = _chat(client, options).choices[0].message  # no constraint: the same thinking
+        assert free.model_extra["reasoning_content"] == message.model_extra["reasoning_content"]
+
+
+def test_tool_calls_are_parsed_from_the_answer_alone(
+    r1_server: ServerProcess, tokenizer: Any, tags: tuple[str, str]
+):
+    prompt = tokenizer.apply_chat_template(
+        MESSAGES, tools=[TOOL], tokenize=False, add_generation_prompt=True
+    )
+    options, thinking = _sweep(r1_server, prompt, tags[1], [{}], min_thinking=3)
+    with _client(r1_server) as client:
+        choice = _chat(
+            client,
+            options,
+            tools=[TOOL],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=60,
+        ).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.model_extra["reasoning_content"] == thinking[: -len("</think>")]
+        assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+        arguments = json.loads(choice.message.tool_calls[0].function.arguments)
+        jsonschema.validate(arguments, TOOL["function"]["parameters"])
+        assert not choice.message.content
+
+
+def test_qwen3_output_that_opens_its_reasoning(
+    qwen3_server: ServerProcess, tokenizer: Any, tags: tuple[str, str]
+):
+    """qwen3: the model writes <think> itself (biased; penalties stop it repeating <think>)."""
+    start, end = tags
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    penalties = {"presence_penalty": 2.0, "frequency_penalty": 2.0}
+    bases = [{**penalties, "logit_bias": {start: b}} for b in (7.0, 8.0, 9.0)]
+    options, thinking = _sweep(qwen3_server, prompt, end, bases, min_thinking=3)
+    assert thinking.startswith("<think>")
+    with _client(qwen3_server) as client:
+        message = _chat(client, options, response_format=RESPONSE_FORMAT).choices[0].message
+        expected = thinking.removeprefix("<think>").removesuffix("</think>")
+        assert message.model_extra["reasoning_content"] == expected
+        jsonschema.validate(json.loads(message.content), SCHEMA)
+        streamed = _streamed(client, options, response_format=RESPONSE_FORMAT)
+        assert streamed == (expected, message.content)
+
+
+def test_qwen3_output_without_reasoning_is_all_content(qwen3_server: ServerProcess, tags):
+    start, _ = tags
+    no_think = {"logit_bias": {start: -100.0}}
+    with _client(qwen3_server) as client:
+        free = _chat(client, no_think, max_tokens=12).choices[0].message
+        assert free.model_extra["reasoning_content"] is None and free.content
+        assert _streamed(client, no_think, max_tokens=12) == ("", free.content)
+        # A constraint then applies from the first token.
+        message = _chat(client, no_think, response_format=RESPONSE_FORMAT).choices[0].message
+        assert message.model_extra["reasoning_content"] is None
+        jsonschema.validate(json.loads(message.content), SCHEMA)
+
+
+def test_enable_thinking_false_through_chat_template_kwargs(qwen3_server: ServerProcess):
+    """The template closes an empty think block in the prompt: the answer is constrained from
+    its first token, with no bias at all."""
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    with _client(qwen3_server) as client:
+        response = _chat(client, {}, response_format=RESPONSE_FORMAT, extra_body=kwargs)
+        message = response.choices[0].message
+        assert message.model_extra["reasoning_content"] is None
+        jsonschema.validate(json.loads(message.content), SCHEMA)
+        thinking = _chat(client, {}, response_format=RESPONSE_FORMAT, max_tokens=4)
+        # With thinking on, the prompt is shorter by the empty block "<think>\n\n</think>\n\n".
+        assert response.usage.prompt_tokens == thinking.usage.prompt_tokens + 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ("enable_thinking", "chat_template_kwargs"),
+        ({f"k{i}": 1 for i in range(65)}, "chat_template_kwargs"),
+        ({"x": "y" * 70_000}, "chat_template_kwargs"),
+        ({"tokenize": True}, "'tokenize' is not a template variable"),
+        ({"namespace": 1}, "not callable"),  # a template error: it calls namespace()
+    ],
+)
+def test_bad_chat_template_kwargs_are_400(qwen3_server: ServerProcess, kwargs, message: str):
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 2, "chat_template_kwargs": kwargs}
+    with _client(qwen3_server) as client:
+        body["model"] = client.models.list().data[0].id
+    response = httpx.post(f"{qwen3_server.url}/v1/chat/completions", json=body, timeout=30.0)
+    assert response.status_code == 400, response.text
+    assert message in response.text
+
+
+def test_a_constraint_needs_the_tags_as_single_tokens(tiny_model_path: Path):
+    """The default test tokenizer has no <think> tokens: no constraint can wait for one."""
+    state = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tiny_model_path))
+    constrained = SamplingParams(json_schema=SCHEMA)
+    for name in ("qwen3", "deepseek-r1"):
+        with pytest.raises(ApiError, match="</think> to be single tokens") as info:
+            _after_reasoning(state, name, constrained)  # type: ignore[arg-type]
+        assert info.value.status_code == 400 and info.value.param == "response_format"
+        free = SamplingParams()
+        assert _after_reasoning(state, name, free) is free  # type: ignore[arg-type]
