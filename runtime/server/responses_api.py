@@ -25,6 +25,11 @@ from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import check_model
 from runtime.server.openai_protocol import FunctionDefinition
+from runtime.server.reasoning import (
+    constrain_after_reasoning,
+    make_reasoning_parser,
+    reasoning_token_ids,
+)
 from runtime.server.request_body import parse_model
 from runtime.server.responses_input import input_items, items_to_messages, output_to_items
 from runtime.server.responses_output import new_id
@@ -96,9 +101,19 @@ async def create_response(request: Request) -> Response:
         max_tool_calls=_max_calls(body),
         want_logprobs=logprobs,
     )
+    sampling = _sampling(state, body, constraints)
+    reasoning = state.args.reasoning_parser
+    if reasoning is not None:
+        try:
+            sampling = constrain_after_reasoning(reasoning, state.tokenizer, sampling)
+        except ValueError as exc:
+            param = "tool_choice" if sampling.structural_tag is not None else "text.format"
+            raise ApiError(400, str(exc), param=param) from None
+        run.reasoning = make_reasoning_parser(reasoning, prompt_text)
+        run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
     sub = SubRequest(
         input_ids,
-        _sampling(state, body, constraints),
+        sampling,
         return_logprob=logprobs,
         top_logprobs_num=body.top_logprobs or 0,
     )

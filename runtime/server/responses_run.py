@@ -20,6 +20,7 @@ from typing import Any
 from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone
 from runtime.server.openai_format import chat_logprobs
+from runtime.server.reasoning import ReasoningParser
 from runtime.server.responses_output import OutputBuilder
 from runtime.server.streams import Events
 from runtime.server.token_text import TokenText
@@ -35,6 +36,8 @@ class ResponseRun:
     tool_names: set[str] | None = None  # tool calls are parsed when set
     max_tool_calls: int | None = None
     want_logprobs: bool = False
+    reasoning: ReasoningParser | None = None  # splits off the reasoning when set
+    reasoning_end_token_id: int | None = None  # counts reasoning tokens in the usage
     builder: OutputBuilder = field(default_factory=OutputBuilder)
     final: dict[str, Any] | None = None
     _parser: ToolCallParser | None = None
@@ -49,9 +52,14 @@ class ResponseRun:
         meta = chunk["meta_info"]
         finished = meta["finish_reason"] is not None
         logprobs = self._new_logprobs(meta) if self.want_logprobs else None
-        pieces: list[str | ToolCall] = [chunk["delta"]]
+        answer = chunk["delta"]
+        if self.reasoning is not None:
+            split = self.reasoning.feed(answer, final=finished)
+            self.builder.reasoning(split.reasoning)
+            answer = split.content
+        pieces: list[str | ToolCall] = [answer]
         if self._parser is not None:
-            pieces = self._parser.feed(chunk["delta"])
+            pieces = self._parser.feed(answer)
             if finished:
                 pieces += self._parser.finish()
         for piece in pieces:
@@ -65,7 +73,7 @@ class ResponseRun:
             self.builder.text("", logprobs)
         if finished:
             self.final = chunk
-            self._complete(meta)
+            self._complete(meta, self._reasoning_tokens(chunk.get("output_ids", [])))
 
     def fail(self, message: str) -> None:
         self.builder.finish("incomplete")
@@ -81,7 +89,17 @@ class ResponseRun:
         self._logprobs_sent += len(chosen)
         return chat_logprobs(self.token_text, chosen, tops)["content"] if chosen else []
 
-    def _complete(self, meta: dict[str, Any]) -> None:
+    def _reasoning_tokens(self, output_ids: list[int]) -> int:
+        """Output tokens up to and including the end of the reasoning (all of them when the
+        reasoning never ended)."""
+        if self.reasoning is None or not self.reasoning.has_reasoning:
+            return 0
+        end = self.reasoning_end_token_id
+        if end is not None and end in output_ids:
+            return output_ids.index(end) + 1
+        return len(output_ids) if self.reasoning.phase != "answer" else 0
+
+    def _complete(self, meta: dict[str, Any], reasoning_tokens: int) -> None:
         reason = (meta.get("finish_reason") or {}).get("type")
         cut = reason == "length"
         self.builder.finish("incomplete" if cut else "completed")
@@ -96,7 +114,7 @@ class ResponseRun:
                 "input_tokens": prompt,
                 "input_tokens_details": {"cached_tokens": meta["cached_tokens"]},
                 "output_tokens": output,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                 "total_tokens": prompt + output,
             },
         )

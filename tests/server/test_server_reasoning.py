@@ -249,3 +249,36 @@ def test_a_constraint_needs_the_tags_as_single_tokens(tiny_model_path: Path):
         assert info.value.status_code == 400 and info.value.param == "response_format"
         free = SamplingParams()
         assert _after_reasoning(state, name, free) is free  # type: ignore[arg-type]
+
+
+def test_responses_api_reasoning_item_then_constrained_answer(
+    r1_server: ServerProcess, tokenizer: Any, tags: tuple[str, str]
+):
+    """The Responses API: a reasoning item (streamed as reasoning_text events), then the
+    answer, which alone the schema constrains; reasoning tokens counted in the usage."""
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    options, thinking = _sweep(r1_server, prompt, tags[1], [{}], min_thinking=3)
+    request = {
+        "model": "unused",
+        "input": MESSAGES[0]["content"],
+        "text": {"format": {"type": "json_schema", "name": "verdict", "schema": SCHEMA}},
+        "max_output_tokens": 40,
+        "temperature": 0,
+    }
+    with _client(r1_server) as client:
+        request["model"] = client.models.list().data[0].id
+        response = client.responses.create(**request, extra_body=options)
+        kinds = [item.type for item in response.output]
+        assert kinds == ["reasoning", "message"]
+        assert response.output[0].content[0].text == thinking.removesuffix("</think>")
+        jsonschema.validate(json.loads(response.output_text), SCHEMA)
+        thinking_tokens = len(tokenizer(thinking, add_special_tokens=False).input_ids)
+        assert response.usage.output_tokens_details.reasoning_tokens == thinking_tokens
+        events = list(client.responses.create(**request, extra_body=options, stream=True))
+    names = [e.type for e in events]
+    last_reasoning = max(i for i, n in enumerate(names) if n == "response.reasoning_text.delta")
+    first_text = names.index("response.output_text.delta")
+    assert last_reasoning < first_text
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert streamed == response.output[0].content[0].text
+    assert events[-1].response.output_text == response.output_text
