@@ -1,4 +1,4 @@
-"""A byte-level BPE tokenizer with special tokens and a ChatML-style chat template.
+"""A byte-level BPE tokenizer with special tokens and a chat template (``chat_templates``).
 
 The pre-tokenizer is Qwen2's split regex followed by a regex-free ByteLevel step: transformers
 rebuilds exactly that pre-tokenizer for ``model_type: qwen2`` folders, so ids are the same
@@ -10,63 +10,26 @@ from __future__ import annotations
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from runtime.test_model.chat_templates import BOS, EOS, PAD, get_chat_template
 from runtime.test_model.corpus import training_texts
-
-BOS = "<|begin_of_text|>"
-EOS = "<|endoftext|>"
-PAD = "<|pad|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = [BOS, EOS, PAD, IM_START, IM_END]
-# Tool-call delimiters are ordinary added tokens (not special): they must survive decoding.
-TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
 
 _SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-CHAT_TEMPLATE = (
-    "{%- if add_bos %}{{ bos_token }}{% endif %}"
-    "{%- set msgs = messages %}"
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages and messages[0]['role'] == 'system' %}"
-    "{{- messages[0]['content'] + '\\n\\n' }}{%- set msgs = messages[1:] %}"
-    "{%- endif %}"
-    '{{- \'You may call these tools. Each call is a JSON object with "name" and "arguments", '
-    "written between <tool_call> and </tool_call>:\\n' }}"
-    "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in msgs %}"
-    "{%- if message['role'] == 'assistant' and message.get('tool_calls') %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if message.get('content') %}{{- message['content'] }}{%- endif %}"
-    "{%- for call in message['tool_calls'] %}"
-    "{%- set fn = call['function'] if call.get('function') else call %}"
-    "{{- '<tool_call>{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
-    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
-    "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
-    "{{- '}</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{{- '<|im_start|>tool\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
-
-def train_tokenizer(vocab_size: int, seed: int, add_bos: bool) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    vocab_size: int, seed: int, add_bos: bool, chat_template: str = "chatml"
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of ``vocab_size`` entries (special tokens included) on stdlib text.
 
     ``add_bos`` makes encoding prepend BOS (as Llama 3 tokenizers do); the chat template then
     writes BOS itself and callers tokenize templated text with ``add_special_tokens=False``.
+    ``chat_template`` names a ``CHAT_TEMPLATES`` entry; its tokens take the first ids after
+    BOS, EOS and PAD (special) and the last ids (added), so chatml's ids never move.
     """
+    template = get_chat_template(chat_template)
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -76,8 +39,8 @@ def train_tokenizer(vocab_size: int, seed: int, add_bos: bool) -> PreTrainedToke
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(TOOL_TOKENS),
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size - len(template.added_tokens),
+        special_tokens=[BOS, EOS, PAD, *template.special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -92,15 +55,15 @@ def train_tokenizer(vocab_size: int, seed: int, add_bos: bool) -> PreTrainedToke
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_tokens(TOOL_TOKENS)
+    tok.add_tokens(list(template.added_tokens))
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        additional_special_tokens=[IM_START, IM_END],
+        additional_special_tokens=list(template.special_tokens),
         clean_up_tokenization_spaces=False,
         model_max_length=1 << 20,
     )
-    wrapped.chat_template = CHAT_TEMPLATE.replace("add_bos", "true" if add_bos else "false")
+    wrapped.chat_template = template.template.replace("add_bos", "true" if add_bos else "false")
     return wrapped
