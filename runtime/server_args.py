@@ -13,8 +13,15 @@ KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 # kernels.BACKENDS, named here so that parsing flags does not import torch (a test keeps the
 # two equal).
 KERNEL_BACKENDS = ("auto", "torch", "triton", "native")
+# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes),
+# named here for the same reason (a test keeps the two equal).
+TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
 # Flags whose values argparse checks, so a bad one is refused before anything loads.
-_CLI_CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, "kernel_backend": KERNEL_BACKENDS}
+_CLI_CHOICES = {
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+    "kernel_backend": KERNEL_BACKENDS,
+    "tool_call_parser": TOOL_CALL_PARSERS,
+}
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,9 @@ class ServerArgs:
     timeout_keep_alive_s: int = 5  # idle keep-alive connections are closed after this
     max_connections: int = 4096  # concurrent connections; beyond them uvicorn answers 503
     max_n: int = 128  # the largest n (samples per prompt) a request may ask for
+    # How chat completions write and read tool calls: hermes | qwen | llama3 | mistral.
+    # None: detected from the chat template (hermes when it gives no hint).
+    tool_call_parser: str | None = None
     # Debugging
     debug_invariants: bool = False  # check radix-cache accounting after every step
     log_level: str = "info"
@@ -99,6 +109,11 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:

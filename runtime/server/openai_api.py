@@ -123,7 +123,7 @@ async def chat_completions(request: Request) -> Response:
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
     choice = body.tool_choice or ("auto" if functions else "none")
     constraints = _format_constraint(body)
-    tag = _tool_constraint(functions, choice, body.parallel_tool_calls)
+    tag = _tool_constraint(functions, choice, body.parallel_tool_calls, state.tool_call_format)
     if tag is not None:
         constraints["structural_tag"] = tag
     tools_on = bool(functions) and choice != "none"
@@ -138,6 +138,8 @@ async def chat_completions(request: Request) -> Response:
     if tools_on:
         ctx.tool_names = {f["name"] for f in functions}
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1
+        ctx.tool_call_format = state.tool_call_format
+        ctx.tool_calls_constrained = tag is not None
     return await _respond(
         request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
     )
@@ -251,7 +253,7 @@ def _format_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def _tool_constraint(
-    functions: list[dict[str, Any]], choice: str | NamedToolChoice, parallel: bool
+    functions: list[dict[str, Any]], choice: str | NamedToolChoice, parallel: bool, fmt: str
 ) -> dict[str, Any] | None:
     if choice in ("none", "auto"):
         return None
@@ -262,8 +264,8 @@ def _tool_constraint(
             raise ApiError(
                 400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
             )
-        return tool_call_constraint(functions, "named", choice.function.name, parallel)
-    return tool_call_constraint(functions, "required", parallel=parallel)
+        return tool_call_constraint(functions, "named", choice.function.name, parallel, fmt)
+    return tool_call_constraint(functions, "required", parallel=parallel, fmt=fmt)
 
 
 async def _chat_prompt(

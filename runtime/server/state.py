@@ -18,6 +18,7 @@ from runtime.server.errors import ApiError
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_body import read_json
 from runtime.server.token_text import TokenText
+from runtime.server.tool_call_formats import resolve_format
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
 
@@ -34,6 +35,11 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.tokenizer)
+        # The tool-call format of chat completions (hermes, llama3 or mistral), resolved once:
+        # --tool-call-parser, else what the chat template writes.
+        self.tool_call_format = resolve_format(
+            self.args.tool_call_parser, getattr(self.tokenizer, "chat_template", None)
+        )
 
     @property
     def context_length(self) -> int:
