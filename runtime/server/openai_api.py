@@ -140,6 +140,7 @@ async def chat_completions(request: Request) -> Response:
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1
         ctx.tool_call_format = state.tool_call_format
         ctx.tool_calls_constrained = tag is not None
+        ctx.generated_turns = state.generated_turns
     return await _respond(
         request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
     )
@@ -297,7 +298,7 @@ async def _chat_prompt(
     except Exception as exc:  # jinja errors, or a tokenizer without a template
         raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
     return await state.tokenizer_manager.run_tokenizer(
-        lambda: tokenizer(text, add_special_tokens=False).input_ids, "messages"
+        lambda: state.generated_turns.prompt_ids(text, messages), "messages"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.token_text import TokenText
 from runtime.server.tool_calls import ToolCall, parse_tool_calls
 
@@ -27,6 +28,8 @@ class ResponseContext:
     max_tool_calls: int | None = None
     tool_call_format: str = "hermes"
     tool_calls_constrained: bool = False  # tool_choice required or named
+    # Where choices that made tool calls leave their output ids (None: nowhere).
+    generated_turns: GeneratedTurns | None = None
     # Completions with echo: the prompt texts, prepended to each prompt's choices.
     echo_texts: list[str] = field(default_factory=list)
 
@@ -42,6 +45,14 @@ def finish_fields(meta: dict[str, Any], called_tools: bool = False) -> dict[str,
     if kind in ("stop", "length") and called_tools:
         kind = "tool_calls"
     return {"finish_reason": kind, "matched_stop": reason.get("matched")}
+
+
+def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: dict[str, Any]) -> None:
+    """Keep the output ids of a finished choice that made ``calls`` (``GeneratedTurns``)."""
+    if ctx.generated_turns is not None and calls:
+        ctx.generated_turns.remember(
+            [call.id for call in calls], final.get("output_ids", []), final["meta_info"]
+        )
 
 
 def usage(finals: list[dict[str, Any]], n: int) -> dict[str, Any]:
@@ -145,6 +156,7 @@ def chat_response(
             )
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
+                remember_turn(ctx, calls, final)
         logprobs = None
         if want_logprobs:
             logprobs = chat_logprobs(

@@ -24,6 +24,7 @@ from runtime.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
     finish_fields,
+    remember_turn,
     usage,
 )
 from runtime.server.streams import SSE_DONE, Events, sse_event
@@ -159,6 +160,8 @@ async def _chat_chunks(
         if finished:
             finals[index] = chunk
             called = parser is not None and bool(parser.calls)
+            if parser is not None:
+                remember_turn(ctx, parser.calls, chunk)
             choice = {"index": index, "delta": {}, "logprobs": None}
             yield _chunk(ctx, kind, [choice | finish_fields(meta, called_tools=called)])
     if ctx.include_usage:

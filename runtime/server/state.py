@@ -15,6 +15,7 @@ from fastapi import Request
 
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
+from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_body import read_json
 from runtime.server.token_text import TokenText
@@ -40,6 +41,8 @@ class ServerState:
         self.tool_call_format = resolve_format(
             self.args.tool_call_parser, getattr(self.tokenizer, "chat_template", None)
         )
+        # Generated ids of tool-calling turns, spliced into prompts that re-send them.
+        self.generated_turns = GeneratedTurns(self.tokenizer)
 
     @property
     def context_length(self) -> int:

@@ -1,5 +1,6 @@
 """Tool calls through the real server, for each test-model chat template and so each format:
-tool_choice required / named / auto, parallel_tool_calls, streaming deltas, cut-off calls."""
+tool_choice required / named / auto, parallel_tool_calls, streaming deltas, cut-off calls,
+and the cache hit of a conversation re-sent with its calls."""
 
 from __future__ import annotations
 
@@ -231,3 +232,38 @@ def test_auto_drops_a_cut_off_call(tools_server: ToolServer):
     choice = response.choices[0]
     assert choice.finish_reason == "length"
     assert choice.message.content is None and not choice.message.tool_calls
+
+
+def test_resent_calls_hit_the_cache(tools_server: ToolServer):
+    """A client sends the conversation back with the assistant's calls and a tool result: the
+    prompt's prefix up to the end of the assistant turn is cached, less the one token the
+    model sampled last (the turn end: its KV was never computed)."""
+    turn_end = CHAT_TEMPLATES[tools_server.template].turn_end
+    first = tools_server.chat(
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=160,
+        logit_bias={str(tools_server.token_id(turn_end)): 100.0},  # ends turns as trained
+    )
+    calls = first.choices[0].message.tool_calls
+    _check_calls(calls)
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call.model_dump(exclude_none=True) for call in calls],
+    }
+    results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in calls]
+    conversation = [*MESSAGES, assistant, *results]
+    second = tools_server.chat(messages=conversation, max_tokens=1)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    generated = first.usage.prompt_tokens + first.usage.completion_tokens
+    turn = tools_server.tokenizer.apply_chat_template(
+        [*MESSAGES, assistant], tools=TOOLS, tokenize=False
+    )
+    end = turn.rindex(turn_end) + len(turn_end)  # the assistant turn, through its end token
+    retokenized = len(tools_server.tokenizer(turn[:end], add_special_tokens=False).input_ids)
+    print(
+        f"{tools_server.template}: generated {generated} tokens (the turn retokenized: "
+        f"{retokenized}), cached {cached} of {second.usage.prompt_tokens}"
+    )
+    assert cached == generated - 1
