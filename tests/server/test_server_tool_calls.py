@@ -151,6 +151,11 @@ def _stream(ts: ToolServer, **options: Any) -> tuple[str, dict[int, dict[str, An
     return content, calls, reasons[-1]
 
 
+def test_the_format_comes_from_the_chat_template(tools_server: ToolServer):
+    fmt = CALLS_TEXT[tools_server.template][0]
+    assert tools_server.process.server_info()["tool_call_format"] == fmt
+
+
 def test_required_calls_stream_like_the_whole_response(tools_server: ToolServer):
     options = {"tool_choice": "required", "max_tokens": 160}
     response = tools_server.chat(**options)

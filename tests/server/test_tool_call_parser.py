@@ -3,6 +3,7 @@ and how a server picks its format."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, field
 
@@ -11,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar.tool_calls import TOOL_CALL_FORMATS
-from runtime.server.tool_call_formats import SYNTAXES, canonical_format, detect_format
+from runtime.server.tool_call_formats import (
+    SYNTAXES,
+    canonical_format,
+    detect_format,
+    resolve_format,
+)
 from runtime.server.tool_calls import (
     ToolCallArguments,
     ToolCallDropped,
@@ -289,3 +295,14 @@ def test_format_names_and_detection():
     assert detect_format(None) == "hermes"
     assert detect_format({"default": "x", "tool_use": "{{ '[TOOL_CALLS]' }}"}) == "mistral"
     assert detect_format("<|start_header_id|>{{ '<|python_tag|>' }}") == "llama3"
+    chatml = CHAT_TEMPLATES["chatml"].template
+    assert resolve_format(None, chatml) == "hermes"
+    assert resolve_format("mistral", chatml) == "mistral"  # the flag wins over the template
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli(
+        parser.parse_args(["--model-path", "m", "--tool-call-parser", "qwen"])
+    )
+    assert args.tool_call_parser == "qwen"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "m", "--tool-call-parser", "harmony"])
