@@ -194,6 +194,8 @@ class ToolCallParser:
             if text.startswith("{"):
                 section.call, section.state = _Call(), "in_call"
             elif syntax.list_close and text.startswith(syntax.list_close):
+                if not section.committed:  # an empty list is no call
+                    return self._refute()
                 self._consume(section, len(syntax.list_close))
                 self._section = None
             else:
@@ -236,10 +238,10 @@ class ToolCallParser:
             elif verdict == "start":
                 self._start(section, call, scanner)
         if call.index is not None:
-            arguments = scanner.arguments_text()
-            if len(arguments) > call.sent:
-                self._emit(ToolCallArguments(call.index, arguments[call.sent :]))
-                call.sent = len(arguments)
+            fragment = scanner.arguments_text(call.sent)
+            if fragment:
+                self._emit(ToolCallArguments(call.index, fragment))
+                call.sent += len(fragment)
         if scanner.error:
             return self._broken(section)
         if not scanner.done:

@@ -55,12 +55,13 @@ class CallScanner:
             self._step(self.text[pos], pos)
         return len(text)
 
-    def arguments_text(self) -> str:
-        """The arguments value as written so far ("" before it begins)."""
+    def arguments_text(self, skip: int = 0) -> str:
+        """The arguments value as written so far ("" before it begins), less its first
+        ``skip`` characters."""
         if self.args_start is None:
             return ""
         end = self.args_end if self.args_end is not None else len(self.text)
-        return self.text[self.args_start : end]
+        return self.text[self.args_start + skip : end]
 
     def result(self) -> tuple[str, str] | None:
         """(name, arguments text) of a closed object that is a call: valid JSON, a string name,

@@ -79,6 +79,7 @@ CASES = [
     ("mistral", f" [{mistral_item(*TIME)}]", None, [TIME]),
     ("mistral", f"Sure. [TOOL_CALLS] [ {mistral_item(*TIME)} ]", "Sure.", [TIME]),
     ("mistral", "[1, 2] and [TOOL_CAL", "[1, 2] and [TOOL_CAL", []),
+    ("mistral", "[] is empty", "[] is empty", []),
     (
         "mistral",
         f'[TOOL_CALLS][{{"name": "nope", "arguments": {{}}}}, {mistral_item(*TIME)}]',
@@ -264,6 +265,7 @@ _PIECES = {
         mistral_item(*TIME),
         "]",
         "[1]",
+        "[]",
         " text ",
     ],
 }
