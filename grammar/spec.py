@@ -22,7 +22,7 @@ from grammar.regex import to_backend_regex
 from grammar.schema_check import check_schema
 from grammar.schema_lower import lower_schema
 from grammar.structural_tag import check_structural_tag
-from grammar.tool_calls import normalize_tools
+from grammar.tool_calls import get_format, normalize_tools
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag", "tool_calls")
 # Sampling-parameter keys that each select a kind ("choices" is an alias of "choice").
@@ -65,7 +65,8 @@ class GrammarSpec:
         attributes. Raises GrammarError if more than one constraint is given or it is invalid.
 
         A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named",
-        "name": ..., "parallel": bool}`` is the tool-call constraint (``for_tool_calls``) the
+        "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral"}`` ("format"
+        optional, hermes by default) is the tool-call constraint (``for_tool_calls``) the
         OpenAI layer sends for tool_choice required/named; any other is an xgrammar tag.
         """
         if isinstance(params, Mapping):
@@ -93,6 +94,7 @@ class GrammarSpec:
                 value.get("name"),
                 bool(value.get("parallel", True)),
                 options,
+                value.get("format", "hermes"),
             )
         factory = {
             "json_schema": cls.for_json_schema,
@@ -171,15 +173,18 @@ class GrammarSpec:
         name: str | None = None,
         parallel: bool = True,
         options: GrammarOptions | None = None,
+        format: str = "hermes",
     ) -> GrammarSpec:
-        """One or more ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
+        """Tool calls in ``format`` (a ``grammar.tool_calls.TOOL_CALL_FORMATS`` name; hermes:
+        ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks).
 
         tools: OpenAI-style ``{"type": "function", "function": {"name", "parameters"}}`` or
         plain ``{"name", "parameters"}`` dicts. mode "required": calls to any of the tools;
-        "named": calls to the tool called ``name`` only. parallel: allow several calls back to
-        back, else exactly one. Each parameters schema is checked as a JSON schema.
+        "named": calls to the tool called ``name`` only. parallel: allow several calls, else
+        exactly one. Each parameters schema is checked as a JSON schema.
         """
         options = options or GrammarOptions()
+        get_format(format)
         check_nesting(tools, "tools")
         normalized = normalize_tools(tools, mode, name, options.best_effort)
         payload = {
@@ -188,6 +193,7 @@ class GrammarSpec:
                 for tool_name, params in normalized
             ],
             "parallel": bool(parallel),
+            "format": format,
         }
         return cls("tool_calls", json.dumps(payload, ensure_ascii=False), options)
 

@@ -1,23 +1,67 @@
-"""Tool calls as a grammar: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
+"""Tool calls as a grammar, in the syntax of a model family (``TOOL_CALL_FORMATS``).
 
-The JSON inside a block is an ``anyOf`` over one object schema per allowed tool, whose "name"
-is that tool's name as a ``const`` and whose "arguments" is the tool's parameters schema. The
-blocks follow each other without separators, as the test model's chat template writes them.
+Every format writes one call as the JSON object ``{"name": NAME, "<arguments key>": ARGS}``
+with the spacing chat templates use (``", "`` and ``": "``) around the arguments, which follow
+the tool's parameters schema (compact, or as ``max_whitespace`` allows). The formats differ in
+what surrounds the calls of one turn::
+
+    hermes   <tool_call>{...}</tool_call><tool_call>{...}</tool_call>
+    llama3   {"name": ..., "parameters": {...}}; {"name": ..., "parameters": {...}}
+    mistral  [TOOL_CALLS][{...}, {...}]
+
+Each tool's parameters schema becomes its own JSON grammar (rules prefixed ``arbor_tool_<i>_``,
+so local ``$ref``s resolve as written); the call rule is an alternation over the tools with
+each name a literal, so the whole prefix up to the arguments is jump-forward material.
 """
 
 from __future__ import annotations
 
-import copy
+import json
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
+from grammar.json_grammar import json_schema_ebnf
 from grammar.schema_check import check_schema
-from grammar.schema_walk import iter_subschemas
 
-TOOL_CALL_BEGIN = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
 ROOT_RULE = "arbor_tool_calls"
+_CALL_RULE = "arbor_tool_call"
+# A quoted literal or a character class (left alone when renaming), or an identifier.
+_EBNF_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z_][A-Za-z0-9_]*')
+_RULE_DEFINITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.M)
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """What a format writes around the calls of one turn: ``open``, then each call as
+    ``item_open + object + item_close`` with ``separator`` between calls, then ``close``.
+    ``arguments_key`` names the object's arguments member."""
+
+    name: str
+    arguments_key: str = "arguments"
+    open: str = ""
+    close: str = ""
+    item_open: str = ""
+    item_close: str = ""
+    separator: str = ""
+
+
+TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
+    "hermes": ToolCallFormat("hermes", item_open="<tool_call>", item_close="</tool_call>"),
+    "llama3": ToolCallFormat("llama3", arguments_key="parameters", separator="; "),
+    "mistral": ToolCallFormat("mistral", open="[TOOL_CALLS][", close="]", separator=", "),
+}
+
+
+def get_format(name: str) -> ToolCallFormat:
+    """The format called ``name``; GrammarError naming the known ones otherwise."""
+    try:
+        return TOOL_CALL_FORMATS[name]
+    except (KeyError, TypeError):
+        known = ", ".join(TOOL_CALL_FORMATS)
+        raise GrammarError(f"unknown tool-call format {name!r}; expected one of {known}") from None
 
 
 def normalize_tools(
@@ -49,45 +93,51 @@ def normalize_tools(
     return result
 
 
-def tool_calls_schema(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of one call: tools is [{"name", "parameters"}, ...].
+def tool_calls_ebnf(
+    tools: Sequence[Mapping[str, Any]],
+    fmt: ToolCallFormat,
+    parallel: bool,
+    best_effort: bool,
+    max_whitespace: int,
+) -> tuple[str, str]:
+    """(EBNF text, start rule) for one or more calls (exactly one unless ``parallel``).
 
-    Each parameters schema moves to ``$defs/arbor_tool_<i>`` (xgrammar resolves references
-    through objects but not through array indices such as ``anyOf/0``), its own local
-    ``$ref``s re-rooted there.
-    """
-    defs: dict[str, Any] = {}
-    options = []
+    tools: ``[{"name", "parameters"}, ...]`` as ``normalize_tools`` left them."""
+    rules: list[str] = []
+    cases: list[str] = []
     for i, tool in enumerate(tools):
-        key = f"arbor_tool_{i}"
-        defs[key] = _reroot(tool["parameters"], f"#/$defs/{key}")
-        options.append(
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": tool["name"]},
-                    "arguments": {"$ref": f"#/$defs/{key}"},
-                },
-                "required": ["name", "arguments"],
-            }
-        )
-    return {"$defs": defs, "anyOf": options}
+        prefix = f"arbor_tool_{i}_"
+        body = json_schema_ebnf(tool["parameters"], best_effort, max_whitespace)
+        rules.append(_prefixed_rules(body, prefix))
+        head = f"{{{json.dumps('name')}: {json.dumps(tool['name'], ensure_ascii=False)}, "
+        head += f"{json.dumps(fmt.arguments_key)}: "
+        cases.append(f"({_literal(head)} {prefix}root {_literal('}')})")
+    item = _sequence(_literal(fmt.item_open), _CALL_RULE, _literal(fmt.item_close))
+    calls = f"{item} ({_sequence(_literal(fmt.separator), item)})*" if parallel else item
+    start = f"{ROOT_RULE} ::= {_sequence(_literal(fmt.open), calls, _literal(fmt.close))}"
+    call = f"{_CALL_RULE} ::= {' | '.join(cases)}"
+    return "\n".join([*rules, call, start]), ROOT_RULE
 
 
-def tool_calls_rule(parallel: bool) -> str:
-    """The start rule around a JSON grammar whose start rule is ``root``."""
-    block = f'"{TOOL_CALL_BEGIN}" root "{TOOL_CALL_END}"'
-    return f"{ROOT_RULE} ::= {block}" + (f" ({block})*" if parallel else "")
+def _prefixed_rules(ebnf: str, prefix: str) -> str:
+    """``ebnf`` with every rule it defines renamed ``prefix + name`` (references included)."""
+    names = set(_RULE_DEFINITION.findall(ebnf))
+
+    def rename(match: re.Match[str]) -> str:
+        word = match.group(0)
+        return prefix + word if word in names else word
+
+    return _EBNF_WORD.sub(rename, ebnf)
 
 
-def _reroot(schema: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """A copy of ``schema`` whose local $refs still resolve once it sits at ``prefix``."""
-    moved = copy.deepcopy(schema)
-    for _, sub in iter_subschemas(moved):
-        ref = sub.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            sub["$ref"] = prefix + ref[1:]
-    return moved
+def _sequence(*parts: str) -> str:
+    """EBNF parts in a row, empty literals left out."""
+    return " ".join(part for part in parts if part != '""')
+
+
+def _literal(text: str) -> str:
+    """An EBNF string literal for ``text`` (xgrammar reads JSON string escapes)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _reason(exc: UnsupportedSchemaFeature) -> str:

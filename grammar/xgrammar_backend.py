@@ -2,8 +2,8 @@
 
 JSON schemas go through ``json_grammar`` (checked, lowered, spliced), regexes through
 ``regex.to_backend_regex``, choices become alternations of JSON-quoted literals, tool calls
-wrap a per-tool ``anyOf`` schema in ``<tool_call>`` blocks. xgrammar's own compile cache is
-off: ``GrammarService`` keeps the one bounded cache.
+wrap one JSON grammar per tool in their format's framing (``grammar.tool_calls``). xgrammar's
+own compile cache is off: ``GrammarService`` keeps the one bounded cache.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
 from grammar.regex import to_backend_regex
 from grammar.spec import GrammarSpec
 from grammar.structural_tag import structural_tag_ebnf
-from grammar.tool_calls import ROOT_RULE, tool_calls_rule, tool_calls_schema
+from grammar.tool_calls import get_format, tool_calls_ebnf
 
 Encode = Callable[[str], list[int]]
 # Below this many matchers a plain loop beats xgrammar's threaded batch fill (thread hand-off
@@ -146,10 +146,13 @@ class XGrammarBackend(GrammarBackend):
         if kind == "structural_tag":
             return structural_tag_ebnf(json.loads(spec.spec), options), "root"
         payload = json.loads(spec.spec)
-        body = json_schema_ebnf(
-            tool_calls_schema(payload["tools"]), options.best_effort, options.max_whitespace
+        return tool_calls_ebnf(
+            payload["tools"],
+            get_format(payload.get("format", "hermes")),
+            payload["parallel"],
+            options.best_effort,
+            options.max_whitespace,
         )
-        return f"{body}\n{tool_calls_rule(payload['parallel'])}", ROOT_RULE
 
     def fill_masks(
         self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]

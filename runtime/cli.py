@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from runtime.server_args import ServerArgs
-from runtime.test_model import ARCHITECTURES, CHAT_TEMPLATE_NAMES, PRESETS
+from runtime.test_model import ARCHITECTURES, CHAT_TEMPLATES, PRESETS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--arch", default="llama", choices=ARCHITECTURES)
     make.add_argument("--vocab-size", type=int, default=None)
     make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--chat-template", default="chatml", choices=CHAT_TEMPLATE_NAMES)
+    make.add_argument(
+        "--chat-template",
+        default="chatml",
+        choices=sorted(CHAT_TEMPLATES),
+        help="how the template writes turns and tool calls (chatml: hermes <tool_call> blocks)",
+    )
 
     demo = commands.add_parser(
         "demo", help="serve the built-in test model and query it with the openai client"
@@ -81,14 +86,11 @@ def _bench(argv: list[str]) -> int:
 def _make_test_model(args: argparse.Namespace) -> int:
     from runtime.test_model import cached_test_model, make_test_model
 
+    options = (args.preset, args.arch, args.vocab_size, args.seed, args.chat_template)
     if args.out:
-        path = make_test_model(
-            args.out, args.preset, args.arch, args.vocab_size, args.seed, args.chat_template
-        )
+        path = make_test_model(args.out, *options)
     else:
-        path = cached_test_model(
-            args.preset, args.arch, args.vocab_size, args.seed, args.chat_template
-        )
+        path = cached_test_model(*options)
     print(path)
     return 0
 

@@ -16,11 +16,15 @@ KERNEL_BACKENDS = ("auto", "torch", "triton", "native")
 # runtime.server.reasoning.REASONING_FORMATS, named here for the same reason (a test keeps the
 # two equal).
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
+# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes),
+# named here for the same reason (a test keeps the two equal).
+TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
 # Flags whose values argparse checks, so a bad one is refused before anything loads.
 _CLI_CHOICES = {
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "kernel_backend": KERNEL_BACKENDS,
     "reasoning_parser": REASONING_PARSERS,
+    "tool_call_parser": TOOL_CALL_PARSERS,
 }
 
 
@@ -84,6 +88,9 @@ class ServerArgs:
     # Split chat outputs into reasoning_content and content, and start constraints after the
     # reasoning (runtime/server/reasoning.py): qwen3 | deepseek-r1; None: no reasoning model.
     reasoning_parser: str | None = None
+    # How chat completions write and read tool calls: hermes | qwen | llama3 | mistral.
+    # None: detected from the chat template (hermes when it gives no hint).
+    tool_call_parser: str | None = None
     # Debugging
     debug_invariants: bool = False  # check radix-cache accounting after every step
     log_level: str = "info"
@@ -115,6 +122,11 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         if self.responses_store_size < 0:

@@ -125,7 +125,7 @@ async def chat_completions(request: Request) -> Response:
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
     choice = body.tool_choice or ("auto" if functions else "none")
     # A forced call this turn; the response format is for a later, answering turn.
-    tag = _tool_constraint(functions, choice, body.parallel_tool_calls)
+    tag = _tool_constraint(functions, choice, body.parallel_tool_calls, state.tool_call_format)
     constraints = _format_constraint(body) if tag is None else {"structural_tag": tag}
     tools_on = bool(functions) and choice != "none"
     max_tokens = body.max_completion_tokens
@@ -143,6 +143,9 @@ async def chat_completions(request: Request) -> Response:
     if tools_on:
         ctx.tool_names = {f["name"] for f in functions}
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1
+        ctx.tool_call_format = state.tool_call_format
+        ctx.tool_calls_constrained = tag is not None
+        ctx.generated_turns = state.generated_turns
     return await _respond(
         request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
     )
@@ -256,7 +259,7 @@ def _format_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def _tool_constraint(
-    functions: list[dict[str, Any]], choice: str | NamedToolChoice, parallel: bool
+    functions: list[dict[str, Any]], choice: str | NamedToolChoice, parallel: bool, fmt: str
 ) -> dict[str, Any] | None:
     if choice in ("none", "auto"):
         return None
@@ -267,8 +270,8 @@ def _tool_constraint(
             raise ApiError(
                 400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
             )
-        return tool_call_constraint(functions, "named", choice.function.name, parallel)
-    return tool_call_constraint(functions, "required", parallel=parallel)
+        return tool_call_constraint(functions, "named", choice.function.name, parallel, fmt)
+    return tool_call_constraint(functions, "required", parallel=parallel, fmt=fmt)
 
 
 def _after_reasoning(state: ServerState, name: str, sampling: SamplingParams) -> SamplingParams:
@@ -321,7 +324,7 @@ async def _chat_prompt(
     except Exception as exc:  # jinja errors, or a tokenizer without a template
         raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
     ids = await state.tokenizer_manager.run_tokenizer(
-        lambda: tokenizer(text, add_special_tokens=False).input_ids, "messages"
+        lambda: state.generated_turns.prompt_ids(text, messages), "messages"
     )
     return text, ids
 

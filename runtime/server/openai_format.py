@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.reasoning import ReasoningParser
 from runtime.server.token_text import TokenText
 from runtime.server.tool_calls import ToolCall, parse_tool_calls
@@ -24,9 +25,13 @@ class ResponseContext:
     n: int  # samples per prompt: choice i * n + j is sample j of prompt i
     token_text: TokenText
     include_usage: bool = False
-    # Chat with tools (tool_choice other than "none"): parse tool calls from the output.
+    # Chat with tools (tool_choice other than "none"): parse tool calls in this format.
     tool_names: set[str] | None = None
     max_tool_calls: int | None = None
+    tool_call_format: str = "hermes"
+    tool_calls_constrained: bool = False  # tool_choice required or named
+    # Where choices that made tool calls leave their output ids (None: nowhere).
+    generated_turns: GeneratedTurns | None = None
     # Completions with echo: the prompt texts, prepended to each prompt's choices.
     echo_texts: list[str] = field(default_factory=list)
     # Chat with --reasoning-parser: a fresh parser per choice; the reasoning goes to
@@ -36,14 +41,23 @@ class ResponseContext:
 
 def finish_fields(meta: dict[str, Any], called_tools: bool = False) -> dict[str, Any]:
     """``finish_reason`` ("stop", "length", "tool_calls", "abort") and SGLang's
-    ``matched_stop`` (the stop string or token that ended the output, if any)."""
+    ``matched_stop`` (the stop string or token that ended the output, if any). An output with
+    tool calls finishes with "tool_calls" even when max tokens cut what followed them."""
     reason = meta.get("finish_reason")
     if reason is None:
         return {"finish_reason": None}
     kind = reason.get("type")
-    if kind == "stop" and called_tools:
+    if kind in ("stop", "length") and called_tools:
         kind = "tool_calls"
     return {"finish_reason": kind, "matched_stop": reason.get("matched")}
+
+
+def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: dict[str, Any]) -> None:
+    """Keep the output ids of a finished choice that made ``calls`` (``GeneratedTurns``)."""
+    if ctx.generated_turns is not None and calls:
+        ctx.generated_turns.remember(
+            [call.id for call in calls], final.get("output_ids", []), final["meta_info"]
+        )
 
 
 def usage(finals: list[dict[str, Any]], n: int) -> dict[str, Any]:
@@ -145,10 +159,15 @@ def chat_response(
         calls: list[ToolCall] = []
         if ctx.tool_names is not None:
             message["content"], calls = parse_tool_calls(
-                text, ctx.tool_names, ctx.max_tool_calls
+                text,
+                ctx.tool_names,
+                ctx.max_tool_calls,
+                ctx.tool_call_format,
+                ctx.tool_calls_constrained,
             )
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
+                remember_turn(ctx, calls, final)
         logprobs = None
         if want_logprobs:
             logprobs = chat_logprobs(

@@ -1,10 +1,14 @@
 """Server-sent event streams of the OpenAI API: ``text_completion`` and
 ``chat.completion.chunk`` chunks as tokens arrive, then ``data: [DONE]``.
 
-Per choice: chat first sends the assistant role, then content deltas (tool calls, when tools
-are on, as one complete delta each once their block has closed), then a chunk with the
-finish reason. With ``stream_options.include_usage`` every chunk carries ``"usage": null``
-and a last chunk with no choices carries the usage. An error after the stream started is
+Per choice: chat first sends the assistant role, then content deltas, then a chunk with the
+finish reason. With tools on, each tool call streams as OpenAI does: first
+``{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}``
+once its name is known, then ``{"tool_calls": [{"index", "function": {"arguments": ...}}]}``
+fragments as the model writes them (``ToolCallParser``'s events; a call cut off by max tokens
+has sent what it had, and is left out of the finish reason). With
+``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last chunk with
+no choices carries the usage. An error after the stream started is
 sent as an ``{"error": ...}`` event before ``[DONE]``.
 
 With ``--reasoning-parser``, chat sends the thinking as ``reasoning_content`` deltas apart
@@ -23,10 +27,16 @@ from runtime.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
     finish_fields,
+    remember_turn,
     usage,
 )
 from runtime.server.streams import SSE_DONE, Events, sse_event
-from runtime.server.tool_calls import ToolCall, ToolCallParser
+from runtime.server.tool_calls import (
+    ToolCallArguments,
+    ToolCallEvent,
+    ToolCallStart,
+    make_tool_parser,
+)
 
 
 def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> bytes:
@@ -118,9 +128,12 @@ async def _chat_chunks(
     finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
     started = [False] * num_choices
     sent = [0] * num_choices  # output logprobs sent per choice
-    calls = [0] * num_choices  # tool calls sent per choice
     parsers = [
-        ToolCallParser(ctx.tool_names, ctx.max_tool_calls) if ctx.tool_names is not None else None
+        make_tool_parser(
+            ctx.tool_call_format, ctx.tool_names, ctx.max_tool_calls, ctx.tool_calls_constrained
+        )
+        if ctx.tool_names is not None
+        else None
         for _ in range(num_choices)
     ]
     reasoners = [ctx.reasoning() if ctx.reasoning else None for _ in range(num_choices)]
@@ -129,15 +142,15 @@ async def _chat_chunks(
         finished = meta["finish_reason"] is not None
         if not started[index]:
             started[index] = True
-            delta = {"role": "assistant", "content": ""}
-            yield _chunk(ctx, kind, [{"index": index, "delta": delta, "logprobs": None}])
+            role = {"role": "assistant", "content": ""}
+            yield _chunk(ctx, kind, [{"index": index, "delta": role, "logprobs": None}])
         text, thinking = chunk["delta"], ""
         reasoner = reasoners[index]
         if reasoner is not None:  # the reasoning goes apart; the rest is content and tools
             split = reasoner.feed(text, final=finished)
             thinking, text = split.reasoning, split.content
         parser = parsers[index]
-        pieces: list[str | ToolCall] = parser.feed(text) if parser else [text]
+        pieces: list[ToolCallEvent] = parser.feed(text) if parser else [text]
         if finished and parser:
             pieces += parser.finish()
         logprobs = None
@@ -147,12 +160,7 @@ async def _chat_chunks(
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
         deltas: list[dict[str, Any]] = [{"reasoning_content": thinking}] if thinking else []
-        for piece in pieces:
-            if isinstance(piece, ToolCall):
-                deltas.append({"tool_calls": [piece.to_openai(index=calls[index])]})
-                calls[index] += 1
-            elif piece:
-                deltas.append({"content": piece})
+        deltas += [delta for piece in pieces if (delta := _chat_delta(piece)) is not None]
         if logprobs is not None and not deltas:
             deltas.append({"content": ""})
         for delta in deltas:
@@ -161,7 +169,23 @@ async def _chat_chunks(
             logprobs = None
         if finished:
             finals[index] = chunk
+            called = parser is not None and bool(parser.calls)
+            if parser is not None:
+                remember_turn(ctx, parser.calls, chunk)
             choice = {"index": index, "delta": {}, "logprobs": None}
-            yield _chunk(ctx, kind, [choice | finish_fields(meta, called_tools=calls[index] > 0)])
+            yield _chunk(ctx, kind, [choice | finish_fields(meta, called_tools=called)])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
+
+
+def _chat_delta(event: ToolCallEvent) -> dict[str, Any] | None:
+    """The chat delta of one parser event (None for those that send nothing)."""
+    if isinstance(event, str):
+        return {"content": event} if event else None
+    if isinstance(event, ToolCallStart):
+        function = {"name": event.name, "arguments": ""}
+        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
+        return {"tool_calls": [call]}
+    if isinstance(event, ToolCallArguments):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.fragment}}]}
+    return None

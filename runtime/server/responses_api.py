@@ -86,7 +86,7 @@ async def create_response(request: Request) -> Response:
     history = (previous.messages if previous else []) + messages
     functions = _functions(body)
     choice, names = _tool_choice(body, functions)
-    constraints = _constraints(body, functions, choice, names)
+    constraints = _constraints(body, functions, choice, names, state.tool_call_format)
     tools_on = bool(functions) and choice != "none"
     prompt_text, input_ids = await _prompt(
         state, body.instructions, history, functions if tools_on else None, previous
@@ -99,6 +99,8 @@ async def create_response(request: Request) -> Response:
         token_text=state.token_text,
         tool_names=names if tools_on else None,
         max_tool_calls=_max_calls(body),
+        tool_call_format=state.tool_call_format,
+        tool_calls_constrained=choice in ("required", "named"),
         want_logprobs=logprobs,
     )
     sampling = _sampling(state, body, constraints)
@@ -120,6 +122,10 @@ async def create_response(request: Request) -> Response:
     streams = open_streams(state, [sub])
 
     def store(final: dict[str, Any]) -> None:
+        # Clients that re-send the calls as items (no previous_response_id) follow the cache too.
+        state.generated_turns.remember(
+            run.call_ids, final.get("output_ids", []), final["meta_info"]
+        )
         if not body.store:
             return
         output_ids = final.get("output_ids", [])
@@ -256,15 +262,20 @@ def _tool_choice(body: ResponsesRequest, functions: list[dict[str, Any]]) -> tup
 
 
 def _constraints(
-    body: ResponsesRequest, functions: list[dict[str, Any]], choice: str, names: set[str]
+    body: ResponsesRequest,
+    functions: list[dict[str, Any]],
+    choice: str,
+    names: set[str],
+    call_format: str,
 ) -> dict[str, Any]:
     constraints: dict[str, Any] = {}
     fmt = body.text.format if body.text else None
     if choice in ("required", "named"):
         allowed = [f for f in functions if f["name"] in names]
         name = next(iter(names)) if choice == "named" else None
+        parallel = body.parallel_tool_calls and _max_calls(body) != 1
         constraints["structural_tag"] = tool_call_constraint(
-            allowed, choice, name, body.parallel_tool_calls and _max_calls(body) != 1
+            allowed, choice, name, parallel, call_format
         )
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
@@ -332,10 +343,15 @@ async def _prompt(
             lambda: tokenizer(text, add_special_tokens=False).input_ids, "input"
         )
 
+    async def fresh() -> list[int]:  # re-sent tool-calling turns keep their generated ids
+        return await manager.run_tokenizer(
+            lambda: state.generated_turns.prompt_ids(text, messages), "input"
+        )
+
     try:
         text = await manager.run_tokenizer(lambda: render(messages), "input")
         if previous is None or previous.answer_index is None:
-            return text, await tokenize(text)
+            return text, await fresh()
         at = offset + previous.answer_index
         probe = [*messages[:at], {"role": "assistant", "content": _TURN}, *messages[at + 1 :]]
         before, found, after = (
@@ -346,7 +362,7 @@ async def _prompt(
     except Exception as exc:  # jinja errors, or a tokenizer without a template
         raise ApiError(400, f"the chat template failed: {exc}", param="input") from None
     if not found or before != previous.prompt_text:
-        return text, await tokenize(text)
+        return text, await fresh()
     output = previous.output_ids.tolist()
     if previous.ends_with_stop_token:
         stop_text = tokenizer.decode(output[-1:], skip_special_tokens=False)

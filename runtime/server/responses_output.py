@@ -13,8 +13,9 @@ same output. Item by item:
 - function_call: ``output_item.added`` (call id and name), ``function_call_arguments.delta``...,
   ``function_call_arguments.done``, ``output_item.done``.
 
-An item is closed when the next kind starts or the output ends. Whitespace between tool calls
-opens no message.
+An item is closed when the next kind starts, a call ends, or the output ends. Whitespace
+between tool calls opens no message. A call the parser drops (cut off, or not valid JSON)
+keeps its place in the output with status "incomplete", so output indexes never move.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ class OutputBuilder:
         if fragment:
             item["arguments"] += fragment
             self._event("response.function_call_arguments.delta", item, delta=fragment)
+
+    def call_end(self, status: str) -> None:
+        """Close the open call: "completed", or "incomplete" for a call that will never be
+        whole (cut off, or not valid JSON); it stays in the output with that status."""
+        item = self._open
+        assert item is not None and item["type"] == "function_call", "no call is open"
+        self._close(status)
 
     def finish(self, status: str = "completed") -> None:
         """Close the open item (``status`` "incomplete" when the output was cut short). An

@@ -24,7 +24,14 @@ from runtime.server.reasoning import ReasoningParser
 from runtime.server.responses_output import OutputBuilder
 from runtime.server.streams import Events
 from runtime.server.token_text import TokenText
-from runtime.server.tool_calls import ToolCall, ToolCallParser
+from runtime.server.tool_calls import (
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallEvent,
+    ToolCallParser,
+    ToolCallStart,
+    make_tool_parser,
+)
 
 
 @dataclass
@@ -35,17 +42,25 @@ class ResponseRun:
     token_text: TokenText
     tool_names: set[str] | None = None  # tool calls are parsed when set
     max_tool_calls: int | None = None
+    tool_call_format: str = "hermes"
+    tool_calls_constrained: bool = False  # tool_choice required or named
     want_logprobs: bool = False
     reasoning: ReasoningParser | None = None  # splits off the reasoning when set
     reasoning_end_token_id: int | None = None  # counts reasoning tokens in the usage
     builder: OutputBuilder = field(default_factory=OutputBuilder)
     final: dict[str, Any] | None = None
+    call_ids: list[str] = field(default_factory=list)  # of the calls made, in order
     _parser: ToolCallParser | None = None
     _logprobs_sent: int = 0
 
     def __post_init__(self) -> None:
         if self.tool_names is not None:
-            self._parser = ToolCallParser(self.tool_names, self.max_tool_calls)
+            self._parser = make_tool_parser(
+                self.tool_call_format,
+                self.tool_names,
+                self.max_tool_calls,
+                self.tool_calls_constrained,
+            )
 
     def feed(self, chunk: dict[str, Any]) -> None:
         """Add one result chunk of the generation to the output items."""
@@ -57,18 +72,24 @@ class ResponseRun:
             split = self.reasoning.feed(answer, final=finished)
             self.builder.reasoning(split.reasoning)
             answer = split.content
-        pieces: list[str | ToolCall] = [answer]
+        pieces: list[ToolCallEvent] = [answer]
         if self._parser is not None:
             pieces = self._parser.feed(answer)
             if finished:
                 pieces += self._parser.finish()
         for piece in pieces:
-            if isinstance(piece, ToolCall):
-                self.builder.call_start(piece.id, piece.name)
-                self.builder.call_arguments(piece.arguments)
-            else:
+            if isinstance(piece, str):
                 self.builder.text(piece, logprobs)
                 logprobs = None
+            elif isinstance(piece, ToolCallStart):
+                self.builder.call_start(piece.id, piece.name)
+            elif isinstance(piece, ToolCallArguments):
+                self.builder.call_arguments(piece.fragment)
+            elif isinstance(piece, ToolCallEnd):
+                self.builder.call_end("completed")
+                self.call_ids.append(piece.call.id)
+            else:  # ToolCallDropped: cut off, or not valid JSON
+                self.builder.call_end("incomplete")
         if logprobs:
             self.builder.text("", logprobs)
         if finished:

@@ -15,10 +15,12 @@ from fastapi import Request
 
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
+from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_body import read_json
 from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
+from runtime.server.tool_call_formats import resolve_format
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
 
@@ -36,6 +38,13 @@ class ServerState:
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.tokenizer)
         self.responses = ResponseStore(self.args.responses_store_size)
+        # The tool-call format of chat completions (hermes, llama3 or mistral), resolved once:
+        # --tool-call-parser, else what the chat template writes.
+        self.tool_call_format = resolve_format(
+            self.args.tool_call_parser, getattr(self.tokenizer, "chat_template", None)
+        )
+        # Generated ids of tool-calling turns, spliced into prompts that re-send them.
+        self.generated_turns = GeneratedTurns(self.tokenizer)
 
     @property
     def context_length(self) -> int:

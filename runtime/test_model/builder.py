@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from runtime.test_model.chat_templates import BOS, EOS, PAD, get_chat_template
 from runtime.test_model.presets import ARCHITECTURES, Preset, get_preset
-from runtime.test_model.tokenizer import BOS, EOS, IM_END, PAD, train_tokenizer
+from runtime.test_model.tokenizer import train_tokenizer
 
 # Bump when the folder contents change, so cached folders are rebuilt.
 BUILDER_VERSION = 1
@@ -34,8 +35,9 @@ def make_test_model(
     seed: int = 0,
     chat_template: str = "chatml",
 ) -> Path:
-    """Build the folder at ``out`` (replacing it) and return its path. ``chat_template``: a
-    key of ``CHAT_TEMPLATES`` (runtime/test_model/tokenizer.py)."""
+    """Build the folder at ``out`` (replacing it) and return its path. ``chat_template``:
+    chatml, llama3 or mistral (``chat_templates.CHAT_TEMPLATES``), with its tokens."""
+    template = get_chat_template(chat_template)
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     shape = get_preset(preset).for_arch(arch)
@@ -45,15 +47,17 @@ def make_test_model(
         tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
     )
     try:
-        tokenizer = train_tokenizer(vocab, seed, arch == "llama", chat_template)
+        tokenizer = train_tokenizer(
+            vocab, seed, add_bos=(arch == "llama"), chat_template=chat_template
+        )
         tokenizer.save_pretrained(tmp)
         vocab_map = tokenizer.get_vocab()
-        ids = {name: vocab_map[name] for name in (BOS, EOS, PAD, IM_END)}
+        ids = {name: vocab_map[name] for name in (BOS, EOS, PAD, template.turn_end)}
         config = _hf_config(shape, arch, vocab, ids)
         config.save_pretrained(tmp)
         generation = {
             "bos_token_id": ids[BOS],
-            "eos_token_id": [ids[EOS], ids[IM_END]],
+            "eos_token_id": list(dict.fromkeys([ids[EOS], ids[template.turn_end]])),
             "pad_token_id": ids[PAD],
         }
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
@@ -89,13 +93,13 @@ def cached_test_model(
     seed: int = 0,
     chat_template: str = "chatml",
 ) -> Path:
-    """The folder for these arguments under the cache dir, built once (safe across processes).
-    Other templates than the default "chatml" are named in the folder name."""
+    """The folder for these arguments under the cache dir, built once (safe across processes)."""
+    get_chat_template(chat_template)
     vocab = vocab_size or get_preset(preset).vocab_size
     root = default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     name = f"{preset}-{arch}-v{vocab}-s{seed}-b{BUILDER_VERSION}"
-    if chat_template != "chatml":
+    if chat_template != "chatml":  # chatml folders keep the names they had before templates
         name += f"-{chat_template}"
     out = root / name
     with open(root / f".{out.name}.lock", "w") as lock:

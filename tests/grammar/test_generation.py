@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grammar import GrammarOptions, GrammarService, GrammarSpec
+from runtime.server.tool_calls import parse_tool_calls
 from tests.grammar.decoder import ConstrainedDecoder, sample_random
 from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
 from tests.grammar.schema_corpus import SCHEMAS, validate_output
@@ -135,18 +136,29 @@ SEARCH: dict[str, Any] = {
     },
 }
 TOOLS = [WEATHER, SEARCH]
+SCHEMAS_BY_NAME = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+FORMATS = ("hermes", "llama3", "mistral")
 
 
 def _tool_calls(text: str) -> list[dict[str, Any]]:
     calls = CALL.findall(text)
     assert calls and "".join(f"<tool_call>{c}</tool_call>" for c in calls) == text, text
     parsed = [json.loads(c) for c in calls]
-    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for call in parsed:
         assert set(call) == {"name", "arguments"}
-        jsonschema.validate(call["arguments"], by_name[call["name"]])
+        jsonschema.validate(call["arguments"], SCHEMAS_BY_NAME[call["name"]])
     return parsed
+
+
+def _parsed_calls(text: str, fmt: str) -> list[str]:
+    """The names of the calls the server's parser finds in ``text``, every one of them valid
+    under its tool's schema and nothing else in the text."""
+    content, calls = parse_tool_calls(text, set(SCHEMAS_BY_NAME), fmt=fmt)
+    assert content is None and calls, text
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS_BY_NAME[call.name])
+    return [call.name for call in calls]
 
 
 @pytest.mark.parametrize("parallel", [False, True])
@@ -169,6 +181,24 @@ def test_tool_calls_named(decoder: ConstrainedDecoder, service: GrammarService) 
     for result in decoder.generate([compiled] * 4, range(4), MAX_TOKENS, 1.0, BIAS):
         if result.terminated:
             assert [c["name"] for c in _tool_calls(result.text)] == ["search"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_tool_call_formats_parse_back(
+    fmt: str, parallel: bool, decoder: ConstrainedDecoder, service: GrammarService
+) -> None:
+    """Each format's constrained output is what that format's parser reads as calls."""
+    required = GrammarSpec.for_tool_calls(TOOLS, "required", parallel=parallel, format=fmt)
+    named = GrammarSpec.for_tool_calls(TOOLS, "named", "search", parallel, format=fmt)
+    grammars = [service.compile(required)] * 3 + [service.compile(named)] * 3
+    results = decoder.generate(grammars, range(6), MAX_TOKENS, 1.0, BIAS)
+    assert sum(r.terminated for r in results) >= 3
+    for i, result in enumerate(results):
+        if result.terminated:
+            names = _parsed_calls(result.text, fmt)
+            assert parallel or len(names) == 1
+            assert i < 3 or set(names) == {"search"}
 
 
 def test_unconstrained_rows_are_untouched(

@@ -149,6 +149,14 @@ def test_tool_call_specs() -> None:
     bad = [{"name": "t", "parameters": {"type": "array", "uniqueItems": True}}]
     with pytest.raises(GrammarError, match="/tools/0/function/parameters/uniqueItems"):
         GrammarSpec.for_tool_calls(bad)
+    with pytest.raises(GrammarError, match="unknown tool-call format 'qwen'"):
+        GrammarSpec.for_tool_calls(tools, format="qwen")  # aliases are the server's business
+    tag = {"tools": tools, "mode": "required", "name": None, "parallel": False}
+    hermes = GrammarSpec.from_sampling_params({"structural_tag": tag})
+    assert hermes == GrammarSpec.for_tool_calls(tools, parallel=False)
+    mistral = GrammarSpec.from_sampling_params({"structural_tag": {**tag, "format": "mistral"}})
+    assert mistral == GrammarSpec.for_tool_calls(tools, parallel=False, format="mistral")
+    assert mistral != hermes
 
 
 def test_unknown_kind() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from runtime.test_model import make_test_model
+from runtime.test_model import CHAT_TEMPLATES, cached_test_model, make_test_model
 
 
 def test_same_seed_same_folder_other_seed_other_weights(tmp_path: Path):
@@ -95,3 +96,66 @@ def test_qwen3_template_keeps_reasoning_only_after_the_last_user_turn():
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "old plan" not in text and "<|im_start|>assistant\nHello<|im_end|>" in text
     assert "<|im_start|>assistant\n<think>\nnew plan\n</think>\n\n<tool_call>" in text
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "1", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
+            {"id": "2", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "1", "content": "sunny"},
+]
+# What each template makes of CONVERSATION's assistant and tool turns.
+RENDERED = {
+    "llama3": (
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        '{"name": "get_weather", "parameters": {"city":"Oslo"}}; '
+        '{"name": "get_weather", "parameters": {"city": "Rome"}}<|eot_id|>'
+        "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
+    ),
+    "mistral": (
+        '[/INST][TOOL_CALLS][{"name": "get_weather", "arguments": {"city":"Oslo"}}, '
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}]<|endoftext|>'
+        "[TOOL_RESULTS]sunny[/TOOL_RESULTS]"
+    ),
+}
+
+
+@pytest.mark.parametrize("template", ["llama3", "mistral"])
+def test_other_chat_templates_render_tools_calls_and_results(template: str):
+    path = cached_test_model("tiny", "llama", chat_template=template)
+    assert path.name.endswith(f"-{template}") and path != cached_test_model("tiny", "llama")
+    tok = AutoTokenizer.from_pretrained(path)
+    text = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert text.startswith(tok.bos_token) and RENDERED[template] in text
+    assert '"get_weather"' in text.split("Weather?")[0]  # tools come before the user turn
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == text
+    config = json.loads((path / "generation_config.json").read_text())
+    turn_end = CHAT_TEMPLATES[template].turn_end
+    assert tok.convert_tokens_to_ids(turn_end) in config["eos_token_id"]
+    # Special tokens vanish from decoded text; tool-call markup does not.
+    for token in CHAT_TEMPLATES[template].added_tokens:
+        ids = tok(token, add_special_tokens=False).input_ids
+        assert len(ids) == 1 and tok.decode(ids, skip_special_tokens=True) == token
+    # The prompt that asked for the calls is a prefix of the conversation that holds them.
+    prompt = tok.apply_chat_template(
+        CONVERSATION[:2], tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    assert text.startswith(prompt)
+
+
+def test_default_template_keeps_its_token_ids(tiny_model_path: Path):
+    """The chatml tokenizer's ids are the ones cached models and saved outputs rely on."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    names = ["<|begin_of_text|>", "<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+    assert tok.convert_tokens_to_ids(names) == [0, 1, 2, 3, 4]
+    assert tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"]) == [4094, 4095]
+    assert json.loads((tiny_model_path / "arbor_test_model.json").read_text())["seed"] == 0

@@ -186,27 +186,6 @@ def test_tool_choice_required(client: openai.OpenAI, model: str):
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
-def test_tool_calls_stream_as_complete_deltas(client: openai.OpenAI, model: str):
-    chunks = list(
-        client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "Weather in Oslo?"}],
-            tools=[WEATHER_TOOL],
-            tool_choice="required",
-            max_tokens=120,
-            temperature=0,
-            stream=True,
-        )
-    )
-    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
-    assert deltas and [d.index for d in deltas] == list(range(len(deltas)))
-    for delta in deltas:
-        assert delta.function.name == "get_weather"
-        schema = WEATHER_TOOL["function"]["parameters"]
-        jsonschema.validate(json.loads(delta.function.arguments), schema)
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-
-
 def test_tool_choice_named_single_call(client: openai.OpenAI, model: str):
     response = client.chat.completions.create(
         model=model,

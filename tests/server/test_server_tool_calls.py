@@ -1,73 +1,274 @@
-"""Tool-call parsing (whole outputs and streamed pieces) and token bytes for logprobs."""
+"""Tool calls through the real server, for each test-model chat template and so each format:
+tool_choice required / named / auto, parallel_tool_calls, streaming deltas, cut-off calls,
+and the cache hit of a conversation re-sent with its calls."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import jsonschema  # type: ignore[import-untyped]
+import openai
 import pytest
 from transformers import AutoTokenizer
 
+from runtime.server import ServerProcess
 from runtime.server.token_text import TokenText
-from runtime.server.tool_calls import ToolCall, ToolCallParser, parse_tool_calls
+from runtime.test_model import CHAT_TEMPLATES, cached_test_model
+from tests.server.server_process import POOL
 
-NAMES = {"get_weather", "get_time"}
-CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+pytestmark = pytest.mark.timeout(300)
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 4}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris, and the time?"},
+]
+# template -> (format, two complete calls as that format writes them)
+CALLS_TEXT = {
+    "chatml": (
+        "hermes",
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
+    ),
+    "llama3": (
+        "llama3",
+        '{"name": "get_time", "parameters": {"zone": "UTC"}}; '
+        '{"name": "get_time", "parameters": {"zone": "CET"}}',
+    ),
+    "mistral": (
+        "mistral",
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]',
+    ),
+}
 
 
-def test_blocks_become_calls_and_the_rest_content():
-    content, calls = parse_tool_calls(f"Let me check. {CALL}{CALL}", NAMES)
-    assert content == "Let me check."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Paris"})
-    ] * 2
-    assert calls[0].id != calls[1].id
+class ToolServer:
+    """A server on one template's test model, with that model's tokenizer and a client."""
+
+    def __init__(self, template: str, process: ServerProcess, path: Path) -> None:
+        self.template = template
+        self.process = process
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.client = openai.OpenAI(
+            base_url=f"{process.url}/v1", api_key="unused", timeout=120.0, max_retries=0
+        )
+        self.model = self.client.models.list().data[0].id
+
+    def chat(self, **options: Any) -> Any:
+        options = {"messages": MESSAGES, "tools": TOOLS, "temperature": 0} | options
+        return self.client.chat.completions.create(model=self.model, **options)
+
+    def token_id(self, token: str) -> int:
+        return int(self.tokenizer.convert_tokens_to_ids(token))
+
+    def endless_bias(self) -> dict[str, float]:
+        """Biases that keep constrained calls coming until max_tokens: every way to end the
+        output (the stop tokens, and "]" that closes mistral's list) pushed far down."""
+        text = TokenText(self.tokenizer)
+        stops = {self.tokenizer.eos_token_id, self.token_id(CHAT_TEMPLATES[self.template].turn_end)}
+        banned = stops | {i for i in range(len(self.tokenizer)) if "]" in text.text(i)}
+        return {str(i): -100.0 for i in banned}
 
 
-@pytest.mark.parametrize(
-    "block",
-    [
-        "<tool_call>{not json}</tool_call>",
-        '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "get_time", "arguments": "zone"}</tool_call>',
-        '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}',  # never closed
-    ],
-)
-def test_malformed_blocks_stay_content(block: str):
-    assert parse_tool_calls(f"a {block} b", NAMES) == (f"a {block} b", [])
+@pytest.fixture(scope="module", params=sorted(CHAT_TEMPLATES))
+def tools_server(request: pytest.FixtureRequest) -> Iterator[ToolServer]:
+    template = request.param
+    if template == "chatml":  # the session's server already runs the chatml model
+        process = request.getfixturevalue("server")
+        yield ToolServer(template, process, request.getfixturevalue("tiny_model_path"))
+        return
+    path = cached_test_model("tiny", "llama", chat_template=template)
+    process = ServerProcess(path, *POOL)
+    try:
+        process.wait_ready()
+        yield ToolServer(template, process, path)
+    finally:
+        process.stop()
 
 
-def test_no_calls_keeps_content_verbatim():
-    assert parse_tool_calls("  plain text  ", NAMES) == ("  plain text  ", [])
-    assert parse_tool_calls(CALL, NAMES)[0] is None
+def _check_calls(calls: list[Any]) -> None:
+    assert calls
+    assert len({call.id for call in calls}) == len(calls)
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
-def test_max_calls_drops_later_calls():
-    _, calls = parse_tool_calls(CALL * 3, NAMES, max_calls=1)
+def _stream(ts: ToolServer, **options: Any) -> tuple[str, dict[int, dict[str, Any]], str]:
+    """(content, calls by index as a client assembles them, finish reason) of a streamed chat,
+    checking the OpenAI delta shape: id, type and name first with empty arguments, then
+    argument fragments with the index alone."""
+    chunks = list(ts.chat(stream=True, **options))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content, calls = "", {}
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for piece in delta.tool_calls or []:
+            if piece.index not in calls:
+                assert piece.index == len(calls)
+                assert piece.id.startswith("call_") and piece.type == "function"
+                assert piece.function.name and piece.function.arguments == ""
+                calls[piece.index] = {"id": piece.id, "name": piece.function.name, "args": ""}
+            else:
+                assert piece.id is None and piece.function.name is None
+                calls[piece.index]["args"] += piece.function.arguments
+    reasons = [chunk.choices[0].finish_reason for chunk in chunks]
+    assert all(reason is None for reason in reasons[:-1])
+    return content, calls, reasons[-1]
+
+
+def test_the_format_comes_from_the_chat_template(tools_server: ToolServer):
+    fmt = CALLS_TEXT[tools_server.template][0]
+    assert tools_server.process.server_info()["tool_call_format"] == fmt
+
+
+def test_required_calls_stream_like_the_whole_response(tools_server: ToolServer):
+    options = {"tool_choice": "required", "max_tokens": 160}
+    response = tools_server.chat(**options)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    _check_calls(choice.message.tool_calls)
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content == "" and reason == "tool_calls"
+    whole = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    # A stream has sent the start of a call max_tokens cut off; the whole response drops it.
+    assert [(c["name"], c["args"]) for c in streamed.values()][: len(whole)] == whole
+    assert len(streamed) == len(whole) or response.usage.completion_tokens == 160
+
+
+def test_parallel_false_is_exactly_one_call(tools_server: ToolServer):
+    bias = tools_server.endless_bias()  # would make more calls if the grammar let it
+    options = {"tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 160}
+    calls = tools_server.chat(**options).choices[0].message.tool_calls
     assert len(calls) == 1
+    _check_calls(calls)
+    named = tools_server.chat(
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        max_tokens=160,
+        logit_bias={k: v for k, v in bias.items() if int(k) != tools_server.tokenizer.eos_token_id},
+    )
+    assert named.choices[0].finish_reason == "tool_calls"
+    calls = named.choices[0].message.tool_calls
+    assert [call.function.name for call in calls] == ["get_time"]
+    _check_calls(calls)
 
 
-@pytest.mark.parametrize("step", [1, 2, 5, 13])
-def test_streamed_pieces_give_the_same_result(step: int):
-    text = f"Sure <tool{CALL} then <tool_ca and {CALL} done <"
-    parser = ToolCallParser(NAMES)
-    events = []
-    for start in range(0, len(text), step):
-        events += parser.feed(text[start : start + step])
-    events += parser.finish()
-    content = "".join(e for e in events if isinstance(e, str))
-    calls = [e for e in events if isinstance(e, ToolCall)]
-    assert content == "Sure <tool then <tool_ca and  done <"
-    assert len(calls) == 2
-    # Content that cannot start a tag is never held back longer than it must be.
-    assert ToolCallParser(NAMES).feed("hello") == ["hello"]
-    assert ToolCallParser(NAMES).feed("hello <tool_") == ["hello "]
+def test_a_call_cut_off_by_max_tokens_never_shows(tools_server: ToolServer):
+    """The reported bug: tool_choice required, one call done and the next cut off by
+    max_tokens came back as content next to the calls, with finish_reason "length"."""
+    options = {
+        "tool_choice": "required",
+        "max_tokens": 70,
+        "logit_bias": tools_server.endless_bias(),
+    }
+    response = tools_server.chat(**options)
+    choice = response.choices[0]
+    assert response.usage.completion_tokens == 70  # cut off, in the middle of some call
+    assert choice.message.content is None
+    assert choice.finish_reason == "tool_calls"
+    _check_calls(choice.message.tool_calls)
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content == "" and reason == "tool_calls"
+    whole = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    # The stream also sent the start of the call that was cut off.
+    assert [(c["name"], c["args"]) for c in streamed.values()][: len(whole)] == whole
 
 
-def test_token_bytes_rebuild_multibyte_text(tiny_model_path: Path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    text = "naïve café 中文 🙂 <tool_call>"
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    token_text = TokenText(tokenizer)
-    assert b"".join(token_text.token_bytes(i) for i in ids).decode() == text
-    assert token_text.text(tokenizer.eos_token_id) == tokenizer.eos_token
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_finds_calls_in_free_text(tools_server: ToolServer, parallel: bool):
+    fmt, calls_text = CALLS_TEXT[tools_server.template]
+    intro = "" if fmt == "llama3" else "Sure. "  # llama3 calls are the whole turn
+    # The regex extension makes the free output exactly this text.
+    options = {
+        "max_tokens": 200,
+        "parallel_tool_calls": parallel,
+        "extra_body": {"regex": re.escape(intro + calls_text)},
+    }
+    choice = tools_server.chat(**options).choices[0]
+    assert choice.message.content == (intro.strip() or None)
+    zones = [json.loads(c.function.arguments)["zone"] for c in choice.message.tool_calls]
+    assert zones == (["UTC", "CET"] if parallel else ["UTC"])
+    assert choice.finish_reason == "tool_calls"
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content.strip() == intro.strip() and reason == "tool_calls"
+    assert [json.loads(c["args"])["zone"] for c in streamed.values()] == zones
+
+
+def test_auto_drops_a_cut_off_call(tools_server: ToolServer):
+    fmt, calls_text = CALLS_TEXT[tools_server.template]
+    text = calls_text[: calls_text.index("UTC")]  # cut inside the first call's arguments
+    tokens = len(tools_server.tokenizer(text, add_special_tokens=False).input_ids)
+    response = tools_server.chat(max_tokens=tokens, extra_body={"regex": re.escape(calls_text)})
+    choice = response.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.content is None and not choice.message.tool_calls
+
+
+def test_resent_calls_hit_the_cache(tools_server: ToolServer):
+    """A client sends the conversation back with the assistant's calls and a tool result: the
+    prompt's prefix up to the end of the assistant turn is cached, less the one token the
+    model sampled last (the turn end: its KV was never computed)."""
+    turn_end = CHAT_TEMPLATES[tools_server.template].turn_end
+    first = tools_server.chat(
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=160,
+        logit_bias={str(tools_server.token_id(turn_end)): 100.0},  # ends turns as trained
+    )
+    calls = first.choices[0].message.tool_calls
+    _check_calls(calls)
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call.model_dump(exclude_none=True) for call in calls],
+    }
+    results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in calls]
+    conversation = [*MESSAGES, assistant, *results]
+    second = tools_server.chat(messages=conversation, max_tokens=1)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    generated = first.usage.prompt_tokens + first.usage.completion_tokens
+    turn = tools_server.tokenizer.apply_chat_template(
+        [*MESSAGES, assistant], tools=TOOLS, tokenize=False
+    )
+    end = turn.rindex(turn_end) + len(turn_end)  # the assistant turn, through its end token
+    retokenized = len(tools_server.tokenizer(turn[:end], add_special_tokens=False).input_ids)
+    print(
+        f"{tools_server.template}: generated {generated} tokens (the turn retokenized: "
+        f"{retokenized}), cached {cached} of {second.usage.prompt_tokens}"
+    )
+    assert cached == generated - 1
