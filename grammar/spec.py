@@ -65,9 +65,10 @@ class GrammarSpec:
         attributes. Raises GrammarError if more than one constraint is given or it is invalid.
 
         A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named",
-        "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral"}`` ("format"
-        optional, hermes by default) is the tool-call constraint (``for_tool_calls``) the
-        OpenAI layer sends for tool_choice required/named; any other is an xgrammar tag.
+        "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral", "answer": schema}``
+        ("format" optional, hermes by default; "answer" optional) is the tool-call constraint
+        (``for_tool_calls``) the OpenAI layer sends for tool_choice required/named, or auto
+        with a response format; any other is an xgrammar tag.
         """
         if isinstance(params, Mapping):
             values = {key: params.get(key) for key in (*_PARAM_KINDS, *_OPTION_KEYS)}
@@ -95,6 +96,7 @@ class GrammarSpec:
                 bool(value.get("parallel", True)),
                 options,
                 value.get("format", "hermes"),
+                value.get("answer"),
             )
         factory = {
             "json_schema": cls.for_json_schema,
@@ -174,6 +176,7 @@ class GrammarSpec:
         parallel: bool = True,
         options: GrammarOptions | None = None,
         format: str = "hermes",
+        answer: Any = None,
     ) -> GrammarSpec:
         """Tool calls in ``format`` (a ``grammar.tool_calls.TOOL_CALL_FORMATS`` name; hermes:
         ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks).
@@ -181,7 +184,9 @@ class GrammarSpec:
         tools: OpenAI-style ``{"type": "function", "function": {"name", "parameters"}}`` or
         plain ``{"name", "parameters"}`` dicts. mode "required": calls to any of the tools;
         "named": calls to the tool called ``name`` only. parallel: allow several calls, else
-        exactly one. Each parameters schema is checked as a JSON schema.
+        exactly one. Each parameters schema is checked as a JSON schema. answer: a JSON schema
+        the output may satisfy instead of calling tools (tool_choice "auto" with a response
+        format; ``{"type": "object"}`` for JSON mode), checked like ``for_json_schema``.
         """
         options = options or GrammarOptions()
         get_format(format)
@@ -195,6 +200,11 @@ class GrammarSpec:
             "parallel": bool(parallel),
             "format": format,
         }
+        if answer is not None:
+            parsed = parse_schema(answer)
+            check_nesting(parsed, "json_schema")
+            lower_schema(check_schema(parsed, best_effort=options.best_effort))
+            payload["answer"] = json.loads(canonical_schema_json(parsed))
         return cls("tool_calls", json.dumps(payload, ensure_ascii=False), options)
 
 

@@ -28,6 +28,7 @@ from grammar.schema_check import check_schema
 
 ROOT_RULE = "arbor_tool_calls"
 _CALL_RULE = "arbor_tool_call"
+_ANSWER_PREFIX = "arbor_answer_"
 # A quoted literal or a character class (left alone when renaming), or an identifier.
 _EBNF_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z_][A-Za-z0-9_]*')
 _RULE_DEFINITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.M)
@@ -99,8 +100,11 @@ def tool_calls_ebnf(
     parallel: bool,
     best_effort: bool,
     max_whitespace: int,
+    answer: Mapping[str, Any] | None = None,
 ) -> tuple[str, str]:
-    """(EBNF text, start rule) for one or more calls (exactly one unless ``parallel``).
+    """(EBNF text, start rule) for one or more calls (exactly one unless ``parallel``), or,
+    when ``answer`` (a checked JSON schema) is given, either those calls or one JSON value
+    valid against ``answer``: tool_choice "auto" with a response format.
 
     tools: ``[{"name", "parameters"}, ...]`` as ``normalize_tools`` left them."""
     rules: list[str] = []
@@ -115,6 +119,10 @@ def tool_calls_ebnf(
     item = _sequence(_literal(fmt.item_open), _CALL_RULE, _literal(fmt.item_close))
     calls = f"{item} ({_sequence(_literal(fmt.separator), item)})*" if parallel else item
     start = f"{ROOT_RULE} ::= {_sequence(_literal(fmt.open), calls, _literal(fmt.close))}"
+    if answer is not None:
+        body = json_schema_ebnf(dict(answer), best_effort, max_whitespace)
+        rules.append(_prefixed_rules(body, _ANSWER_PREFIX))
+        start = f"{ROOT_RULE} ::= ({start.split(' ::= ', 1)[1]}) | {_ANSWER_PREFIX}root"
     call = f"{_CALL_RULE} ::= {' | '.join(cases)}"
     return "\n".join([*rules, call, start]), ROOT_RULE
 

@@ -152,6 +152,7 @@ class XGrammarBackend(GrammarBackend):
             payload["parallel"],
             options.best_effort,
             options.max_whitespace,
+            payload.get("answer"),
         )
 
     def fill_masks(

@@ -34,7 +34,7 @@ from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_p
 from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, merge_streams, primed
-from runtime.server.tool_calls import tool_call_constraint
+from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 
 router = APIRouter(prefix="/v1")
 
@@ -124,9 +124,15 @@ async def chat_completions(request: Request) -> Response:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
     choice = body.tool_choice or ("auto" if functions else "none")
-    # A forced call this turn; the response format is for a later, answering turn.
-    tag = _tool_constraint(functions, choice, body.parallel_tool_calls, state.tool_call_format)
-    constraints = _format_constraint(body) if tag is None else {"structural_tag": tag}
+    # A forced call this turn; the response format is for a later, answering turn. Under auto
+    # with a format, the output is calls or an answer in that format.
+    fmt = state.tool_call_format
+    forced = _tool_constraint(functions, choice, body.parallel_tool_calls, fmt)
+    answer = _format_constraint(body)
+    tag = forced
+    if choice == "auto":
+        tag = calls_or_answer(functions, body.parallel_tool_calls, fmt, answer)
+    constraints = answer if tag is None else {"structural_tag": tag}
     tools_on = bool(functions) and choice != "none"
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
@@ -144,7 +150,7 @@ async def chat_completions(request: Request) -> Response:
         ctx.tool_names = {f["name"] for f in functions}
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1
         ctx.tool_call_format = state.tool_call_format
-        ctx.tool_calls_constrained = tag is not None
+        ctx.tool_calls_constrained = forced is not None
         ctx.generated_turns = state.generated_turns
     return await _respond(
         request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response

@@ -38,7 +38,7 @@ from runtime.server.responses_run import ResponseRun, run_response, stream_respo
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState, SubRequest, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
-from runtime.server.tool_calls import tool_call_constraint
+from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 
 router = APIRouter(prefix="/v1")
 
@@ -268,24 +268,27 @@ def _constraints(
     names: set[str],
     call_format: str,
 ) -> dict[str, Any]:
-    constraints: dict[str, Any] = {}
-    fmt = body.text.format if body.text else None
+    """The turn's constraint: forced calls (required / named: the format is for a later
+    turn), calls or an answer in the format (auto), or the format alone."""
+    allowed = [f for f in functions if f["name"] in names]
+    parallel = body.parallel_tool_calls and _max_calls(body) != 1
     if choice in ("required", "named"):
-        allowed = [f for f in functions if f["name"] in names]
         name = next(iter(names)) if choice == "named" else None
-        parallel = body.parallel_tool_calls and _max_calls(body) != 1
-        constraints["structural_tag"] = tool_call_constraint(
-            allowed, choice, name, parallel, call_format
-        )
-    elif fmt is not None and fmt.type == "json_schema":
+        return {
+            "structural_tag": tool_call_constraint(allowed, choice, name, parallel, call_format)
+        }
+    answer: dict[str, Any] = {}
+    fmt = body.text.format if body.text else None
+    if fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise ApiError(
                 400, "text.format.schema: a json_schema format needs a schema", "text.format.schema"
             )
-        constraints["json_schema"] = fmt.schema_
+        answer["json_schema"] = fmt.schema_
     elif fmt is not None and fmt.type == "json_object":
-        constraints["json_object"] = True
-    return constraints
+        answer["json_object"] = True
+    tag = calls_or_answer(allowed, parallel, call_format, answer) if choice == "auto" else None
+    return answer if tag is None else {"structural_tag": tag}
 
 
 def _max_calls(body: ResponsesRequest) -> int | None:

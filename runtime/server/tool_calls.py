@@ -57,6 +57,7 @@ __all__ = [
     "ToolCallEvent",
     "ToolCallParser",
     "ToolCallStart",
+    "calls_or_answer",
     "make_tool_parser",
     "parse_tool_calls",
     "tool_call_constraint",
@@ -69,11 +70,13 @@ def tool_call_constraint(
     name: str | None = None,
     parallel: bool = True,
     fmt: str = "hermes",
+    answer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``structural_tag`` sampling parameter for tool_choice "required" (any of ``tools``)
     or "named" (only ``name``): calls in format ``fmt`` whose arguments validate against the
     tool's parameters schema — one or more with ``parallel``, exactly one without. ``tools``
-    are OpenAI function definitions ``{"name", "parameters", ...}``."""
+    are OpenAI function definitions ``{"name", "parameters", ...}``. ``answer``: a JSON schema
+    the output may satisfy instead (``calls_or_answer``)."""
     return {
         "tools": [
             {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
@@ -83,7 +86,20 @@ def tool_call_constraint(
         "name": name,
         "parallel": parallel,
         "format": canonical_format(fmt),
-    }
+    } | ({} if answer is None else {"answer": answer})
+
+
+def calls_or_answer(
+    tools: list[dict[str, Any]], parallel: bool, fmt: str, answer: dict[str, Any]
+) -> dict[str, Any] | None:
+    """tool_choice "auto" with a response format (``answer``: the ``json_schema`` or
+    ``json_object`` sampling param, or empty for text): the ``structural_tag`` that lets the
+    output be calls to any of ``tools`` or an answer in that format; None when there is no
+    tool or no format (the output is then free, or the format alone)."""
+    if not tools or not answer:
+        return None
+    schema = answer.get("json_schema") or {"type": "object"}
+    return tool_call_constraint(tools, "required", parallel=parallel, fmt=fmt, answer=schema)
 
 
 def make_tool_parser(

@@ -201,6 +201,47 @@ def test_tool_call_formats_parse_back(
             assert i < 3 or set(names) == {"search"}
 
 
+ANSWER = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["yes", "no"]}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_calls_or_answer(
+    fmt: str, decoder: ConstrainedDecoder, service: GrammarService, tokenizer: Any
+) -> None:
+    """tool_choice auto with a response format: the answer is admitted, an answer outside
+    the schema is not, and every sampled output is calls or a valid answer."""
+    spec = GrammarSpec.for_tool_calls(TOOLS, "required", format=fmt, answer=ANSWER)
+    compiled = service.compile(spec)
+
+    def admits(text: str) -> bool:
+        matcher = compiled.new_matcher()
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        return all(matcher.accept_token(t) for t in ids)
+
+    assert admits('{"verdict":"no"}') and not admits('{"verdict":"maybe"}')
+    results = decoder.generate([compiled] * 8, range(8), MAX_TOKENS, 1.0, BIAS)
+    kinds = set()
+    for result in results:
+        if not result.terminated:
+            continue
+        try:
+            value = json.loads(result.text)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict) and "verdict" in value:
+            jsonschema.validate(value, ANSWER)
+            kinds.add("answer")
+        else:
+            _parsed_calls(result.text, fmt)
+            kinds.add("calls")
+    assert kinds
+
+
 def test_unconstrained_rows_are_untouched(
     decoder: ConstrainedDecoder, service: GrammarService
 ) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
+from transformers import AutoTokenizer
 
 from runtime.server import ServerProcess
 
@@ -58,7 +60,7 @@ def tool_log() -> Iterator[list[tuple[str, Any]]]:
     yield []
 
 
-def _agent(model: Any, log: list[tuple[str, Any]]) -> Any:
+def _agent(model: Any, log: list[tuple[str, Any]], brace: int) -> Any:
     @function_tool
     def get_weather(city: City) -> str:
         """The weather in a city."""
@@ -77,24 +79,37 @@ def _agent(model: Any, log: list[tuple[str, Any]]) -> Any:
         tools=[get_weather, get_time],
         output_type=Forecast,
         model=model,
-        # The first turn must call a tool; the SDK then resets tool_choice to auto.
+        # The first turn must call a tool; the SDK then resets tool_choice to auto, where the
+        # output is calls or the Forecast. Random weights would call forever: a bias towards
+        # "{" lets the second turn answer (it cannot stop the forced first call).
         model_settings=ModelSettings(
-            tool_choice="required", temperature=0, max_tokens=120, parallel_tool_calls=False
+            tool_choice="required",
+            temperature=0,
+            max_tokens=120,
+            parallel_tool_calls=False,
+            extra_body={"logit_bias": {str(brace): 30}},
         ),
     )
 
 
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])
 def test_openai_agents_sdk_runs_tools_and_returns_the_type(
-    server: ServerProcess, model_name: str, api: str, tool_log: list[tuple[str, Any]]
+    server: ServerProcess,
+    model_name: str,
+    api: str,
+    tool_log: list[tuple[str, Any]],
+    tiny_model_path: Path,
 ):
+    brace = AutoTokenizer.from_pretrained(tiny_model_path).convert_tokens_to_ids("{")
+
     async def run() -> Any:
         async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused") as client:
             if api == "responses":
                 model: Any = OpenAIResponsesModel(model=model_name, openai_client=client)
             else:
                 model = OpenAIChatCompletionsModel(model=model_name, openai_client=client)
-            return await Runner.run(_agent(model, tool_log), "Weather in Paris?", max_turns=6)
+            agent = _agent(model, tool_log, brace)
+            return await Runner.run(agent, "Weather in Paris?", max_turns=4)
 
     result = asyncio.run(asyncio.wait_for(run(), 240))
     assert isinstance(result.final_output, Forecast)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from runtime.server import ServerProcess
 
@@ -61,6 +63,11 @@ def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
 @pytest.fixture(scope="module")
 def model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
 def _calls(response: Any) -> list[Any]:
@@ -329,3 +336,57 @@ def test_previous_response_chain_reuses_every_turn(
             assert response.usage.input_tokens_details.cached_tokens >= reusable
             assert response.usage.input_tokens > reusable
         previous = response
+
+
+VERDICT = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["yes", "no"]}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("steer", ["{", "<tool_call>"])
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_auto_with_a_format_is_calls_or_the_answer(
+    client: openai.OpenAI, model: str, tokenizer: Any, steer: str, api: str
+):
+    """tool_choice auto with a JSON schema format: the output is tool calls or an answer valid
+    against the schema, nothing else; a bias on the first token picks which."""
+    bias = {str(tokenizer.convert_tokens_to_ids(steer)): 30}
+    if api == "responses":
+        response = client.responses.create(
+            model=model,
+            input="Weather or verdict?",
+            tools=[WEATHER],
+            text={"format": {"type": "json_schema", "name": "v", "schema": VERDICT}},
+            max_output_tokens=60,
+            temperature=0,
+            extra_body={"logit_bias": bias},
+        )
+        calls = _calls(response)
+        text = response.output_text
+    else:
+        tool = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "parameters")}}
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Weather or verdict?"}],
+            tools=[tool],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "v", "schema": VERDICT},
+            },
+            max_tokens=60,
+            temperature=0,
+            logit_bias=bias,
+        )
+        message = reply.choices[0].message
+        calls = [call.function for call in message.tool_calls or []]
+        text = message.content or ""
+    if steer == "{":
+        assert not calls
+        jsonschema.validate(json.loads(text), VERDICT)
+    else:
+        assert calls and not text
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
