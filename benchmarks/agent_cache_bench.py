@@ -130,9 +130,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--chat-template", default="chatml", help="test model template")
     parser.add_argument("--out", default=None, help="JSON results path")
     args = parser.parse_args()
-    path = cached_test_model(args.preset, "llama")
+    path = cached_test_model(args.preset, "llama", chat_template=args.chat_template)
     results: dict[str, Any] = {}
     with ServerProcess(path, "--max-total-tokens", "16384") as server:
         with httpx.Client(base_url=server.url, timeout=300) as client:
@@ -152,7 +153,8 @@ def main() -> None:
             table.append([name, i + 1, turn["prompt"], turn["cached"], turn["output"], "", ""])
         table.append([name, "2-5", "", "", "", result["hit_rate"], result["reusable_hit_rate"]])
     print_table(["client", "turn", "prompt", "cached", "output", "hit rate", "of reusable"], table)
-    write_json("agent_cache_bench", {"preset": args.preset, "results": results}, args.out)
+    payload = {"preset": args.preset, "chat_template": args.chat_template, "results": results}
+    write_json(f"agent_cache_bench-{args.chat_template}", payload, args.out)
     print(json.dumps({k: v["reusable_hit_rate"] for k, v in results.items()}))
 
 

@@ -291,7 +291,7 @@ def test_format_names_and_detection():
         canonical_format("harmony")
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerArgs("m", tool_call_parser="harmony")
-    expected = {"chatml": "hermes", "llama3": "llama3", "mistral": "mistral"}
+    expected = {"chatml": "hermes", "llama3": "llama3", "mistral": "mistral", "qwen3": "hermes"}
     for name, template in CHAT_TEMPLATES.items():
         assert detect_format(template.template) == expected[name]
     assert detect_format(None) == "hermes"
