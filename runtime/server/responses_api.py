@@ -13,14 +13,11 @@ cached_tokens`` shows it). Constraints: ``text.format`` (json_schema / json_obje
 
 from __future__ import annotations
 
-import time
-from array import array
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.errors import RequestError
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import check_model
@@ -33,8 +30,9 @@ from runtime.server.reasoning import (
 from runtime.server.request_body import parse_model
 from runtime.server.responses_input import input_items, items_to_messages, output_to_items
 from runtime.server.responses_output import new_id
+from runtime.server.responses_prompt import conversation_prompt, stored_turn
 from runtime.server.responses_protocol import InputItemsQuery, ResponsesRequest
-from runtime.server.responses_run import ResponseRun, run_response, stream_response
+from runtime.server.responses_run import ResponseRun, new_response, run_response, stream_response
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState, SubRequest, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
@@ -42,8 +40,12 @@ from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 
 router = APIRouter(prefix="/v1")
 
-# Stands for the previous turn's answer when the conversation is rendered around it.
-_TURN = "\u2063arbor-previous-answer\u2063"
+_ITEM_ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
 _REFUSED = ("background", "conversation", "prompt", "context_management")
 _OPENAI_NAMES = {
     "max_new_tokens": "max_output_tokens",
@@ -77,25 +79,26 @@ async def create_response(request: Request) -> Response:
             raise ApiError(400, f"{name} is not supported by this server", param=name)
     previous = _previous(state, body.previous_response_id)
     items = input_items(body.input)
-    for item in items:
-        if isinstance(item, dict) and item.get("type", "message") != "item_reference":
-            item.setdefault(
-                "id", new_id("msg" if item.get("type", "message") == "message" else "fc")
-            )
+    for item in items:  # ids, so input_items can list them and later turns reference them
+        prefix = (
+            _ITEM_ID_PREFIXES.get(item.get("type", "message")) if isinstance(item, dict) else None
+        )
+        if prefix is not None:
+            item.setdefault("id", new_id(prefix))
     messages = items_to_messages(items, state.responses.item)
     history = (previous.messages if previous else []) + messages
     functions = _functions(body)
     choice, names = _tool_choice(body, functions)
     constraints = _constraints(body, functions, choice, names, state.tool_call_format)
     tools_on = bool(functions) and choice != "none"
-    prompt_text, input_ids = await _prompt(
+    prompt = await conversation_prompt(
         state, body.instructions, history, functions if tools_on else None, previous
     )
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []
     )
     run = ResponseRun(
-        response=_response_object(state, body, new_id("resp")),
+        response=new_response(body, state.args.model_name),
         token_text=state.token_text,
         tool_names=names if tools_on else None,
         max_tool_calls=_max_calls(body),
@@ -111,10 +114,10 @@ async def create_response(request: Request) -> Response:
         except ValueError as exc:
             param = "tool_choice" if sampling.structural_tag is not None else "text.format"
             raise ApiError(400, str(exc), param=param) from None
-        run.reasoning = make_reasoning_parser(reasoning, prompt_text)
+        run.reasoning = make_reasoning_parser(reasoning, prompt.text)
         run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
     sub = SubRequest(
-        input_ids,
+        prompt.ids,
         sampling,
         return_logprob=logprobs,
         top_logprobs_num=body.top_logprobs or 0,
@@ -126,23 +129,10 @@ async def create_response(request: Request) -> Response:
         state.generated_turns.remember(
             run.call_ids, final.get("output_ids", []), final["meta_info"]
         )
-        if not body.store:
-            return
-        output_ids = final.get("output_ids", [])
-        answer = items_to_messages(output_to_items(run.response["output"]), state.responses.item)
-        matched = (final["meta_info"].get("finish_reason") or {}).get("matched")
-        state.responses.put(
-            StoredResponse(
-                response=run.response,
-                input_items=items,
-                messages=history + answer,
-                prompt_text=prompt_text,
-                prompt_ids=array("i", input_ids),
-                output_ids=array("i", output_ids),
-                ends_with_stop_token=bool(output_ids) and matched == output_ids[-1],
-                answer_index=len(history) if len(answer) == 1 else None,
-            )
-        )
+        if body.store:
+            answer = items_to_messages(output_to_items(run.response["output"]), _no_references)
+            turn = stored_turn(run.response, items, history, answer, prompt, final)
+            state.responses.put(turn)
 
     if not body.stream:
         await run_response(run, merge_streams(request, streams))
@@ -189,6 +179,11 @@ async def list_input_items(request: Request, response_id: str) -> Response:
             "has_more": len(items) > len(page),
         }
     )
+
+
+def _no_references(item_id: str) -> None:
+    """Output items hold no item references."""
+    return None
 
 
 def _stored(state: ServerState, response_id: str) -> StoredResponse:
@@ -313,109 +308,3 @@ def _sampling(
         name = _OPENAI_NAMES.get(exc.field, exc.field)
         reason = str(exc).split(": ", 1)[-1]
         raise ApiError(400, f"{name}: {reason}", param=name) from None
-
-
-async def _prompt(
-    state: ServerState,
-    instructions: str | None,
-    history: list[dict[str, Any]],
-    functions: list[dict[str, Any]] | None,
-    previous: StoredResponse | None,
-) -> tuple[str, list[int]]:
-    """(the prompt as the chat template renders it, the prompt's token ids).
-
-    With a previous turn whose prompt renders the same as before, the ids are that turn's
-    prompt and output ids followed by the new text: the model continues from its own tokens
-    (whose KV the radix cache holds) rather than from the template's re-rendering of its
-    answer, which may differ in whitespace or key order."""
-    offset = 1 if instructions else 0
-    messages = ([{"role": "system", "content": instructions}] if instructions else []) + history
-    if not messages:
-        raise ApiError(400, "input: the conversation is empty", param="input")
-    tools = [{"type": "function", "function": f} for f in functions] if functions else None
-    tokenizer = state.tokenizer
-    manager = state.tokenizer_manager
-
-    def render(conversation: list[dict[str, Any]]) -> str:
-        return tokenizer.apply_chat_template(
-            conversation, tools=tools, add_generation_prompt=True, tokenize=False
-        )
-
-    async def tokenize(text: str) -> list[int]:
-        return await manager.run_tokenizer(
-            lambda: tokenizer(text, add_special_tokens=False).input_ids, "input"
-        )
-
-    async def fresh() -> list[int]:  # re-sent tool-calling turns keep their generated ids
-        return await manager.run_tokenizer(
-            lambda: state.generated_turns.prompt_ids(text, messages), "input"
-        )
-
-    try:
-        text = await manager.run_tokenizer(lambda: render(messages), "input")
-        if previous is None or previous.answer_index is None:
-            return text, await fresh()
-        at = offset + previous.answer_index
-        probe = [*messages[:at], {"role": "assistant", "content": _TURN}, *messages[at + 1 :]]
-        before, found, after = (
-            await manager.run_tokenizer(lambda: render(probe), "input")
-        ).partition(_TURN)
-    except RequestError as exc:
-        raise ApiError(400, str(exc), param="input") from None
-    except Exception as exc:  # jinja errors, or a tokenizer without a template
-        raise ApiError(400, f"the chat template failed: {exc}", param="input") from None
-    if not found or before != previous.prompt_text:
-        return text, await fresh()
-    output = previous.output_ids.tolist()
-    if previous.ends_with_stop_token:
-        stop_text = tokenizer.decode(output[-1:], skip_special_tokens=False)
-        if after.startswith(stop_text):
-            after = after[len(stop_text) :]
-        else:
-            output = output[:-1]
-    return text, previous.prompt_ids.tolist() + output + await tokenize(after)
-
-
-def _response_object(
-    state: ServerState, body: ResponsesRequest, response_id: str
-) -> dict[str, Any]:
-    fmt = (
-        body.text.format.model_dump(by_alias=True, exclude_none=True)
-        if body.text and body.text.format
-        else {"type": "text"}
-    )
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": "in_progress",
-        "background": False,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": body.instructions,
-        "max_output_tokens": body.max_output_tokens,
-        "max_tool_calls": body.max_tool_calls,
-        "model": state.args.model_name,
-        "output": [],
-        "parallel_tool_calls": body.parallel_tool_calls,
-        "previous_response_id": body.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
-        "store": body.store,
-        "temperature": body.temperature if body.temperature is not None else 1.0,
-        "text": {"format": fmt},
-        "tool_choice": _echo_choice(body),
-        "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
-        "top_logprobs": body.top_logprobs,
-        "top_p": body.top_p if body.top_p is not None else 1.0,
-        "truncation": body.truncation or "disabled",
-        "usage": None,
-        "user": body.user,
-        "metadata": body.metadata or {},
-    }
-
-
-def _echo_choice(body: ResponsesRequest) -> Any:
-    choice = body.tool_choice
-    if choice is None:
-        return "auto"
-    return choice if isinstance(choice, str) else choice.model_dump()

@@ -21,7 +21,8 @@ from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone
 from runtime.server.openai_format import chat_logprobs
 from runtime.server.reasoning import ReasoningParser
-from runtime.server.responses_output import OutputBuilder
+from runtime.server.responses_output import OutputBuilder, new_id
+from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.streams import Events
 from runtime.server.token_text import TokenText
 from runtime.server.tool_calls import (
@@ -182,3 +183,48 @@ async def stream_response(
         on_done(run.final)
     kind = "response.incomplete" if run.response["status"] == "incomplete" else "response.completed"
     yield event({"type": kind, "response": run.response})
+
+
+def new_response(body: ResponsesRequest, model: str) -> dict[str, Any]:
+    """The response object of ``body`` before any output: status in_progress, the request's
+    settings echoed."""
+    fmt = (
+        body.text.format.model_dump(by_alias=True, exclude_none=True)
+        if body.text and body.text.format
+        else {"type": "text"}
+    )
+    return {
+        "id": new_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": body.store,
+        "temperature": body.temperature if body.temperature is not None else 1.0,
+        "text": {"format": fmt},
+        "tool_choice": _echo_choice(body),
+        "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+        "top_logprobs": body.top_logprobs,
+        "top_p": body.top_p if body.top_p is not None else 1.0,
+        "truncation": body.truncation or "disabled",
+        "usage": None,
+        "user": body.user,
+        "metadata": body.metadata or {},
+    }
+
+
+def _echo_choice(body: ResponsesRequest) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
