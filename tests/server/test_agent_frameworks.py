@@ -8,7 +8,6 @@ greedy decoding, bounded strings and numbers, and token caps make every output f
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,16 +101,12 @@ def test_openai_agents_sdk_runs_tools_and_returns_the_type(
 ):
     brace = AutoTokenizer.from_pretrained(tiny_model_path).convert_tokens_to_ids("{")
 
-    async def run() -> Any:
-        async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused") as client:
-            if api == "responses":
-                model: Any = OpenAIResponsesModel(model=model_name, openai_client=client)
-            else:
-                model = OpenAIChatCompletionsModel(model=model_name, openai_client=client)
-            agent = _agent(model, tool_log, brace)
-            return await Runner.run(agent, "Weather in Paris?", max_turns=4)
-
-    result = asyncio.run(asyncio.wait_for(run(), 240))
+    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=120)
+    if api == "responses":
+        model: Any = OpenAIResponsesModel(model=model_name, openai_client=client)
+    else:
+        model = OpenAIChatCompletionsModel(model=model_name, openai_client=client)
+    result = Runner.run_sync(_agent(model, tool_log, brace), "Weather in Paris?", max_turns=4)
     assert isinstance(result.final_output, Forecast)
     assert tool_log, "no tool was called"
     for name, value in tool_log:

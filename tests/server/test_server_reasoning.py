@@ -272,6 +272,11 @@ def test_responses_api_reasoning_item_then_constrained_answer(
         assert kinds == ["reasoning", "message"]
         assert response.output[0].content[0].text == thinking.removesuffix("</think>")
         jsonschema.validate(json.loads(response.output_text), SCHEMA)
+        free = client.responses.create(
+            **{k: v for k, v in request.items() if k != "text"}, extra_body=options
+        )  # no constraint: the same thinking
+        assert free.output[0].type == "reasoning"
+        assert free.output[0].content[0].text == response.output[0].content[0].text
         thinking_tokens = len(tokenizer(thinking, add_special_tokens=False).input_ids)
         assert response.usage.output_tokens_details.reasoning_tokens == thinking_tokens
         events = list(client.responses.create(**request, extra_body=options, stream=True))

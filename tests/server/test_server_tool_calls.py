@@ -274,3 +274,36 @@ def test_resent_calls_hit_the_cache(tools_server: ToolServer):
         f"{retokenized}), cached {cached} of {second.usage.prompt_tokens}"
     )
     assert cached == generated - 1
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_responses_api_calls_in_each_format(tools_server: ToolServer, parallel: bool):
+    """The Responses API on each template: function_call items in the server's format,
+    streamed (name first, then argument fragments) as they are returned whole."""
+    request = {
+        "model": tools_server.model,
+        "instructions": MESSAGES[0]["content"],
+        "input": MESSAGES[1]["content"],
+        "tools": [{"type": "function", **tool["function"]} for tool in TOOLS],
+        "tool_choice": "required",
+        "parallel_tool_calls": parallel,
+        "max_output_tokens": 120,
+        "temperature": 0,
+    }
+    whole = tools_server.client.responses.create(**request)
+    calls = [item for item in whole.output if item.type == "function_call"]
+    assert calls and (parallel or len(calls) == 1)
+    assert [item.type for item in whole.output] == ["function_call"] * len(calls)
+    for call in calls:  # a call max_output_tokens cut off stays, marked incomplete
+        if call.status == "completed":
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        else:
+            assert call.status == "incomplete" and whole.status == "incomplete"
+    assert calls[0].status == "completed"
+    events = list(tools_server.client.responses.create(stream=True, **request))
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert [(item.name, item.arguments) for item in added] == [(c.name, "") for c in calls]
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert done == [call.arguments for call in calls]
+    streamed = events[-1].response
+    assert [c.arguments for c in streamed.output] == [c.arguments for c in calls]
