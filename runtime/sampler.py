@@ -148,7 +148,7 @@ class Sampler:
     def verify_draft(
         self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor
     ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
-        """Accept the longest prefix of ``req.draft`` the model agrees with, plus one token.
+        """Accept the longest prefix of ``req.draft.tokens`` the model agrees with, plus one token.
 
         raw: [n + 1, V] logits of the positions from the last sampled token through the draft;
         bitmask: [n + 1, W] the grammar's mask at each of them. Row i goes through the same
@@ -167,7 +167,7 @@ class Sampler:
         for i in range(logits.shape[0]):
             self._mask_stop_below_min(logits[i], req, len(req.output_ids) + i)
         if params.is_greedy:
-            verdict = verify_draft(req.draft, logits, True, lambda: 0.0)
+            verdict = verify_draft(req.draft.tokens, logits, True, lambda: 0.0)
         else:
             n = logits.shape[0]
             probs = torch.softmax(_scaled(logits, torch.tensor([[params.temperature]])), dim=-1)
@@ -179,11 +179,13 @@ class Sampler:
             )
 
             def uniform() -> float:
-                req.draft_draws += 1
-                return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft_draws)
+                req.draft.draws += 1
+                return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft.draws)
 
-            verdict = verify_draft(req.draft, kept / kept.sum(-1, keepdim=True), False, uniform)
-        tokens = req.draft[: verdict.accepted] + [verdict.next_token]
+            verdict = verify_draft(
+                req.draft.tokens, kept / kept.sum(-1, keepdim=True), False, uniform
+            )
+        tokens = req.draft.tokens[: verdict.accepted] + [verdict.next_token]
         rows = raw[: len(tokens)]
         logprobs: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(tokens)
         if req.return_logprob:

@@ -38,8 +38,8 @@ class DecodeManager:
             if self.kv.alloc_extend(req, req.step_len):
                 ready.append(queue.pop(0))
                 continue
-            if req.draft:  # under pressure, drop the draft before retracting anyone
-                req.draft = []
+            if req.draft.tokens:  # under pressure, drop the draft before retracting anyone
+                req.draft.tokens = []
                 continue
             # Out of memory: retract the cheapest request not yet served this step.
             victim = victims.pop(0) if victims else queue.pop()

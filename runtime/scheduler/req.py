@@ -9,11 +9,9 @@ from typing import Any
 from radix_cache import TreeNode
 from runtime.ipc import GenerateRequest
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.draft_manager import DraftState
 
 logger = logging.getLogger(__name__)
-
-# A first draft is this long at most; the limit then follows what the model accepts.
-INITIAL_DRAFT_LIMIT = 4
 
 
 class Req:
@@ -46,11 +44,7 @@ class Req:
         self.grammar: Any = None  # a grammar matcher once compiled (and the reasoning is over)
         self.reasoning_gate: Any = None  # a ReasoningGate holding the matcher while it thinks
         self.grammar_pending: Any = None  # a compile handle while waiting in the grammar queue
-        self.draft: list[int] = []  # jump-forward tokens the grammar forces next, to verify
-        self.draft_draws = 0  # uniforms used verifying drafts (a stream apart from sampling)
-        self.draft_limit = INITIAL_DRAFT_LIMIT  # longest draft to propose next (adapts)
-        self.draft_misses = 0  # drafts in a row the model rejected outright
-        self.draft_cooldown = 0  # steps to wait before proposing again after a miss
+        self.draft = DraftState()  # jump-forward tokens to verify next, and how far to draft
         self.finished_reason: dict[str, Any] | None = None
         self.to_abort: str | None = None
         self.arrival = time.monotonic()
@@ -83,11 +77,12 @@ class Req:
     @property
     def step_len(self) -> int:
         """Tokens a decode step runs: the last sampled token plus any draft to verify."""
-        return 1 + len(self.draft)
+        return 1 + len(self.draft.tokens)
 
     def step_tokens(self, n: int) -> list[int]:
         """The ids of the n positions ending at kv_len (a draft follows ``all_ids``)."""
-        sequence = self.all_ids + self.draft if self.draft else self.all_ids
+        draft = self.draft.tokens
+        sequence = self.all_ids + draft if draft else self.all_ids
         return sequence[self.kv_len - n : self.kv_len]
 
     @property
@@ -142,7 +137,7 @@ class Req:
     def reset_for_retract(self) -> None:
         """Back to the queue: outputs so far are kept; KV placement starts over."""
         self.row, self.kv_len, self.cached_len, self.last_node = None, 0, 0, None
-        self.draft = []
+        self.draft.tokens = []
         self.retractions += 1
 
     def __repr__(self) -> str:

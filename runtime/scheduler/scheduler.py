@@ -33,7 +33,6 @@ import torch
 from transformers import AutoTokenizer
 
 import kernels
-from grammar import DraftVerdict, allocate_bitmask, commit_draft, fill_draft_masks
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
@@ -50,6 +49,7 @@ from runtime.ipc import (
 from runtime.model_runner import ModelRunner
 from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.decode_manager import DecodeManager
+from runtime.scheduler.draft_manager import DraftManager
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
@@ -62,10 +62,6 @@ from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-# Longest jump-forward draft verified in one step, and the longest pause after misses.
-MAX_DRAFT_TOKENS = 16
-MAX_DRAFT_COOLDOWN = 64
 
 
 class Scheduler:
@@ -111,6 +107,9 @@ class Scheduler:
         self.sampler.grammar_accept = self.grammar.backend.accept_tokens
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
+        )
+        self.drafts = DraftManager(
+            self.sampler, self.kv, self.outputs, config.vocab_size, self._count_draft
         )
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
@@ -220,7 +219,7 @@ class Scheduler:
         for draft in step.drafts:
             try:
                 rows = logits[draft.row : draft.row + draft.req.step_len]
-                self._verify_draft(draft.req, rows, draft_masks.get(id(draft.req)))
+                self.drafts.verify(draft.req, rows, draft_masks.get(id(draft.req)))
             except Exception as exc:
                 draft.req.fail_from(exc, "verifying the draft of")
         self.stats["forward_steps"] += 1
@@ -233,7 +232,7 @@ class Scheduler:
         if self.jump_forward:
             for req, _ in step.work:
                 try:
-                    self._propose_draft(req)
+                    self.drafts.propose(req)
                 except Exception as exc:
                     req.fail_from(exc, "drafting the continuation of")
 
@@ -247,19 +246,14 @@ class Scheduler:
         except Exception:  # sampling fills them again and fails the row that raises
             logger.exception("filling the grammar masks ahead failed")
         for draft in step.drafts:
-            draft_masks[id(draft.req)] = self._draft_mask(draft.req)
+            draft_masks[id(draft.req)] = self.drafts.mask(draft.req)
         for message in drain(self.inbox, timeout=0):
             self.handle(message)
 
-    def _draft_mask(self, req: Req) -> torch.Tensor | Exception:
-        """The grammar's masks at each position of ``req.draft`` (its matcher then stands past
-        the draft, as ``_verify_draft`` expects), or what filling them raised."""
-        mask = allocate_bitmask(len(req.draft) + 1, self.runner.config.vocab_size)
-        try:
-            fill_draft_masks(req.grammar, req.draft, mask, 0)
-        except Exception as exc:
-            return exc
-        return mask
+    def _count_draft(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.stats["generated_tokens"] += emitted
+        self.stats["draft_tokens_proposed"] += proposed
+        self.stats["draft_tokens_accepted"] += accepted
 
     def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req]) -> SampleOutput:
         """The tokens of ``reqs`` from their ``rows`` of the forward's logits; if sampling the
@@ -292,66 +286,6 @@ class Scheduler:
             if one.failures:
                 failures[row] = one.failures[0]
         return SampleOutput(tokens, logprobs, failures, accepted)
-
-    def _verify_draft(
-        self, req: Req, rows: torch.Tensor, filled: torch.Tensor | Exception | None = None
-    ) -> None:
-        """Accept what the model agrees with of ``req.draft`` (rows: its positions' logits),
-        drop the KV of the rest, and emit the accepted tokens plus one. filled: the draft's
-        masks from ``_draft_mask`` (None: fill them here)."""
-        draft = req.draft
-        mask = self._draft_mask(req) if filled is None else filled
-        if isinstance(mask, Exception):
-            raise mask
-        tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
-        if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
-            # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
-            # draw that position again through the full pipeline, which re-checks it.
-            position = len(tokens) - 1
-            req.output_ids.extend(draft[:position])  # the drawn row sees the right history
-            try:
-                again = self.sampler.sample(rows[position : position + 1], [req])
-            finally:
-                del req.output_ids[len(req.output_ids) - position :]
-            if again.failures:
-                req.fail(*again.failures[0])
-                return
-            tokens[-1] = again.token_ids[0]
-            logprobs[-1] = again.logprobs[0]
-        self.kv.truncate(req, req.kv_len - (len(draft) + 1 - len(tokens)))
-        self._adapt_draft_limit(req, proposed=len(draft), accepted=len(tokens) - 1)
-        req.draft = []
-        self.stats["generated_tokens"] += len(tokens)
-        self.stats["draft_tokens_proposed"] += len(draft)
-        self.stats["draft_tokens_accepted"] += len(tokens) - 1
-        self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=True)
-
-    @staticmethod
-    def _adapt_draft_limit(req: Req, proposed: int, accepted: int) -> None:
-        """Every draft position costs a logits row, so draft only as far as the model tends to
-        agree: double the limit after a full acceptance, cut it to one past the agreed part
-        otherwise, and pause exponentially after outright rejections (a model that prefers
-        another split of the same text than the grammar's tokenization)."""
-        if accepted == proposed:
-            req.draft_limit = min(2 * req.draft_limit, MAX_DRAFT_TOKENS)
-        else:
-            req.draft_limit = accepted + 1
-        req.draft_misses = req.draft_misses + 1 if accepted == 0 else 0
-        if req.draft_misses:
-            req.draft_cooldown = min(2**req.draft_misses, MAX_DRAFT_COOLDOWN)
-
-    def _propose_draft(self, req: Req) -> None:
-        """Let the grammar propose the continuation it forces, for the next step to verify."""
-        if req.grammar is None or req.finished_reason is not None or req.pending_len != 1:
-            return
-        if req.sampling.has_penalties or req.grammar.is_terminated():
-            return  # penalties depend on every token before; drafts would need them per row
-        if req.draft_cooldown:
-            req.draft_cooldown -= 1
-            return
-        budget = min(req.remaining_new_tokens - 1, req.draft_limit)
-        if budget > 0:
-            req.draft = req.grammar.jump_forward_tokens(budget)
 
     def _finish_and_emit(self, failed: list[Req]) -> None:
         done = [r for r in self.running if r.finished_reason is not None]

@@ -23,7 +23,7 @@ class PromptLogprobSpan:
 
 @dataclass
 class DraftRows:
-    """A jump-forward request's logit rows [row, row + len(req.draft) + 1): one per position
+    """A jump-forward request's logit rows [row, row + len(req.draft.tokens) + 1): one per position
     from its last sampled token through its draft."""
 
     req: Req
@@ -70,7 +70,7 @@ class StepBatch:
                         PromptLogprobSpan(req, len(logit_rows), last - first, first + 1)
                     )
                     logit_rows.extend(range(offset + first - start, offset + last - start))
-            if req.draft:
+            if req.draft.tokens:
                 self.drafts.append(DraftRows(req, len(logit_rows)))
                 logit_rows.extend(range(offset, offset + n))
             elif req.kv_len == len(req.all_ids):
