@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 class RequestError(ValueError):
-    """The runtime refused or could not finish a request; ``status_code`` is its HTTP status."""
+    """The runtime refused or could not finish a request; ``status_code`` is its HTTP status,
+    ``param`` the sampling parameter it is about (None: the request as a whole)."""
 
-    def __init__(self, message: str, status_code: int = 400) -> None:
+    def __init__(self, message: str, status_code: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.param = param
 
 
 class SchedulerDied(RuntimeError):

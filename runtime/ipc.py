@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from runtime.sampling_params import SamplingParams
 
@@ -45,13 +45,59 @@ class ControlRequest:
 # ---- scheduler -> detokenizer -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a request ended: "stop" (an EOS or stop token, a stop string or regex: ``matched``;
+    None when the grammar ended the output), "length" (``max_new_tokens`` or the context:
+    ``length``), or "abort" — by the caller, or with an error for them (``status_code``,
+    ``message``, and ``param``: the sampling parameter it is about, if one is). ``to_dict``
+    is the shape APIs return as ``meta_info["finish_reason"]``."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+    status_code: int | None = None
+    param: str | None = None
+
+    @classmethod
+    def stop(cls, matched: int | str | None) -> FinishReason:
+        return cls("stop", matched=matched)
+
+    @classmethod
+    def cut(cls, length: int) -> FinishReason:
+        return cls("length", length=length)
+
+    @classmethod
+    def aborted(cls) -> FinishReason:
+        return cls("abort", message="aborted")
+
+    @classmethod
+    def error(cls, status_code: int, message: str, param: str | None = None) -> FinishReason:
+        return cls("abort", message=message, status_code=status_code, param=param)
+
+    @property
+    def failed(self) -> bool:
+        return self.status_code is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        reason: dict[str, Any] = {"type": "abort", "message": self.message}
+        if self.status_code is not None:
+            reason["status_code"] = self.status_code
+        return reason
+
+
 @dataclass
 class TokenOutput:
     """New tokens of one request since its last TokenOutput, and its state."""
 
     rid: str
     new_token_ids: list[int]
-    finished_reason: dict[str, Any] | None
+    finished_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -84,7 +130,7 @@ class TextOutput:
     rid: str
     text_delta: str
     new_token_ids: list[int]
-    finished_reason: dict[str, Any] | None
+    finished_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

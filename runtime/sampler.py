@@ -136,8 +136,10 @@ class Sampler:
     def _accept_or_redraw(
         self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Req
     ) -> bool:
+        grammar = req.grammar
+        assert grammar is not None, "only constrained rows are accepted"
         for _ in range(_MAX_REDRAWS):
-            if req.grammar.accept_token(int(tokens[row])):
+            if grammar.accept_token(int(tokens[row])):
                 return True
             logits[row, int(tokens[row])] = float("-inf")
             if not bool((logits[row] > float("-inf")).any()):

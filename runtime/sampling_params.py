@@ -168,7 +168,15 @@ class SamplingParams:
 
     @property
     def has_grammar(self) -> bool:
-        return any(getattr(self, name) not in (None, False, (), "") for name in GRAMMAR_FIELDS)
+        return self.grammar_field is not None
+
+    @property
+    def grammar_field(self) -> str | None:
+        """The name of the constraint parameter that is set (at most one is), or None."""
+        return next(
+            (name for name in GRAMMAR_FIELDS if getattr(self, name) not in (None, False, (), "")),
+            None,
+        )
 
     @property
     def has_penalties(self) -> bool:

@@ -209,12 +209,12 @@ class TokenizerManager:
                     finished = True  # the scheduler is gone: nothing left to wait for
                     raise out
                 if out.detokenizer_failed:  # the scheduler still runs it: abort and drain
-                    reason = out.finished_reason or {}
-                    raise RequestError(reason.get("message", "detokenizing failed"), 500)
+                    message = out.finished_reason and out.finished_reason.message
+                    raise RequestError(message or "detokenizing failed", 500)
                 finished = out.finished_reason is not None
-                reason = out.finished_reason or {}
-                if reason.get("type") == "abort" and "status_code" in reason:
-                    raise RequestError(reason["message"], reason["status_code"])
+                reason = out.finished_reason
+                if reason is not None and reason.status_code is not None:
+                    raise RequestError(reason.message or "", reason.status_code, reason.param)
                 chunk = self._accumulate(state, out)
                 if stream or finished:
                     yield chunk
@@ -239,7 +239,7 @@ class TokenizerManager:
             "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
-            "finish_reason": out.finished_reason,
+            "finish_reason": out.finished_reason and out.finished_reason.to_dict(),
             "e2e_latency": time.monotonic() - state.created,
         }
         if state.input_logprobs is not None or state.output_logprobs:

@@ -44,15 +44,10 @@ class DecodeManager:
             # Out of memory: retract the cheapest request not yet served this step.
             victim = victims.pop(0) if victims else queue.pop()
             if victim is req and not ready and not victims and len(queue) == 0:
-                victim.finish(
-                    {
-                        "type": "abort",
-                        "status_code": 400,
-                        "message": (
-                            f"request needs more KV than the pool holds ({self.kv.capacity} "
-                            "tokens); raise max_total_tokens or shorten the request"
-                        ),
-                    }
+                victim.fail(
+                    400,
+                    f"request needs more KV than the pool holds ({self.kv.capacity} tokens); "
+                    "raise max_total_tokens or shorten the request",
                 )
                 self.kv.release(victim, keep_in_cache=False)
                 failed.append(victim)

@@ -87,6 +87,7 @@ class DraftManager:
         """The grammar's masks at each position of the draft (the matcher then stands past
         it, as ``verify`` expects), or what filling them raised."""
         mask = allocate_bitmask(len(req.draft.tokens) + 1, self.vocab_size)
+        assert req.grammar is not None, "only constrained requests draft"
         try:
             fill_draft_masks(req.grammar, req.draft.tokens, mask, 0)
         except Exception as exc:
@@ -104,6 +105,7 @@ class DraftManager:
         if isinstance(mask, Exception):
             raise mask
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
+        assert req.grammar is not None, "only constrained requests draft"
         if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
             # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
             # draw that position again through the full pipeline, which re-checks it.

@@ -98,7 +98,7 @@ def constraint_request(params: SamplingParams) -> dict[str, Any]:
 
 
 @dataclass
-class _Pending:
+class PendingConstraint:
     """A queued request's progress: preparing in the sandbox, then compiling here."""
 
     prepare: Future[Prepared]
@@ -128,7 +128,9 @@ class GrammarManager:
 
     def enqueue(self, req: Req) -> None:
         """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
-        req.grammar_pending = _Pending(self.sandbox.submit(constraint_request(req.sampling)))
+        req.grammar_pending = PendingConstraint(
+            self.sandbox.submit(constraint_request(req.sampling))
+        )
         self.queue.append(req)
 
     def poll(self) -> tuple[list[Req], list[Req]]:
@@ -138,8 +140,8 @@ class GrammarManager:
         for req in self.queue:
             try:
                 done = self._advance(req)
-            except GrammarError as exc:
-                req.fail(400, str(exc))
+            except GrammarError as exc:  # the constraint's, or else the stop regexes' fault
+                req.fail(400, str(exc), req.sampling.grammar_field or "stop_regex")
                 failed.append(req)
                 continue
             except Exception as exc:
@@ -156,7 +158,8 @@ class GrammarManager:
 
     def _advance(self, req: Req) -> bool:
         """Move ``req`` on as far as it can go now; True once it can run."""
-        pending: _Pending = req.grammar_pending
+        pending = req.grammar_pending
+        assert pending is not None, "only queued requests advance"
         if pending.compile is None:
             if not pending.prepare.done():
                 return False

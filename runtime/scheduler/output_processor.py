@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.ipc import TokenOutput
+from runtime.ipc import FinishReason, TokenOutput
 from runtime.sampler import SampleOutput, top_logprobs
 from runtime.scheduler.req import Req
 from runtime.scheduler.step_batch import StepBatch
@@ -40,7 +40,7 @@ class OutputProcessor:
                 req.fail(*sampled.failures[row])
                 continue
             if req.sampling.max_new_tokens == 0:  # scoring only: prompt logprobs, no output
-                req.finish({"type": "length", "length": 0})
+                req.finish(FinishReason.cut(0))
                 continue
             advanced = bool(sampled.grammar_accepted) and sampled.grammar_accepted[row]
             self.emit_tokens(req, [token], [logprob], grammar_advanced=advanced)

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
+from grammar import GrammarMatcher, StopRegex
 from radix_cache import TreeNode
-from runtime.ipc import GenerateRequest
+from runtime.ipc import FinishReason, GenerateRequest
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.draft_manager import DraftState
+
+if TYPE_CHECKING:
+    import torch
+
+    from runtime.detokenizer import IncrementalDecoder
+    from runtime.scheduler.grammar_manager import PendingConstraint
+    from runtime.scheduler.reasoning_gate import ReasoningGate
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +49,13 @@ class Req:
         self.last_node: TreeNode | None = None
         self.cached_tokens = 0  # prompt tokens served from the cache, for the client
         # State
-        self.grammar: Any = None  # a grammar matcher once compiled (and the reasoning is over)
-        self.reasoning_gate: Any = None  # a ReasoningGate holding the matcher while it thinks
-        self.grammar_pending: Any = None  # a compile handle while waiting in the grammar queue
+        # A grammar matcher once compiled (and the reasoning is over); the gate holding it while
+        # the model thinks; the preparation while it waits in the grammar queue.
+        self.grammar: GrammarMatcher | None = None
+        self.reasoning_gate: ReasoningGate | None = None
+        self.grammar_pending: PendingConstraint | None = None
         self.draft = DraftState()  # jump-forward tokens to verify next, and how far to draft
-        self.finished_reason: dict[str, Any] | None = None
-        self.to_abort: str | None = None
+        self.finished_reason: FinishReason | None = None
         self.arrival = time.monotonic()
         self.retractions = 0
         # Logprobs and output bookkeeping
@@ -55,13 +64,10 @@ class Req:
         self.sent_tokens = 0
         self.sent_output_logprobs = 0
         self.input_logprobs_done = False
-        self.token_counts: Any = None  # penalties: per-token counts over the vocabulary
-        self.stop_matcher: Any = None  # a StopRegex, prepared with the grammar
-        self.stop_decoder: Any = None  # the text it is fed, once the first regex check runs
-
-    @property
-    def is_admitted(self) -> bool:
-        return self.row is not None
+        # Penalties: per-token counts and seen flags over the vocabulary, [vocab] each.
+        self.token_counts: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.stop_matcher: StopRegex | None = None  # prepared with the grammar
+        self.stop_decoder: IncrementalDecoder | None = None  # its text, once checked
 
     @property
     def masks_next_token(self) -> bool:
@@ -110,13 +116,14 @@ class Req:
             counts[token] += 1
             seen[token] = True
 
-    def finish(self, reason: dict[str, Any]) -> None:
+    def finish(self, reason: FinishReason) -> None:
         if self.finished_reason is None:
             self.finished_reason = reason
 
-    def fail(self, status_code: int, message: str) -> None:
-        """Finish with an error its caller gets as HTTP ``status_code`` (RequestError)."""
-        self.finish({"type": "abort", "status_code": status_code, "message": message})
+    def fail(self, status_code: int, message: str, param: str | None = None) -> None:
+        """Finish with an error its caller gets as HTTP ``status_code`` (RequestError), about
+        sampling parameter ``param`` if given."""
+        self.finish(FinishReason.error(status_code, message, param))
 
     def fail_from(self, exc: BaseException, stage: str) -> None:
         """Finish because ``exc`` was raised while ``stage`` (e.g. "sampling") for this request
@@ -129,10 +136,16 @@ class Req:
         self.fail(500, f"internal error while {stage} this request; the server log has details")
 
     @property
+    def aborted(self) -> bool:
+        """Whether the caller aborted it (its KV is then not kept either)."""
+        reason = self.finished_reason
+        return reason is not None and reason.type == "abort" and not reason.failed
+
+    @property
     def failed(self) -> bool:
         """Whether it finished with an error (its KV is then not worth caching)."""
         reason = self.finished_reason
-        return reason is not None and "status_code" in reason
+        return reason is not None and reason.failed
 
     def reset_for_retract(self) -> None:
         """Back to the queue: outputs so far are kept; KV placement starts over."""

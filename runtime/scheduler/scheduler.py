@@ -40,6 +40,7 @@ from runtime.ipc import (
     AbortRequest,
     ControlReply,
     ControlRequest,
+    FinishReason,
     GenerateRequest,
     SchedulerFailed,
     SchedulerReady,
@@ -274,8 +275,9 @@ class Scheduler:
                 one = self.sampler.sample(logits[row : row + 1], [req])
             except Exception as exc:
                 req.fail_from(exc, "sampling")
-                reason = req.finished_reason or {}
-                failures[row] = (reason.get("status_code", 500), reason.get("message", ""))
+                reason = req.finished_reason
+                status = reason.status_code if reason and reason.status_code else 500
+                failures[row] = (status, reason.message or "" if reason else "")
                 tokens.append(0)
                 logprobs.append(None)
                 accepted.append(False)
@@ -292,7 +294,7 @@ class Scheduler:
         outputs = self.outputs.outputs_for(self.running + failed)
         for req in done:
             self.running.remove(req)
-            aborted = req.to_abort is not None
+            aborted = req.aborted
             self.kv.release(req, keep_in_cache=not (req.failed or aborted))
             if not aborted:
                 self.stats["requests_finished"] += 1
@@ -370,7 +372,7 @@ class Scheduler:
             raise ValueError(f"logprob_start_len must be < the prompt length {len(ids)}")
 
     def _abort(self, rid: str) -> None:
-        reason = {"type": "abort", "message": "aborted"}
+        reason = FinishReason.aborted()
         queued = self.grammar.remove(rid)
         if queued is not None:
             queued.finish(reason)
@@ -387,7 +389,6 @@ class Scheduler:
                 if self._in_forward:
                     # The forward reads its KV now: finish it, and let the step's end release
                     # it and send its output (its token from this step is dropped).
-                    req.to_abort = rid
                     req.finish(reason)
                     return
                 self.running.remove(req)

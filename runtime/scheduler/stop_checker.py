@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.detokenizer import IncrementalDecoder
+from runtime.ipc import FinishReason
 from runtime.scheduler.req import Req
 
 # Prompt tokens given to an incremental decoder as context (SentencePiece spacing).
@@ -32,20 +33,20 @@ class StopChecker:
         produced = len(req.output_ids)
         if produced >= params.min_new_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
-                req.finish({"type": "stop", "matched": token})
+                req.finish(FinishReason.stop(token))
                 return
             if token in params.stop_token_ids:
-                req.finish({"type": "stop", "matched": token})
+                req.finish(FinishReason.stop(token))
                 return
             if params.stop and self._check_stop_strings(req):
                 return
             if params.stop_regex and self._check_stop_regex(req):
                 return
         if check_grammar and req.grammar is not None and req.grammar.is_terminated():
-            req.finish({"type": "stop", "matched": None})
+            req.finish(FinishReason.stop(None))
             return
         if produced >= params.max_new_tokens:
-            req.finish({"type": "length", "length": produced})
+            req.finish(FinishReason.cut(produced))
 
     def _check_stop_strings(self, req: Req) -> bool:
         window = max(len(s.encode()) for s in req.sampling.stop) + _WINDOW_SLACK
@@ -54,7 +55,7 @@ class StopChecker:
         )
         for stop in req.sampling.stop:
             if stop in tail:
-                req.finish({"type": "stop", "matched": stop})
+                req.finish(FinishReason.stop(stop))
                 return True
         return False
 
@@ -75,5 +76,5 @@ class StopChecker:
         if match is None:
             return False
         start, end = match
-        req.finish({"type": "stop", "matched": decoder.text[start:end]})
+        req.finish(FinishReason.stop(decoder.text[start:end]))
         return True

@@ -99,8 +99,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(400, str(exc), param=f"sampling_params.{exc.field}"))
 
     @app.exception_handler(RequestError)
-    async def _refused(_: Request, exc: RequestError) -> Response:
-        return error_response(ApiError(exc.status_code, str(exc)))
+    async def _refused(request: Request, exc: RequestError) -> Response:
+        param = None if exc.param is None else _param_name(request.url.path, exc.param)
+        return error_response(ApiError(exc.status_code, str(exc), param=param))
 
     @app.exception_handler(SchedulerDied)
     async def _dead(_: Request, exc: SchedulerDied) -> Response:
@@ -122,3 +123,13 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _internal(_: Request, exc: Exception) -> Response:
         logger.exception("unhandled error in a request handler")
         return error_response(ApiError(500, "internal error; the server log has details"))
+
+
+def _param_name(path: str, param: str) -> str:
+    """The request field a runtime error about sampling parameter ``param`` names, as the
+    route's API spells it."""
+    if path.startswith("/v1/responses"):
+        return responses_api.PARAM_NAMES.get(param, param)
+    if path.startswith("/v1/"):
+        return openai_api.PARAM_NAMES.get(param, param)
+    return f"sampling_params.{param}"

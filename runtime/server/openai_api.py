@@ -38,8 +38,9 @@ from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 
 router = APIRouter(prefix="/v1")
 
-# Sampling-param names as the OpenAI request spells them, for error messages.
-_OPENAI_NAMES = {
+# Sampling-param names as the OpenAI request spells them, for error messages (also those
+# the runtime raises: http_app).
+PARAM_NAMES = {
     "max_new_tokens": "max_tokens",
     "min_new_tokens": "min_tokens",
     "structural_tag": "tool_choice",
@@ -222,7 +223,7 @@ def _sampling(
     try:
         return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
     except InvalidSamplingParams as exc:
-        name = _OPENAI_NAMES.get(exc.field, exc.field)
+        name = PARAM_NAMES.get(exc.field, exc.field)
         reason = str(exc).split(": ", 1)[-1]
         raise ApiError(400, f"{name}: {reason}", param=name) from None
 

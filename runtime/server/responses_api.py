@@ -47,7 +47,7 @@ _ITEM_ID_PREFIXES = {
     "reasoning": "rs",
 }
 _REFUSED = ("background", "conversation", "prompt", "context_management")
-_OPENAI_NAMES = {
+PARAM_NAMES = {
     "max_new_tokens": "max_output_tokens",
     "structural_tag": "tool_choice",
     "json_object": "text.format",
@@ -305,6 +305,6 @@ def _sampling(
     try:
         return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
     except InvalidSamplingParams as exc:
-        name = _OPENAI_NAMES.get(exc.field, exc.field)
+        name = PARAM_NAMES.get(exc.field, exc.field)
         reason = str(exc).split(": ", 1)[-1]
         raise ApiError(400, f"{name}: {reason}", param=name) from None

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from runtime.detokenizer import DetokenizerManager
-from runtime.ipc import TokenOutput, TokenOutputBatch
+from runtime.ipc import FinishReason, TokenOutput, TokenOutputBatch
 
 TEXT = "Hello wörld — naïve café 中文字符 🙂 done.\n  indented"
 
@@ -27,7 +27,7 @@ def _stream(
         out = TokenOutput(
             rid="r",
             new_token_ids=ids[start : start + step],
-            finished_reason={"type": "length"} if last else None,
+            finished_reason=FinishReason.cut(start + step) if last else None,
             prompt_tokens=1,
             completion_tokens=start + step,
             cached_tokens=0,

@@ -12,7 +12,7 @@ import pytest
 
 from runtime import Engine
 from runtime.channels import QueueChannel
-from runtime.ipc import AbortRequest, GenerateRequest, TokenOutputBatch
+from runtime.ipc import AbortRequest, FinishReason, GenerateRequest, TokenOutputBatch
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import grammar_manager
 from runtime.scheduler.scheduler import Scheduler
@@ -175,8 +175,8 @@ def test_abort_during_a_forward_is_carried_out_after_it(tiny_model_path: Path) -
     while (batch := out.recv(0)) is not None:
         assert isinstance(batch, TokenOutputBatch)
         finished.update({o.rid: o.finished_reason for o in batch.outputs if o.finished_reason})
-    assert finished["r0"]["type"] == "abort"
-    assert finished["r1"] == {"type": "length", "length": 50}
+    assert finished["r0"].type == "abort"
+    assert finished["r1"] == FinishReason.cut(50)
     scheduler.kv.check_invariants([])
 
 

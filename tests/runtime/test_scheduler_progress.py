@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.channels import QueueChannel
-from runtime.ipc import GenerateRequest, TokenOutputBatch
+from runtime.ipc import FinishReason, GenerateRequest, TokenOutputBatch
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
@@ -41,9 +41,6 @@ def test_blocked_partial_prefills_are_retracted_until_all_finish(tiny_model_path
         for o in batch.outputs:
             if o.finished_reason is not None:
                 finished[o.rid] = o.finished_reason
-    assert finished == {
-        "r0": {"type": "length", "length": 4},
-        "r1": {"type": "length", "length": 4},
-    }
+    assert finished == {"r0": FinishReason.cut(4), "r1": FinishReason.cut(4)}
     assert scheduler.decodes.num_retracted >= 1
     scheduler.kv.check_invariants([])

@@ -390,3 +390,26 @@ def test_auto_with_a_format_is_calls_or_the_answer(
         assert calls and not text
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+
+
+def test_a_schema_the_runtime_refuses_names_its_field(server: ServerProcess, model: str):
+    """A constraint that fails to compile in the scheduler is a 400 naming the request field,
+    in each API's spelling."""
+    bad = {"type": "object", "properties": {"a": {"type": "strin"}}}
+    responses = httpx.post(
+        f"{server.url}/v1/responses",
+        json={
+            "model": model,
+            "input": "x",
+            "text": {"format": {"type": "json_schema", "name": "b", "schema": bad}},
+        },
+        timeout=30,
+    )
+    native = httpx.post(
+        f"{server.url}/generate",
+        json={"text": "x", "sampling_params": {"json_schema": bad, "max_new_tokens": 2}},
+        timeout=30,
+    )
+    assert responses.status_code == native.status_code == 400
+    assert responses.json()["error"]["param"] == "text.format"
+    assert native.json()["error"]["param"] == "sampling_params.json_schema"
