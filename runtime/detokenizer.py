@@ -12,7 +12,13 @@ import logging
 from typing import Any
 
 from runtime.channels import Receiver, Sender
-from runtime.ipc import TextOutput, TextOutputBatch, TokenOutput, TokenOutputBatch
+from runtime.ipc import (
+    FinishReason,
+    TextOutput,
+    TextOutputBatch,
+    TokenOutput,
+    TokenOutputBatch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +76,7 @@ class DetokenizerManager:
             if out.rid in self._failed:
                 if out.finished_reason is not None:
                     self._failed.discard(out.rid)
-                    outputs.append(_bare(out))
+                    outputs.append(_text_output(out, "", logprobs=False))
                 continue
             try:
                 outputs.append(self._process_one(out))
@@ -85,12 +91,10 @@ class DetokenizerManager:
         still_running = out.finished_reason is None
         if still_running:
             self._failed.add(out.rid)
-        failed = _bare(out)
-        failed.finished_reason = {
-            "type": "abort",
-            "status_code": 500,
-            "message": "internal error while detokenizing this request; the server log has details",
-        }
+        failed = _text_output(out, "", logprobs=False)
+        failed.finished_reason = FinishReason.error(
+            500, "internal error while detokenizing this request; the server log has details"
+        )
         failed.detokenizer_failed = still_running
         return failed
 
@@ -114,17 +118,7 @@ class DetokenizerManager:
         else:
             end = len(text) - _held_back(text, out.stop)
             self._emitted[out.rid] = max(emitted, end)
-        return TextOutput(
-            rid=out.rid,
-            text_delta=text[emitted:end] if end > emitted else "",
-            new_token_ids=out.new_token_ids,
-            finished_reason=out.finished_reason,
-            prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens,
-            cached_tokens=out.cached_tokens,
-            output_logprobs=out.output_logprobs,
-            input_logprobs=out.input_logprobs,
-        )
+        return _text_output(out, text[emitted:end] if end > emitted else "")
 
     def event_loop(self, inbox: Receiver, outbox: Sender) -> None:
         """Forward every TokenOutputBatch as a TextOutputBatch until a None message arrives."""
@@ -138,16 +132,19 @@ class DetokenizerManager:
                 outbox.send(message)  # anything else is for the tokenizer manager as is
 
 
-def _bare(out: TokenOutput) -> TextOutput:
-    """``out`` passed on without its text."""
+def _text_output(out: TokenOutput, text_delta: str, logprobs: bool = True) -> TextOutput:
+    """``out`` as the tokenizer manager gets it, with ``text_delta`` (and its logprobs, unless
+    the request failed here)."""
     return TextOutput(
         rid=out.rid,
-        text_delta="",
+        text_delta=text_delta,
         new_token_ids=out.new_token_ids,
         finished_reason=out.finished_reason,
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
         cached_tokens=out.cached_tokens,
+        output_logprobs=out.output_logprobs if logprobs else [],
+        input_logprobs=out.input_logprobs if logprobs else None,
     )
 
 
@@ -164,9 +161,9 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 def _trimmed_end(text: str, emitted: int, out: TokenOutput) -> int:
     """Where the final text ends: before the stop string or stop regex match that ended it."""
-    reason = out.finished_reason or {}
-    matched = reason.get("matched")
-    if reason.get("type") != "stop" or not isinstance(matched, str):
+    reason = out.finished_reason
+    matched = reason.matched if reason is not None else None
+    if reason is None or reason.type != "stop" or not isinstance(matched, str):
         return len(text)
     if matched in out.stop:
         pos = text.find(matched, emitted)

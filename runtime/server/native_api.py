@@ -17,9 +17,8 @@ from typing import Any, cast
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.errors import RequestError, SchedulerDied
 from runtime.sampling_params import SamplingParams, SamplingParamsInput
-from runtime.server.errors import ApiError, ClientGone, error_body
+from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
 from runtime.server.request_body import parse_model
 from runtime.server.state import (
@@ -30,9 +29,9 @@ from runtime.server.state import (
     open_streams,
 )
 from runtime.server.streams import (
-    SSE_DONE,
     Events,
     collect_finals,
+    guarded_sse,
     merge_streams,
     primed,
     sse_event,
@@ -55,7 +54,8 @@ async def generate(request: Request) -> Response:
     if body.stream:
         events = await primed(merge_streams(request, streams))
         return StreamingResponse(
-            _event_stream(state, body, events, several), media_type="text/event-stream"
+            guarded_sse(_event_stream(state, body, events, several)),
+            media_type="text/event-stream",
         )
     results = [_result(state, body, chunk) for chunk in await collect_finals(request, streams)]
     return JSONResponse(results if several else results[0])
@@ -67,19 +67,12 @@ async def _event_stream(
     events: Events,
     several: bool,
 ) -> AsyncIterator[bytes]:
-    try:
-        async for index, chunk in events:
-            result = _result(state, body, chunk)
-            result["delta"] = chunk["delta"]
-            if several:
-                result["index"] = index
-            yield sse_event(result)
-    except ClientGone:
-        return
-    except (RequestError, SchedulerDied) as exc:
-        status = exc.status_code if isinstance(exc, RequestError) else 503
-        yield sse_event(error_body(status, str(exc)))
-    yield SSE_DONE
+    async for index, chunk in events:
+        result = _result(state, body, chunk)
+        result["delta"] = chunk["delta"]
+        if several:
+            result["index"] = index
+        yield sse_event(result)
 
 
 async def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest]:

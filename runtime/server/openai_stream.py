@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.errors import RequestError, SchedulerDied
-from runtime.server.errors import ClientGone, error_body
 from runtime.server.openai_format import (
     ResponseContext,
     chat_logprobs,
@@ -30,7 +28,7 @@ from runtime.server.openai_format import (
     remember_turn,
     usage,
 )
-from runtime.server.streams import SSE_DONE, Events, sse_event
+from runtime.server.streams import Events, guarded_sse, sse_event
 from runtime.server.tool_calls import (
     ToolCallArguments,
     ToolCallEvent,
@@ -64,23 +62,10 @@ def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[dict[str, Any]]) 
     return sse_event(body)
 
 
-async def _guarded(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """End the stream properly whatever happens to the generation."""
-    try:
-        async for data in body:
-            yield data
-    except ClientGone:
-        return
-    except (RequestError, SchedulerDied) as exc:
-        status = exc.status_code if isinstance(exc, RequestError) else 503
-        yield sse_event(error_body(status, str(exc)))
-    yield SSE_DONE
-
-
 def completion_stream(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
-    return _guarded(_completion_chunks(ctx, events, num_choices, want_logprobs))
+    return guarded_sse(_completion_chunks(ctx, events, num_choices, want_logprobs))
 
 
 async def _completion_chunks(
@@ -118,7 +103,7 @@ async def _completion_chunks(
 def chat_stream(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
-    return _guarded(_chat_chunks(ctx, events, num_choices, want_logprobs))
+    return guarded_sse(_chat_chunks(ctx, events, num_choices, want_logprobs))
 
 
 async def _chat_chunks(

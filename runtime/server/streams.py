@@ -16,7 +16,8 @@ from typing import Any
 
 from fastapi import Request
 
-from runtime.server.errors import ClientGone
+from runtime.errors import RequestError, SchedulerDied
+from runtime.server.errors import ClientGone, error_body
 
 _DONE = object()
 SSE_DONE = b"data: [DONE]\n\n"
@@ -111,3 +112,18 @@ async def _prepend(first: tuple[int, dict[str, Any]], rest: Events) -> Events:
             yield event
     finally:
         await rest.aclose()
+
+
+async def guarded_sse(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``body`` (server-sent events) ended properly whatever happens to the generation: a
+    client that left ends it silently; a failed request sends an ``{"error": ...}`` event;
+    then ``data: [DONE]``."""
+    try:
+        async for data in body:
+            yield data
+    except ClientGone:
+        return
+    except (RequestError, SchedulerDied) as exc:
+        status = exc.status_code if isinstance(exc, RequestError) else 503
+        yield sse_event(error_body(status, str(exc)))
+    yield SSE_DONE

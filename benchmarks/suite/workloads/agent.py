@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +11,7 @@ from benchmarks.suite.systems.arbor_programs import run_programs
 from benchmarks.suite.trace import SystemRun
 from benchmarks.suite.workloads.base import Workload
 from benchmarks.suite.workloads.text import paragraph
+from examples.react_agent import calculator  # one calculator for the example and the bench
 from runtime import Engine
 
 FACTS = {
@@ -21,30 +20,6 @@ FACTS = {
     "lima": "Lima is the capital of Peru; about 10 million people live there.",
     "oslo": "Oslo is the capital of Norway; about 0.7 million people live there.",
 }
-_ARITHMETIC: dict[type, Callable[[float, float], float]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-}
-
-
-def calculator(expression: str) -> str:
-    """+ - * / over numbers; anything else (or division by zero) is an error message."""
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
-            return _ARITHMETIC[type(node.op)](value(node.left), value(node.right))
-        raise ValueError("only numbers and + - * / are allowed")
-
-    try:
-        return str(value(ast.parse(expression, mode="eval").body))
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
-        return f"error: {exc}"
-
-
 def lookup(city: str) -> str:
     return FACTS.get(city.strip().lower(), f"no entry for {city!r}")
 
