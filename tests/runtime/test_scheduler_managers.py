@@ -1,0 +1,142 @@
+"""PrefillAdmission and DecodeManager on a CPU KV cache without a model: budgets, chunking,
+in-batch prefix sharing, retraction order and the out-of-memory failure, with the slot
+accounting checked after every plan."""
+
+from __future__ import annotations
+
+import torch
+
+from radix_cache import KVSlotAllocator, RadixCache
+from runtime.ipc import GenerateRequest
+from runtime.memory_pool import ReqToTokenPool
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler.decode_manager import DecodeManager
+from runtime.scheduler.kv_manager import KVCacheManager
+from runtime.scheduler.prefill_admission import IN_BATCH_SHARING_THRESHOLD, PrefillAdmission
+from runtime.scheduler.req import Req
+from runtime.scheduler.token_ratio import NewTokenRatio
+from runtime.server_args import ServerArgs
+
+
+def _kv(slots: int, rows: int = 8) -> KVCacheManager:
+    allocator = KVSlotAllocator(slots)
+    return KVCacheManager(
+        allocator, RadixCache(allocator), ReqToTokenPool(rows, 512, torch.device("cpu"))
+    )
+
+
+def _req(rid: str, ids: list[int], max_new_tokens: int = 4) -> Req:
+    return Req(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=max_new_tokens)), seed=0)
+
+
+def _admission(kv: KVCacheManager, step: int, chunk: int, running: int = 8) -> PrefillAdmission:
+    args = ServerArgs(
+        "unused", max_prefill_tokens=step, chunked_prefill_size=chunk, max_running_requests=running
+    )
+    return PrefillAdmission(args, "cpu", kv, NewTokenRatio())
+
+
+def test_step_budget_and_chunks_split_long_prompts():
+    kv = _kv(1024)
+    admission = _admission(kv, step=16, chunk=8)
+    waiting = [_req("a", list(range(10))), _req("b", list(range(100, 110)))]
+    chunks, admitted = admission.schedule([], waiting)
+    assert [(r.rid, n) for r, n in chunks] == [("a", 8), ("b", 8)]
+    assert admitted == waiting
+    assert all(r.kv_len == 8 and r.pending_len == 2 for r in admitted)
+    kv.check_invariants(admitted)
+    # Next step: the running partial prefills continue first.
+    chunks, admitted = admission.schedule(waiting, [_req("c", list(range(200, 210)))])
+    assert [(r.rid, n) for r, n in chunks][:2] == [("a", 2), ("b", 2)]
+    kv.check_invariants(waiting + admitted)
+
+
+def test_max_running_requests_caps_admission():
+    kv = _kv(1024)
+    admission = _admission(kv, step=1024, chunk=1024, running=2)
+    waiting = [_req(str(i), [i] * 5 + list(range(50, 55))) for i in range(4)]
+    _, admitted = admission.schedule([], waiting)
+    assert [r.rid for r in admitted] == ["0", "1"]
+    kv.check_invariants(admitted)
+
+
+def test_kv_budget_keeps_room_for_running_decodes():
+    kv = _kv(64)
+    admission = _admission(kv, step=1024, chunk=1024)
+    first = _req("first", list(range(30)), max_new_tokens=16)
+    _, admitted = admission.schedule([], [first])
+    assert admitted == [first]
+    # 30 + 16 * ratio reserved for it; a second long prompt no longer fits and waits, unheld.
+    second = _req("second", list(range(100, 130)), max_new_tokens=16)
+    _, more = admission.schedule([first], [second])
+    assert more == [] and second.row is None and second.kv_len == 0
+    kv.check_invariants([first])
+
+
+def test_requests_sharing_an_uncached_prefix_wait_a_round():
+    kv = _kv(1024)
+    admission = _admission(kv, step=1024, chunk=1024)
+    prefix = list(range(IN_BATCH_SHARING_THRESHOLD + 8))
+    a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
+    _, admitted = admission.schedule([], [a, b])
+    assert admitted == [a]  # b would recompute the prefix a is computing now
+    kv.check_invariants([a])
+    kv.cache_prefix(a)
+    _, later = admission.schedule([a], [b])
+    assert later == [b] and b.cached_len >= len(prefix)
+    kv.check_invariants([a, b])
+
+
+def _decoding(kv: KVCacheManager, reqs: list[Req]) -> None:
+    """Admit and fully 'prefill' ``reqs``, then give each a sampled token to decode next."""
+    for req in reqs:
+        assert kv.admit(req) and kv.alloc_extend(req, req.pending_len)
+        req.append_output(7)
+        assert req.pending_len == 1
+
+
+def test_decode_gives_each_request_its_slot():
+    kv = _kv(256)
+    reqs = [_req(str(i), list(range(i * 20, i * 20 + 10 + i))) for i in range(3)]
+    _decoding(kv, reqs)
+    free = kv.available_tokens()
+    ready, retracted, failed = DecodeManager(kv, NewTokenRatio()).allocate(reqs)
+    assert sorted(r.rid for r in ready) == ["0", "1", "2"] and not retracted and not failed
+    assert kv.available_tokens() == free - 3
+    kv.check_invariants(reqs)
+
+
+def _fill_pool_but(kv: KVCacheManager, keep: int) -> Req:
+    """Another admitted request holding all free slots but ``keep`` (no tree to evict)."""
+    filler = _req("filler", list(range(1000, 1000 + kv.allocator.available() - keep)))
+    assert kv.admit(filler) and kv.alloc_extend(filler, filler.pending_len)
+    return filler
+
+
+def test_decode_under_pressure_drops_drafts_then_retracts_the_cheapest():
+    kv = _kv(64)
+    big, small = _req("big", list(range(20))), _req("small", list(range(100, 110)))
+    _decoding(kv, [big, small])
+    big.draft.tokens = [1, 2, 3]  # needs 4 slots with its draft, 1 without
+    filler = _fill_pool_but(kv, keep=1)
+    decodes = DecodeManager(kv, NewTokenRatio())
+    ready, retracted, failed = decodes.allocate([big, small])
+    assert ready == [big] and big.draft.tokens == []  # the draft went first
+    assert retracted == [small] and not failed  # then the request with the least KV
+    assert small.row is None and small.kv_len == 0 and small.retractions == 1
+    assert small.output_ids == [7]  # its output so far is kept
+    assert decodes.num_retracted == 1
+    kv.check_invariants([big, filler])
+
+
+def test_a_decode_that_cannot_progress_even_alone_fails_with_a_400():
+    kv = _kv(64)
+    req = _req("huge", list(range(20)))
+    _decoding(kv, [req])
+    filler = _fill_pool_but(kv, keep=0)
+    ready, retracted, failed = DecodeManager(kv, NewTokenRatio()).allocate([req])
+    assert failed == [req] and not ready and not retracted
+    reason = req.finished_reason
+    assert reason is not None and reason.status_code == 400
+    assert "max_total_tokens" in (reason.message or "")
+    kv.check_invariants([filler])
