@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from runtime.channels import Receiver, Sender
+from runtime.incremental_decoder import IncrementalDecoder
 from runtime.ipc import (
     FinishReason,
     TextOutput,
@@ -21,42 +22,6 @@ from runtime.ipc import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class IncrementalDecoder:
-    """Decodes one request's output as it grows."""
-
-    def __init__(
-        self,
-        tokenizer: Any,
-        context_ids: list[int],
-        skip_special: bool,
-        spaces_between_special: bool,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.ids = list(context_ids)
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-        self.kwargs = {
-            "skip_special_tokens": skip_special,
-            "spaces_between_special_tokens": spaces_between_special,
-        }
-        self.text = ""  # everything decoded so far (complete characters)
-
-    def add(self, new_ids: list[int], final: bool) -> None:
-        """Append tokens; ``text`` grows by every complete character they finish (and, when
-        ``final``, by whatever is left)."""
-        self.ids.extend(new_ids)
-        if len(self.ids) == self.read_offset:
-            return
-        window = self._decode(self.ids[self.prefix_offset :])
-        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        if len(window) > len(before) and (final or not window.endswith("\ufffd")):
-            self.text += window[len(before) :]
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, **self.kwargs) if ids else ""
 
 
 class DetokenizerManager:

@@ -53,12 +53,20 @@ class SampleOutput:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        grammar_mask: GrammarMaskFn | None = None,
+        grammar_accept: GrammarAcceptFn | None = None,
+    ) -> None:
+        """grammar_mask: applies the constrained rows' masks (GrammarManager.apply_masks);
+        grammar_accept: advances matchers by their tokens, all at once
+        (GrammarBackend.accept_tokens). Without them, rows are unconstrained."""
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.grammar_mask: GrammarMaskFn | None = None  # set by the grammar integration
-        # Advances matchers by their tokens, all at once (GrammarBackend.accept_tokens).
-        self.grammar_accept: GrammarAcceptFn | None = None
+        self.grammar_mask = grammar_mask
+        self.grammar_accept = grammar_accept
 
     def sample(
         self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False

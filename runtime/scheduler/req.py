@@ -15,7 +15,7 @@ from runtime.scheduler.draft_manager import DraftState
 if TYPE_CHECKING:
     import torch
 
-    from runtime.detokenizer import IncrementalDecoder
+    from runtime.incremental_decoder import IncrementalDecoder
     from runtime.scheduler.grammar_manager import PendingConstraint
     from runtime.scheduler.reasoning_gate import ReasoningGate
 

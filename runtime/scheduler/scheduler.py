@@ -102,10 +102,13 @@ class Scheduler:
         self.policy = make_policy(args.schedule_policy, args.lpm_max_queue)
         self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio)
-        self.sampler = Sampler(config.vocab_size, config.eos_token_ids)
         self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
-        self.sampler.grammar_mask = self.grammar.apply_masks
-        self.sampler.grammar_accept = self.grammar.backend.accept_tokens
+        self.sampler = Sampler(
+            config.vocab_size,
+            config.eos_token_ids,
+            grammar_mask=self.grammar.apply_masks,
+            grammar_accept=self.grammar.backend.accept_tokens,
+        )
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
         )

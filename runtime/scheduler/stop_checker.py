@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.detokenizer import IncrementalDecoder
+from runtime.incremental_decoder import IncrementalDecoder
 from runtime.ipc import FinishReason
 from runtime.scheduler.req import Req
 
