@@ -90,6 +90,7 @@ class Engine:
         ``{rid}-{i}-{j}`` for both. Bad arguments raise ValueError subclasses naming the field
         (``InvalidRequestValue``, ``InvalidSamplingParams``), before anything is tokenized."""
         logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
+        # Parsed on the private loop when the work starts: a stream raises when iterated.
         parse = functools.partial(self._parse, prompt, sampling_params, input_ids, rid, logprobs)
         if stream:
             return self._iterate(self._stream(parse))
