@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from runtime.channels import QueueChannel
 from runtime.detokenizer import DetokenizerManager
-from runtime.errors import RequestError, SchedulerDied
-from runtime.request_checks import check_text
-from runtime.sampling_params import SamplingParams
+from runtime.errors import SchedulerDied
+from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
@@ -78,17 +78,23 @@ class Engine:
         top_logprobs_num: int = 0,
         logprob_start_len: int = -1,
         stream: bool = False,
-        rid: str | None = None,
+        rid: str | list[str] | None = None,
     ) -> Any:
         """Generate for one prompt (a dict result), a batch (a list, in input order), or with
         ``stream`` an iterator of chunk dicts (single prompt only). ``n`` > 1 in the sampling
         params gives a list of n results per prompt. Results follow SGLang's native API:
-        ``{"text", "output_ids", "meta_info": {"prompt_tokens", "completion_tokens",
-        "cached_tokens", "finish_reason", ...}}``."""
-        options = (return_logprob, top_logprobs_num, logprob_start_len)
+        ``{"text", "output_ids", "meta_info": {"id", "prompt_tokens", "completion_tokens",
+        "cached_tokens", "finish_reason", ...}}``. ``rid`` (one id, or one per prompt of a
+        batch) names the sub-requests as the HTTP API does (``runtime/generate_input.py``):
+        ``rid``, ``{rid}-{j}`` for sample j, ``{rid}-{i}`` for prompt i of a batch,
+        ``{rid}-{i}-{j}`` for both. Bad arguments raise ValueError subclasses naming the field
+        (``InvalidRequestValue``, ``InvalidSamplingParams``), before anything is tokenized."""
+        logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
+        # Parsed on the private loop when the work starts: a stream raises when iterated.
+        parse = functools.partial(self._parse, prompt, sampling_params, input_ids, rid, logprobs)
         if stream:
-            return self._iterate(self._stream(prompt, sampling_params, input_ids, options, rid))
-        return self._call(self._collect(prompt, sampling_params, input_ids, options, rid))
+            return self._iterate(self._stream(parse))
+        return self._call(self._collect(parse))
 
     async def async_generate(
         self,
@@ -99,102 +105,50 @@ class Engine:
         top_logprobs_num: int = 0,
         logprob_start_len: int = -1,
         stream: bool = False,
-        rid: str | None = None,
+        rid: str | list[str] | None = None,
     ) -> Any:
         """As ``generate``, awaitable; with ``stream`` an async iterator of chunk dicts."""
-        options = (return_logprob, top_logprobs_num, logprob_start_len)
+        logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
+        parse = functools.partial(self._parse, prompt, sampling_params, input_ids, rid, logprobs)
         if stream:
-            return self._aiterate(self._stream(prompt, sampling_params, input_ids, options, rid))
-        future = asyncio.run_coroutine_threadsafe(
-            self._collect(prompt, sampling_params, input_ids, options, rid), self._loop
-        )
+            return self._aiterate(self._stream(parse))
+        future = asyncio.run_coroutine_threadsafe(self._collect(parse), self._loop)
         return await asyncio.wrap_future(future)
 
-    async def _collect(
+    def _parse(
         self,
         prompt: Prompt,
         params: Params,
-        input_ids: Any,
-        options: tuple[int, ...],
-        rid: str | None,
-    ) -> Any:
-        requests = await self._expand(prompt, params, input_ids)
-        batched = isinstance(prompt, list) or (input_ids is not None and _is_batch(input_ids))
-        tasks = []
-        for i, (ids, sampling) in enumerate(requests):
-            copies = []
-            for j in range(sampling.n):  # n samples: n requests, the prompt's KV shared
-                sub_rid = rid
-                if rid is not None and (len(requests) > 1 or sampling.n > 1):
-                    sub_rid = f"{rid}-{i}-{j}"
-                copies.append(self._one(ids, sampling.for_sample(j), sub_rid, options))
-            tasks.append(asyncio.gather(*copies))
-        results = [r[0] if len(r) == 1 else r for r in await asyncio.gather(*tasks)]
-        return results if batched else results[0]
+        input_ids: list[int] | list[list[int]] | None,
+        rid: str | list[str] | None,
+        logprobs: LogprobOptions,
+    ) -> GenerateInput:
+        limits = self.tokenizer_manager.limits
+        return GenerateInput.parse(prompt, input_ids, params, rid, logprobs, limits, "prompt")
 
-    async def _one(
-        self, ids: list[int], sampling: SamplingParams, rid: str | None, options: tuple[int, ...]
-    ) -> dict[str, Any]:
-        return_logprob, top_logprobs_num, logprob_start_len = options
+    async def _collect(self, parse: Callable[[], GenerateInput]) -> Any:
+        request = parse()
+        subs = await request.sub_requests(self.tokenizer_manager.tokenize)
+        results = await asyncio.gather(*(self._one(sub) for sub in subs))
+        per_prompt: list[list[dict[str, Any]]] = [[] for _ in request.prompts]
+        for sub, result in zip(subs, results, strict=True):
+            per_prompt[sub.prompt_index].append(result)
+        shaped = [samples[0] if len(samples) == 1 else samples for samples in per_prompt]
+        return shaped if request.is_batch else shaped[0]
+
+    async def _one(self, sub: SubRequest) -> dict[str, Any]:
         result: dict[str, Any] = {}
-        async for chunk in self.tokenizer_manager.generate(
-            ids, sampling, rid, bool(return_logprob), logprob_start_len, top_logprobs_num
-        ):
+        async for chunk in sub.run(self.tokenizer_manager):
             result = chunk
         result.pop("delta", None)
         return result
 
-    async def _stream(
-        self,
-        prompt: Prompt,
-        params: Params,
-        input_ids: Any,
-        options: tuple[int, ...],
-        rid: str | None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        requests = await self._expand(prompt, params, input_ids)
-        if len(requests) != 1 or requests[0][1].n != 1:
+    async def _stream(self, parse: Callable[[], GenerateInput]) -> AsyncIterator[dict[str, Any]]:
+        subs = await parse().sub_requests(self.tokenizer_manager.tokenize)
+        if len(subs) != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
-        ids, sampling = requests[0]
-        return_logprob, top_logprobs_num, logprob_start_len = options
-        async for chunk in self.tokenizer_manager.generate(
-            ids,
-            sampling,
-            rid,
-            bool(return_logprob),
-            logprob_start_len,
-            top_logprobs_num,
-            stream=True,
-        ):
+        async for chunk in subs[0].run(self.tokenizer_manager, stream=True):
             yield chunk
-
-    async def _expand(
-        self, prompt: Prompt, params: Params, input_ids: Any
-    ) -> list[tuple[list[int], SamplingParams]]:
-        """(input ids, parsed sampling params) per prompt, everything validated (as the HTTP
-        APIs do) before anything is tokenized. Raises ValueError subclasses naming the field."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt and input_ids")
-        manager = self.tokenizer_manager
-        prompts = prompt if isinstance(prompt, list) else [prompt]
-        count = len(prompts)
-        if input_ids is not None:
-            count = len(input_ids) if _is_batch(input_ids) else 1
-        if isinstance(params, list):
-            if len(params) != count:
-                raise ValueError(f"{len(params)} sampling_params for {count} prompts")
-            parsed = [SamplingParams.from_dict(p, manager.limits) for p in params]
-        else:
-            parsed = [SamplingParams.from_dict(params, manager.limits)] * count
-        if prompt is not None:
-            for i, text in enumerate(prompts):
-                if not isinstance(text, str):
-                    raise RequestError(f"prompt: expected text, got {type(text).__name__}")
-                check_text(text, f"prompt.{i}" if isinstance(prompt, list) else "prompt")
-            ids_list = [await manager.tokenize(str(p), "prompt") for p in prompts]
-        else:
-            ids_list = [list(ids) for ids in (input_ids if _is_batch(input_ids) else [input_ids])]
-        return list(zip(ids_list, parsed, strict=True))
 
     # ---- control ------------------------------------------------------------------------
 
@@ -285,7 +239,3 @@ class Engine:
         finally:
             if not future.done():
                 self._loop.call_soon_threadsafe(future.cancel)
-
-
-def _is_batch(input_ids: Any) -> bool:
-    return bool(input_ids) and isinstance(input_ids[0], list)

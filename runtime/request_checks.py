@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.errors import RequestError
+
 # Deepest JSON nesting a request body may have. Real bodies stay far below: a chat request
 # with a tool whose parameters nest 30 objects deep is about 70 levels.
 MAX_JSON_DEPTH = 256
@@ -28,8 +30,9 @@ _OPEN_BRACKETS = (ord("["), ord("{"))
 _CLOSE_BRACKETS = (ord("]"), ord("}"))
 
 
-class InvalidRequestValue(ValueError):
-    """A value a request may not hold; ``field`` is its dotted path (``messages.0.content``)."""
+class InvalidRequestValue(RequestError):
+    """A value a request may not hold (a 400); ``field`` is its dotted path
+    (``messages.0.content``)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}" if field else message)

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.errors import RequestError, SchedulerDied
+from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import InvalidSamplingParams
 from runtime.server import native_api, openai_api, responses_api
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
@@ -97,6 +98,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidSamplingParams)
     async def _invalid_params(_: Request, exc: InvalidSamplingParams) -> Response:
         return error_response(ApiError(400, str(exc), param=f"sampling_params.{exc.field}"))
+
+    @app.exception_handler(InvalidRequestValue)
+    async def _invalid_value(_: Request, exc: InvalidRequestValue) -> Response:
+        return error_response(ApiError(400, str(exc), param=exc.field or None))
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> Response:

@@ -4,7 +4,8 @@
 result ``{"text", "output_ids", "meta_info"}`` for one prompt with n == 1, else a list
 (prompt-major, n results per prompt). With ``stream`` it answers server-sent events, one
 cumulative result per output step (``index`` names the prompt/sample when there are several),
-then ``data: [DONE]``.
+then ``data: [DONE]``. The body is validated and expanded as the Engine's arguments are
+(``runtime/generate_input.py``, which also says how ``rid`` names each sub-request).
 """
 
 from __future__ import annotations
@@ -12,22 +13,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.sampling_params import SamplingParams, SamplingParamsInput
+from runtime.generate_input import GenerateInput, LogprobOptions
+from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
 from runtime.server.request_body import parse_model
-from runtime.server.state import (
-    ServerState,
-    SubRequest,
-    expand_samples,
-    get_state,
-    open_streams,
-)
+from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import (
     Events,
     collect_finals,
@@ -48,9 +44,10 @@ async def generate(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
     body = parse_model(GenerateReqInput, await state.read_body(request))
-    subs = await _sub_requests(state, body)
+    generate_input = _generate_input(state, body)
+    subs = await generate_input.sub_requests(state.tokenizer_manager.tokenize)
     streams = open_streams(state, subs)
-    several = body.is_batch or len(subs) > 1
+    several = generate_input.is_batch or len(subs) > 1
     if body.stream:
         events = await primed(merge_streams(request, streams))
         return StreamingResponse(
@@ -75,60 +72,17 @@ async def _event_stream(
         yield sse_event(result)
 
 
-async def _sub_requests(state: ServerState, body: GenerateReqInput) -> list[SubRequest]:
-    """Validate everything (sampling params, token ids, rids) before tokenizing anything."""
-    if (body.text is None) == (body.input_ids is None):
-        raise ApiError(400, "pass exactly one of text and input_ids", param="text")
-    manager = state.tokenizer_manager
-    count = len(body.text) if isinstance(body.text, list) else 1
-    if body.input_ids is not None:
-        id_lists = body.input_ids if body.is_batch else [body.input_ids]
-        count = len(id_lists)
-    if count == 0:
-        raise ApiError(400, "the batch is empty", param="text")
-    limits = manager.limits
-    if isinstance(body.sampling_params, list):
-        if len(body.sampling_params) != count:
-            raise ApiError(
-                400,
-                f"{len(body.sampling_params)} sampling_params for {count} prompts",
-                param="sampling_params",
-            )
-        params = [SamplingParams.from_dict(_given(p), limits) for p in body.sampling_params]
-    else:
-        params = [SamplingParams.from_dict(_given(body.sampling_params), limits)] * count
-    rids = _rids(body.rid, count, body.is_batch)
-    if body.text is not None:
-        texts = body.text if isinstance(body.text, list) else [body.text]
-        prompts = [await manager.tokenize(text) for text in texts]
-    else:
-        prompts = cast(list[list[int]], id_lists)
-        for i, ids in enumerate(prompts):
-            manager.check_input_ids(ids, f"input_ids.{i}" if body.is_batch else "input_ids")
-    options = {
-        "return_logprob": body.return_logprob,
-        "logprob_start_len": body.logprob_start_len,
-        "top_logprobs_num": body.top_logprobs_num,
-    }
-    subs: list[SubRequest] = []
-    for ids, sampling, rid in zip(prompts, params, rids, strict=True):
-        subs += expand_samples(list(ids), sampling, rid, **options)
-    return subs
+def _generate_input(state: ServerState, body: GenerateReqInput) -> GenerateInput:
+    logprobs = LogprobOptions(body.return_logprob, body.logprob_start_len, body.top_logprobs_num)
+    params = body.sampling_params
+    given = [_given(p) for p in params] if isinstance(params, list) else _given(params)
+    limits = state.tokenizer_manager.limits
+    return GenerateInput.parse(body.text, body.input_ids, given, body.rid, logprobs, limits)
 
 
 def _given(params: SamplingParamsInput | None) -> dict[str, Any] | None:
     """The fields the client set (the rest keep SamplingParams' defaults)."""
     return None if params is None else params.model_dump(exclude_unset=True)
-
-
-def _rids(rid: str | list[str] | None, count: int, batch: bool) -> list[str | None]:
-    if rid is None:
-        return [None] * count
-    if isinstance(rid, list):
-        if len(rid) != count:
-            raise ApiError(400, f"{len(rid)} rids for {count} prompts", param="rid")
-        return list(rid)
-    return [f"{rid}-{i}" for i in range(count)] if batch else [rid]
 
 
 def _result(state: ServerState, body: GenerateReqInput, chunk: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """The OpenAI-compatible API: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
 
-Each request becomes one sub-request per prompt and per sample of ``n`` (choice i * n + j),
-run like native requests. Constraints: ``response_format`` json_object / json_schema,
-``tool_choice`` "required" or a named function (a ``structural_tag`` over the tools), and the
-``regex`` / ``ebnf`` / ``json_schema`` extensions; at most one per request. Errors use
+Each request becomes one sub-request per prompt and per sample of ``n`` (choice i * n + j,
+``runtime.generate_input.expand``), run like native requests. Constraints:
+``response_format`` json_object / json_schema, ``tool_choice`` "required" or a named function
+(a ``structural_tag`` over the tools), and the ``regex`` / ``ebnf`` / ``json_schema``
+extensions; at most one per request. Errors use
 OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
 """
 
@@ -20,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.errors import RequestError
+from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
@@ -32,7 +34,7 @@ from runtime.server.openai_protocol import (
 from runtime.server.openai_stream import chat_stream, completion_stream
 from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_parser
 from runtime.server.request_body import parse_model
-from runtime.server.state import ServerState, SubRequest, expand_samples, get_state, open_streams
+from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 
@@ -95,12 +97,12 @@ async def completions(request: Request) -> Response:
     sampling = _sampling(state, body, max_tokens, {})
     prompts, texts = await _completion_prompts(state, body.prompt)
     want_logprobs = body.logprobs is not None
-    options = {
-        "return_logprob": want_logprobs,
-        "top_logprobs_num": body.logprobs or 0,
-        "logprob_start_len": 0 if body.echo and want_logprobs else -1,
-    }
-    subs = [sub for ids in prompts for sub in expand_samples(ids, sampling, None, **options)]
+    logprobs = LogprobOptions(
+        return_logprob=want_logprobs,
+        logprob_start_len=0 if body.echo and want_logprobs else -1,
+        top_logprobs_num=body.logprobs or 0,
+    )
+    subs = expand(prompts, [sampling] * len(prompts), logprobs=logprobs)
     ctx = _context(state, body, "cmpl", sampling.n)
     ctx.echo_texts = texts if body.echo else []
     return await _respond(
@@ -145,8 +147,8 @@ async def chat_completions(request: Request) -> Response:
     if reasoning is not None:
         sampling = _after_reasoning(state, reasoning, sampling)
         ctx.reasoning = functools.partial(make_reasoning_parser, reasoning, text)
-    options = {"return_logprob": body.logprobs, "top_logprobs_num": body.top_logprobs or 0}
-    subs = expand_samples(ids, sampling, None, **options)
+    logprobs = LogprobOptions(body.logprobs, top_logprobs_num=body.top_logprobs or 0)
+    subs = expand([ids], [sampling], logprobs=logprobs)
     if tools_on:
         ctx.tool_names = {f["name"] for f in functions}
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1

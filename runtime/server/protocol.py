@@ -6,11 +6,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from runtime.generate_input import MAX_TOP_LOGPROBS
 from runtime.request_checks import INT64_MAX
 from runtime.sampling_params import SamplingParamsInput
 
-# Alternatives returned per position with logprobs.
-MAX_TOP_LOGPROBS = 1024
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 
 
@@ -22,7 +21,8 @@ class GenerateReqInput(NativeRequest):
     """``POST /generate``: exactly one of ``text`` and ``input_ids``, each single or a batch.
 
     ``sampling_params`` is one dict for all prompts or one per prompt (validated by
-    ``SamplingParams.from_dict``). ``rid`` is one id, or one per prompt for a batch.
+    ``SamplingParams.from_dict``). ``rid`` is one id, or one per prompt for a batch. Checked
+    further and expanded by ``runtime.generate_input.GenerateInput``.
     """
 
     text: str | list[str] | None = None
@@ -34,13 +34,6 @@ class GenerateReqInput(NativeRequest):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: RequestId | list[RequestId] | None = None
-
-    @property
-    def is_batch(self) -> bool:
-        if self.text is not None:
-            return isinstance(self.text, list)
-        ids = self.input_ids
-        return ids is not None and len(ids) > 0 and isinstance(ids[0], list)
 
 
 class AbortReqInput(NativeRequest):

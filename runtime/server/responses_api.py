@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.generate_input import LogprobOptions, SubRequest
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import check_model
@@ -34,7 +35,7 @@ from runtime.server.responses_prompt import conversation_prompt, stored_turn
 from runtime.server.responses_protocol import InputItemsQuery, ResponsesRequest
 from runtime.server.responses_run import ResponseRun, new_response, run_response, stream_response
 from runtime.server.responses_store import StoredResponse
-from runtime.server.state import ServerState, SubRequest, get_state, open_streams
+from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 
@@ -116,12 +117,8 @@ async def create_response(request: Request) -> Response:
             raise ApiError(400, str(exc), param=param) from None
         run.reasoning = make_reasoning_parser(reasoning, prompt.text)
         run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
-    sub = SubRequest(
-        prompt.ids,
-        sampling,
-        return_logprob=logprobs,
-        top_logprobs_num=body.top_logprobs or 0,
-    )
+    options = LogprobOptions(logprobs, top_logprobs_num=body.top_logprobs or 0)
+    sub = SubRequest(prompt.ids, sampling, logprobs=options)
     streams = open_streams(state, [sub])
 
     def store(final: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
-"""What every HTTP handler of one server shares, and the sub-requests handlers send.
+"""What every HTTP handler of one server shares, and how it runs the sub-requests it makes.
 
-A handler turns its body into ``SubRequest``s (one per prompt and per sample of ``n``) and
-runs them with ``open_streams``; every sub-request goes through the metrics.
+A handler turns its body into ``SubRequest``s (one per prompt and per sample of ``n``,
+``runtime/generate_input.py``) and runs them with ``open_streams``; every sub-request goes
+through the metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from fastapi import Request
 
-from runtime.sampling_params import SamplingParams
+from runtime.generate_input import SubRequest
 from runtime.server.errors import ApiError
 from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.metrics import ServerMetrics
@@ -65,49 +66,7 @@ def get_state(request: Request) -> ServerState:
     return request.app.state.arbor
 
 
-@dataclass(frozen=True)
-class SubRequest:
-    """One request to the scheduler: a prompt with one sample's sampling params (n == 1)."""
-
-    input_ids: list[int]
-    sampling: SamplingParams
-    rid: str | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-
-
-def expand_samples(
-    input_ids: list[int],
-    sampling: SamplingParams,
-    rid: str | None,
-    **logprob_options: Any,
-) -> list[SubRequest]:
-    """``n`` samples as n sub-requests, as the Engine does: the prompt's KV is shared through
-    the radix cache; sample j uses seed + j when a seed is given (``for_sample``). With n > 1,
-    sub-request ids are ``{rid}-{j}``."""
-    subs = []
-    for j in range(sampling.n):
-        sub_rid = rid if rid is None or sampling.n == 1 else f"{rid}-{j}"
-        subs.append(SubRequest(list(input_ids), sampling.for_sample(j), sub_rid, **logprob_options))
-    return subs
-
-
 def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[dict[str, Any]]]:
     """One result stream per sub-request, each yielding a chunk per output step (so the metrics
     see time to first token and inter-token latency even for non-streaming clients)."""
-    manager = state.tokenizer_manager
-    return [
-        state.metrics.observe(
-            manager.generate(
-                sub.input_ids,
-                sub.sampling,
-                sub.rid,
-                sub.return_logprob,
-                sub.logprob_start_len,
-                sub.top_logprobs_num,
-                stream=True,
-            )
-        )
-        for sub in subs
-    ]
+    return [state.metrics.observe(sub.run(state.tokenizer_manager, stream=True)) for sub in subs]

@@ -9,7 +9,8 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "module", ["runtime.server_args", "runtime.sampling_params", "frontend_lang"]
+    "module",
+    ["runtime.server_args", "runtime.sampling_params", "runtime.generate_input", "frontend_lang"],
 )
 def test_importing_does_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"

@@ -78,6 +78,52 @@ def test_n_samples_and_seed(server: ServerProcess):
     assert all(len(r["output_ids"]) == 8 for r in first)
 
 
+@pytest.mark.parametrize(
+    ("text", "rid", "n"),
+    [
+        pytest.param(PROMPTS[0], "one", 2, id="one-prompt-n2"),
+        pytest.param(PROMPTS[:2], "batch", 1, id="batch"),
+        pytest.param(PROMPTS[:2], "batch-n", 2, id="batch-n2"),
+        pytest.param(PROMPTS[:2], ["first", "second"], 2, id="rid-per-prompt"),
+    ],
+)
+def test_sub_request_ids_agree_with_engine(
+    server: ServerProcess, engine: Engine, text: str | list[str], rid: str | list[str], n: int
+):
+    """The server and the Engine name each prompt's samples alike (runtime/generate_input.py)."""
+    params = {**GREEDY, "max_new_tokens": 2, "n": n}
+    response = _generate(server, {"text": text, "sampling_params": params, "rid": rid})
+    assert response.status_code == 200, response.text
+    served = [r["meta_info"]["id"] for r in response.json()]
+    results = engine.generate(text, params, rid=rid)
+    per_prompt = results if isinstance(text, list) else [results]
+    in_engine = []
+    for samples in per_prompt:
+        in_engine += [r["meta_info"]["id"] for r in (samples if n > 1 else [samples])]
+    assert served == in_engine
+    prompts = len(text) if isinstance(text, list) else 1
+    assert len(set(served)) == prompts * n
+    if isinstance(text, list) and isinstance(rid, str):
+        assert served[0] == (f"{rid}-0-0" if n > 1 else f"{rid}-0")
+    if isinstance(text, str):
+        assert served == [f"{rid}-{j}" for j in range(n)]
+
+
+def test_bad_batches_name_the_field(server: ServerProcess):
+    refused = [
+        ({"text": [], "sampling_params": GREEDY}, "text"),
+        ({"text": PROMPTS[:2], "rid": ["only-one"]}, "rid"),
+        ({"text": PROMPTS[:2], "sampling_params": [GREEDY]}, "sampling_params"),
+        ({"input_ids": [[1, 2], [3, 10**6]]}, "input_ids.1"),
+        ({"text": "x", "input_ids": [1]}, "input_ids"),
+        ({}, "text"),
+    ]
+    for body, param in refused:
+        response = _generate(server, body)
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["error"]["param"] == param, (body, response.text)
+
+
 def test_logprobs_with_text(server: ServerProcess, engine: Engine):
     options = {"return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0}
     body = {"text": PROMPTS[2], "sampling_params": GREEDY, **options}
