@@ -38,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-new-tokens", type=int, default=16)
 
     serve = commands.add_parser(
-        "serve", help="run the HTTP server (native and OpenAI-compatible APIs)"
+        "serve",
+        help="run the HTTP server (native and OpenAI-compatible APIs)",
+        description="Serve a model over HTTP: SGLang's native API and the OpenAI API "
+        "(docs/serving.md). Every flag is a field of runtime.ServerArgs.",
+        usage="arbor serve --model-path PATH [options]",
     )
     ServerArgs.add_cli_args(serve)
 
@@ -59,9 +63,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.model_path, args.prompt, args.max_new_tokens)
     if args.command == "serve":
+        try:
+            server_args = ServerArgs.from_cli(args)
+        except ValueError as exc:  # flags that parse but do not go together
+            serve.error(str(exc))
         from runtime.server import launch_server
 
-        return launch_server(ServerArgs.from_cli(args))
+        return launch_server(server_args)
     return 2
 
 
