@@ -271,7 +271,7 @@ class ServerArgs:
             else:
                 if f.default is not None:
                     help += " (default: %(default)s)"
-                choices = f.metadata["choices"]
+                choices = f.metadata.get("choices")
                 parser.add_argument(flag, type=kind, default=f.default, choices=choices, help=help)
 
     @classmethod
