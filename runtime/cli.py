@@ -19,10 +19,19 @@ def main(argv: list[str] | None = None) -> int:
         help="build a Hugging Face folder with a trained tokenizer and random weights",
     )
     make.add_argument("--out", help="folder to write (default: the shared cache, reused if built)")
-    make.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    make.add_argument("--arch", default="llama", choices=ARCHITECTURES)
-    make.add_argument("--vocab-size", type=int, default=None)
-    make.add_argument("--seed", type=int, default=0)
+    make.add_argument(
+        "--preset", default="tiny", choices=sorted(PRESETS), help="the model's shape (size)"
+    )
+    make.add_argument(
+        "--arch", default="llama", choices=ARCHITECTURES, help="the Hugging Face architecture"
+    )
+    make.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="tokens in the vocabulary (default: the preset's)",
+    )
+    make.add_argument("--seed", type=int, default=0, help="seeds the random weights")
     make.add_argument(
         "--chat-template",
         default="chatml",
@@ -34,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         "demo", help="serve the built-in test model and query it with the openai client"
     )
     demo.add_argument("--model-path", default=None, help="model folder (default: tiny test model)")
-    demo.add_argument("--prompt", default="Write a haiku about trees.")
-    demo.add_argument("--max-new-tokens", type=int, default=16)
+    demo.add_argument("--prompt", default="Write a haiku about trees.", help="what to ask")
+    demo.add_argument("--max-new-tokens", type=int, default=16, help="the longest answer")
 
     serve = commands.add_parser(
         "serve",
