@@ -19,10 +19,19 @@ def main(argv: list[str] | None = None) -> int:
         help="build a Hugging Face folder with a trained tokenizer and random weights",
     )
     make.add_argument("--out", help="folder to write (default: the shared cache, reused if built)")
-    make.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    make.add_argument("--arch", default="llama", choices=ARCHITECTURES)
-    make.add_argument("--vocab-size", type=int, default=None)
-    make.add_argument("--seed", type=int, default=0)
+    make.add_argument(
+        "--preset", default="tiny", choices=sorted(PRESETS), help="the model's shape (size)"
+    )
+    make.add_argument(
+        "--arch", default="llama", choices=ARCHITECTURES, help="the Hugging Face architecture"
+    )
+    make.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="tokens in the vocabulary (default: the preset's)",
+    )
+    make.add_argument("--seed", type=int, default=0, help="seeds the random weights")
     make.add_argument(
         "--chat-template",
         default="chatml",
@@ -34,11 +43,15 @@ def main(argv: list[str] | None = None) -> int:
         "demo", help="serve the built-in test model and query it with the openai client"
     )
     demo.add_argument("--model-path", default=None, help="model folder (default: tiny test model)")
-    demo.add_argument("--prompt", default="Write a haiku about trees.")
-    demo.add_argument("--max-new-tokens", type=int, default=16)
+    demo.add_argument("--prompt", default="Write a haiku about trees.", help="what to ask")
+    demo.add_argument("--max-new-tokens", type=int, default=16, help="the longest answer")
 
     serve = commands.add_parser(
-        "serve", help="run the HTTP server (native and OpenAI-compatible APIs)"
+        "serve",
+        help="run the HTTP server (native and OpenAI-compatible APIs)",
+        description="Serve a model over HTTP: SGLang's native API and the OpenAI API "
+        "(docs/serving.md). Every flag is a field of runtime.ServerArgs.",
+        usage="arbor serve --model-path PATH [options]",
     )
     ServerArgs.add_cli_args(serve)
 
@@ -59,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.model_path, args.prompt, args.max_new_tokens)
     if args.command == "serve":
+        try:
+            server_args = ServerArgs.from_cli(args)
+        except ValueError as exc:  # flags that parse but do not go together
+            serve.error(str(exc))
         from runtime.server import launch_server
 
-        return launch_server(ServerArgs.from_cli(args))
+        return launch_server(server_args)
     return 2
 
 

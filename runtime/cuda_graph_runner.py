@@ -44,8 +44,6 @@ from runtime.memory_pool import PADDING_SLOT, KVPool, ReqToTokenPool
 # The kernel ops a decode forward calls; capture needs each to be graph-safe on the device.
 DECODE_OPS = ("decode_attention", "rms_norm", "fused_add_rms_norm", "apply_rotary_emb",
               "silu_and_mul")  # fmt: skip
-# cuda_graph_max_bs when none is given: capped further by the number of request rows.
-DEFAULT_MAX_BS = 160
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:

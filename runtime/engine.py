@@ -8,7 +8,6 @@ and the tokenizer manager runs on a private asyncio loop that the sync and async
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import os
 import queue
@@ -157,9 +156,9 @@ class Engine:
         return bool(self._call(self.tokenizer_manager.control("flush_cache"))["success"])
 
     def get_server_info(self) -> dict[str, Any]:
-        """KV usage, cache hit rate, running/queued counts, throughput and the server args."""
-        info = self._call(self.tokenizer_manager.control("server_info"))
-        return {**dataclasses.asdict(self.args), **info}
+        """The server args as the scheduler runs them (device defaults filled in), KV usage,
+        cache hit rate, running/queued counts and throughput."""
+        return self._call(self.tokenizer_manager.control("server_info"))
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless the scheduler's KV accounting is exact right now."""

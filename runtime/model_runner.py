@@ -11,7 +11,6 @@ import kernels
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.cuda_graph_runner import (
     DECODE_OPS,
-    DEFAULT_MAX_BS,
     CudaGraphFactory,
     CudaGraphRunner,
     GraphFactory,
@@ -20,6 +19,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
 from runtime.model_loader import load_model
+from runtime.server_args import DEFAULT_CUDA_GRAPH_MAX_BS
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         factory = None if disable_cuda_graph else self._graph_factory()
         if factory is not None:
-            wanted = DEFAULT_MAX_BS if cuda_graph_max_bs is None else cuda_graph_max_bs
+            wanted = DEFAULT_CUDA_GRAPH_MAX_BS if cuda_graph_max_bs is None else cuda_graph_max_bs
             max_bs = min(wanted, max_requests)  # no decode batch holds more requests
             with torch.inference_mode():
                 self.graph_runner = CudaGraphRunner(

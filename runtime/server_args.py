@@ -1,138 +1,228 @@
-"""All runtime configuration in one frozen dataclass, and the one place CLI flags become it."""
+"""All runtime configuration in one frozen dataclass, and the one place CLI flags become it.
+
+Each field declares its flag: the help text and, for enumerated values, the choices sit in the
+field's metadata (``_flag``); the flag's type comes from the field's annotation. Defaults that
+depend on the device (``auto`` dtypes, prefill budgets, ``cuda_graph_max_bs``) are filled in by
+``for_device`` where the device is known, in the scheduler; ``get_server_info`` reports those.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-# auto: the model's compute dtype. The names map to torch dtypes in runtime.memory_pool.
+# The names below are duplicated from the modules that implement them, so that parsing flags
+# does not import torch (or the grammar engine); a test keeps each pair equal.
+# runtime.model_config's dtypes; auto: float32 on CPU, bfloat16 elsewhere.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+# runtime.memory_pool.KV_CACHE_DTYPES; auto: the model's compute dtype.
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
-# kernels.BACKENDS, named here so that parsing flags does not import torch (a test keeps the
-# two equal).
+# kernels.BACKENDS.
 KERNEL_BACKENDS = ("auto", "torch", "triton", "native")
-# runtime.server.reasoning.REASONING_FORMATS, named here for the same reason (a test keeps the
-# two equal).
+# radix_cache's registered eviction policies.
+EVICTION_POLICIES = ("lru", "lfu", "fifo")
+# grammar's registered constraint backends.
+GRAMMAR_BACKENDS = ("xgrammar",)
+# runtime.server.reasoning.REASONING_FORMATS.
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
-# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes),
-# named here for the same reason (a test keeps the two equal).
+# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes).
 TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
-# Flags whose values argparse checks, so a bad one is refused before anything loads.
-_CLI_CHOICES = {
-    "kv_cache_dtype": KV_CACHE_DTYPES,
-    "kernel_backend": KERNEL_BACKENDS,
-    "reasoning_parser": REASONING_PARSERS,
-    "tool_call_parser": TOOL_CALL_PARSERS,
-}
+# Levels both logging and uvicorn know.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.
+DEFAULT_CUDA_GRAPH_MAX_BS = 160
+# The KV cache dtype named like each compute dtype (kv_cache_dtype auto).
+_KV_DTYPE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _flag(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A field with its flag's help text and, for an enumerated value, the values it takes
+    (argparse refuses any other; so does ``ServerArgs`` itself)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True)
 class ServerArgs:
     """Configuration of an Engine or server. Field names follow SGLang's server arguments."""
 
-    model_path: str
-    tokenizer_path: str | None = None
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
-    device: str = "auto"  # auto: cuda when available, else cpu
-    kernel_backend: str = "auto"  # auto | torch | triton | native
-    context_length: int | None = None  # default: the model's max_position_embeddings
+    model_path: str = field(
+        metadata={"help": "the model: a Hugging Face folder (config.json, safetensors, tokenizer)"}
+    )
+    tokenizer_path: str | None = _flag(None, "the tokenizer's folder (default: the model's)")
+    dtype: str = _flag(
+        "auto", "the dtype the model computes in; auto: float32 on CPU, bfloat16 on GPU", DTYPES
+    )
+    device: str = _flag("auto", "where the model runs (cpu, cuda, cuda:1); auto: cuda if present")
+    kernel_backend: str = _flag(
+        "auto",
+        "the attention and norm kernels (docs/kernels.md); auto: triton on CUDA, the native "
+        "C++ kernels on CPU when built, else torch",
+        KERNEL_BACKENDS,
+    )
+    context_length: int | None = _flag(
+        None, "the longest prompt plus output in tokens (default: the model's)"
+    )
     # KV memory
-    page_size: int = 1
-    max_total_tokens: int | None = None  # KV pool size in tokens; None: mem_fraction_static
-    mem_fraction_static: float = 0.3
-    kv_cache_dtype: str = "auto"  # auto | fp32 | bf16 | fp16: the dtype K/V are stored in
+    page_size: int = _flag(1, "tokens per KV page, the unit the KV pool and the cache share")
+    max_total_tokens: int | None = _flag(
+        None, "the KV pool's size in tokens (default: what --mem-fraction-static leaves room for)"
+    )
+    mem_fraction_static: float = _flag(
+        0.3,
+        "the fraction of device memory (CPU: of RAM, less the weights) the KV pool takes "
+        "when --max-total-tokens is not given",
+    )
+    kv_cache_dtype: str = _flag(
+        "auto", "the dtype K/V are stored in; auto: the compute dtype (--dtype)", KV_CACHE_DTYPES
+    )
     # Scheduling
-    max_running_requests: int = 128
-    # New prompt tokens per step and the longest chunk of one prompt (<= 0: no chunking).
+    max_running_requests: int = _flag(128, "requests prefilling or decoding at once")
     # None: 2048 / 1024 on CPU, where a big step stalls every running stream, 16384 / 8192 on GPU.
-    max_prefill_tokens: int | None = None
-    chunked_prefill_size: int | None = None
-    schedule_policy: str = "lpm"
-    schedule_conservativeness: float = 1.0  # scales the KV reserved for running decodes
-    starvation_timeout_s: float = 10.0  # a request waiting this long is admitted first
-    lpm_max_queue: int = 128  # queues longer than this fall back from lpm to fcfs
-    disable_radix_cache: bool = False
-    eviction_policy: str = "lru"
+    max_prefill_tokens: int | None = _flag(
+        None, "new prompt tokens per step (default: 2048 on CPU, 16384 on GPU)"
+    )
+    chunked_prefill_size: int | None = _flag(
+        None,
+        "the longest chunk of one prompt per step, <= 0: no chunking "
+        "(default: 1024 on CPU, 8192 on GPU)",
+    )
+    schedule_policy: str = _flag(
+        "lpm",
+        "the order waiting requests are admitted in: lpm (longest cached prefix first), "
+        "dfs-weight (depth-first over the prefix tree), fcfs (arrival)",
+        SCHEDULE_POLICIES,
+    )
+    schedule_conservativeness: float = _flag(
+        1.0, "scales the KV reserved for running decodes (larger: fewer retractions)"
+    )
+    starvation_timeout_s: float = _flag(
+        10.0, "a request waiting this many seconds is admitted before any other"
+    )
+    lpm_max_queue: int = _flag(128, "queues longer than this are admitted fcfs instead of lpm")
+    disable_radix_cache: bool = _flag(False, "do not reuse the KV of shared prompt prefixes")
+    eviction_policy: str = _flag(
+        "lru", "which cached prefixes are evicted first when KV runs out", EVICTION_POLICIES
+    )
     # Sampling
-    random_seed: int = 0
+    random_seed: int = _flag(0, "seeds the seed drawn for each request that gives none")
     # Grammar
-    grammar_backend: str = "xgrammar"
-    grammar_compile_timeout: float = 30.0  # hard deadline of one constraint's preparation
-    grammar_workers: int = 2  # processes that prepare constraints (each killable)
-    disable_jump_forward: bool = False
-    # Run each step's CPU work that does not need its logits while the forward runs.
-    disable_overlap_schedule: bool = False
-    # Decode requests sharing a prefix attend to it in one batched pass (runtime/cascade.py).
-    disable_cascade_attention: bool = False
-    # Keep projection weights in torch's plain layout (F.linear) instead of oneDNN's on CPU.
-    disable_weight_packing: bool = False
-    # On CUDA, decode batches of up to cuda_graph_max_bs requests replay CUDA graphs captured
-    # at start-up (runtime/cuda_graph_runner.py). None: min(max_running_requests, 160).
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
+    grammar_backend: str = _flag(
+        "xgrammar", "the engine of JSON schema, regex and EBNF constraints", GRAMMAR_BACKENDS
+    )
+    grammar_compile_timeout: float = _flag(
+        30.0, "seconds one constraint may take to prepare before its request fails"
+    )
+    grammar_workers: int = _flag(
+        2, "processes that prepare constraints (each killable at its deadline)"
+    )
+    disable_jump_forward: bool = _flag(
+        False, "do not draft the tokens a constraint forces (verified in the next forward)"
+    )
+    disable_overlap_schedule: bool = _flag(
+        False,
+        "run each step's CPU work (grammar masks, outputs, new requests) after the forward "
+        "instead of while it runs",
+    )
+    disable_cascade_attention: bool = _flag(
+        False,
+        "on CPU, do not attend to a prefix that decode requests share in one batched pass",
+    )
+    disable_weight_packing: bool = _flag(
+        False, "on CPU, keep the projection weights in torch's layout instead of oneDNN's"
+    )
+    disable_cuda_graph: bool = _flag(
+        False, "on CUDA, run every decode step eagerly instead of replaying captured graphs"
+    )
+    cuda_graph_max_bs: int | None = _flag(
+        None,
+        "on CUDA, the largest decode batch replayed from a captured graph "
+        f"(default: min(--max-running-requests, {DEFAULT_CUDA_GRAPH_MAX_BS}))",
+    )
     # Serving
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None
-    served_model_name: str | None = None
-    stream_interval: int = 1
-    max_request_bytes: int = 8 * 1024 * 1024
-    header_timeout_s: float = 10.0  # a request line and headers must arrive within this
-    body_timeout_s: float = 30.0  # a request body must arrive within this (else 408)
-    timeout_keep_alive_s: int = 5  # idle keep-alive connections are closed after this
-    max_connections: int = 4096  # concurrent connections; beyond them uvicorn answers 503
-    max_n: int = 128  # the largest n (samples per prompt) a request may ask for
-    responses_store_size: int = 1024  # responses kept for GET and previous_response_id
-    # Split chat outputs into reasoning_content and content, and start constraints after the
-    # reasoning (runtime/server/reasoning.py): qwen3 | deepseek-r1; None: no reasoning model.
-    reasoning_parser: str | None = None
-    # How chat completions write and read tool calls: hermes | qwen | llama3 | mistral.
-    # None: detected from the chat template (hermes when it gives no hint).
-    tool_call_parser: str | None = None
+    host: str = _flag("127.0.0.1", "the address the HTTP server listens on")
+    port: int = _flag(30000, "the HTTP server's port")
+    api_key: str | None = _flag(
+        None, "require 'Authorization: Bearer KEY' on every request but /health and /metrics"
+    )
+    served_model_name: str | None = _flag(
+        None, "the model's name in the OpenAI API (default: --model-path)"
+    )
+    stream_interval: int = _flag(1, "tokens between the chunks of a streamed response")
+    max_request_bytes: int = _flag(8 * 1024 * 1024, "the largest request body (else 413)")
+    header_timeout_s: float = _flag(10.0, "seconds the request line and headers must arrive within")
+    body_timeout_s: float = _flag(30.0, "seconds a request body must arrive within (else 408)")
+    timeout_keep_alive_s: int = _flag(5, "seconds an idle keep-alive connection stays open")
+    max_connections: int = _flag(4096, "concurrent connections; beyond them, 503")
+    max_n: int = _flag(128, "the largest n (samples per prompt) a request may ask for")
+    responses_store_size: int = _flag(
+        1024, "Responses API responses kept for GET and previous_response_id"
+    )
+    reasoning_parser: str | None = _flag(
+        None,
+        "split chat outputs into reasoning_content and content, and start constraints after "
+        "the reasoning (default: not a reasoning model)",
+        REASONING_PARSERS,
+    )
+    tool_call_parser: str | None = _flag(
+        None,
+        "how chat completions write and read tool calls (default: what the chat template "
+        "writes, hermes when it gives no hint)",
+        TOOL_CALL_PARSERS,
+    )
     # Debugging
-    debug_invariants: bool = False  # check radix-cache accounting after every step
-    log_level: str = "info"
+    debug_invariants: bool = _flag(False, "check the KV cache's accounting after every step (slow)")
+    log_level: str = _flag("info", "what the three processes log", LOG_LEVELS)
 
     def __post_init__(self) -> None:
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(
-                f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
-                f"got {self.schedule_policy!r}"
-            )
-        if self.kernel_backend not in KERNEL_BACKENDS:
-            raise ValueError(
-                f"kernel_backend must be one of {', '.join(KERNEL_BACKENDS)}, "
-                f"got {self.kernel_backend!r}"
-            )
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                f"got {self.kv_cache_dtype!r}"
-            )
-        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
-            raise ValueError(
-                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
-                f"got {self.reasoning_parser!r}"
-            )
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices and not (value is None and f.default is None):
+                raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(
-                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
-                f"got {self.tool_call_parser!r}"
-            )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         if self.responses_store_size < 0:
             raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
+
+    def for_device(self, cuda_available: bool) -> ServerArgs:
+        """This configuration with every device-dependent default filled in: ``device``,
+        ``dtype`` and ``kv_cache_dtype`` named instead of ``auto``, the prefill budgets and
+        ``cuda_graph_max_bs`` as numbers. Values given explicitly are kept (a
+        ``cuda_graph_max_bs`` above ``max_running_requests`` is capped: no decode batch is
+        larger). Applying it twice changes nothing."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if cuda_available else "cpu"
+        device_type = device.split(":")[0]
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = "float32" if device_type == "cpu" else "bfloat16"
+        kv_cache_dtype = self.kv_cache_dtype
+        if kv_cache_dtype == "auto":
+            kv_cache_dtype = _KV_DTYPE_OF[dtype]
+        max_prefill_tokens, chunked_prefill_size = self.prefill_budgets(device_type)
+        graph_bs = self.cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS
+        return dataclasses.replace(
+            self,
+            device=device,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            max_prefill_tokens=max_prefill_tokens,
+            chunked_prefill_size=chunked_prefill_size,
+            cuda_graph_max_bs=min(graph_bs, self.max_running_requests),
+        )
 
     def prefill_budgets(self, device_type: str) -> tuple[int, int]:
         """(max_prefill_tokens, chunked_prefill_size) with device defaults filled in."""
@@ -147,6 +237,12 @@ class ServerArgs:
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
 
+    def reported(self) -> dict[str, Any]:
+        """Every field as ``get_server_info`` reports it: all but the API key, a secret."""
+        fields = dataclasses.asdict(self)
+        del fields["api_key"]
+        return fields
+
     @classmethod
     def from_kwargs(cls, model_path: str, **kwargs: Any) -> ServerArgs:
         """Build from keyword arguments, naming any that are not server arguments."""
@@ -158,19 +254,35 @@ class ServerArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """One flag per field: ``--max-total-tokens`` for ``max_total_tokens``."""
+        """One flag per field, ``--max-total-tokens`` for ``max_total_tokens``, typed by the
+        field's annotation (``int | None``: an int, default None), helped and restricted by
+        its metadata. A bool field is a switch that turns its False default on."""
+        hints = typing.get_type_hints(ServerArgs)
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
-            if f.type == "bool":
-                parser.add_argument(flag, action="store_true", default=f.default)
-            elif f.name == "model_path":
-                parser.add_argument(flag, required=True)
+            help = f.metadata["help"]
+            kind = _flag_type(hints[f.name])
+            if f.default is dataclasses.MISSING:
+                parser.add_argument(flag, required=True, help=help)
+            elif kind is bool:
+                if f.default is not False:
+                    raise TypeError(f"{f.name}: a switch must default to False")
+                parser.add_argument(flag, action="store_true", help=help)
             else:
-                kind = {"int": int, "float": float}.get(str(f.type).replace(" | None", ""), str)
-                choices = _CLI_CHOICES.get(f.name)
-                parser.add_argument(flag, type=kind, default=f.default, choices=choices)
+                if f.default is not None:
+                    help += " (default: %(default)s)"
+                choices = f.metadata.get("choices")
+                parser.add_argument(flag, type=kind, default=f.default, choices=choices, help=help)
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace) -> ServerArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _flag_type(hint: Any) -> type:
+    """The type a flag's value parses as: ``int`` for ``int`` and for ``int | None``."""
+    kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)] or [hint]
+    if len(kinds) != 1 or kinds[0] not in (str, int, float, bool):
+        raise TypeError(f"no flag type for {hint!r}")
+    return kinds[0]

@@ -69,16 +69,14 @@ class Scheduler:
     def __init__(
         self, args: ServerArgs, inbox: Receiver, to_detokenizer: Sender, to_tokenizer: Sender
     ) -> None:
-        self.args = args
         self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
         kernels.set_kernel_backend(args.kernel_backend)
-        device = args.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
+        args = args.for_device(torch.cuda.is_available())
         self.runner = ModelRunner(
             args.model_path,
             dtype=args.dtype,
-            device=device,
+            device=args.device,
             kv_slots=_pool_slots(args.max_total_tokens, args.page_size),
             max_requests=args.max_running_requests,
             context_len=args.context_length,
@@ -98,6 +96,11 @@ class Scheduler:
             None if args.disable_radix_cache else RadixCache(allocator, policy=args.eviction_policy)
         )
         self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token_pool)
+        # The configuration as it runs, which server_info reports: what the model and the
+        # memory left decided besides the device defaults.
+        self.args = dataclasses.replace(
+            args, context_length=self.context_len, max_total_tokens=self.kv.capacity
+        )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.policy = make_policy(args.schedule_policy, args.lpm_max_queue)
         self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
@@ -421,10 +424,7 @@ class Scheduler:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         prompt = self.stats["prompt_tokens"]
         return {
-            "model_path": self.args.model_path,
-            "max_total_tokens": self.kv.capacity,
-            "page_size": self.args.page_size,
-            "context_length": self.context_len,
+            **self.args.reported(),
             "vocab_size": self.runner.config.vocab_size,
             "kv_used_tokens": protected + private,
             "kv_cached_tokens": tree.total_size() if tree else 0,

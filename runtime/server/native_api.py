@@ -11,7 +11,6 @@ then ``data: [DONE]``. The body is validated and expanded as the Engine's argume
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -115,15 +114,13 @@ async def get_model_info(request: Request) -> Response:
 
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> Response:
-    """The server arguments (without the API key), the tool-call format in use, the
-    scheduler's live statistics (KV usage, cache hit rate, running/queued requests,
-    throughput) and the child processes."""
+    """The server arguments as the scheduler runs them (device defaults filled in, without the
+    API key), the tool-call format in use, the scheduler's live statistics (KV usage, cache hit
+    rate, running/queued requests, throughput) and the child processes."""
     state = get_state(request)
     scheduler_info = await _control(state, "server_info")
-    args = dataclasses.asdict(state.args)
-    args.pop("api_key")
-    args["tool_call_format"] = state.tool_call_format
-    return JSONResponse({**args, **scheduler_info, **state.process_info})
+    tool_call_format = {"tool_call_format": state.tool_call_format}
+    return JSONResponse({**scheduler_info, **tool_call_format, **state.process_info})
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

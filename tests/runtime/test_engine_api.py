@@ -11,6 +11,11 @@ from runtime import Engine
 from tests.runtime.helpers import random_prompts
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+# ServerArgs fields whose defaults (None or auto) the scheduler fills in where the device is known.
+DEVICE_DEPENDENT = (
+    "device", "dtype", "kv_cache_dtype", "context_length", "max_total_tokens",
+    "max_prefill_tokens", "chunked_prefill_size", "cuda_graph_max_bs",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +58,15 @@ def test_server_info_reports_usage_and_args(engine: Engine):
     assert info["max_total_tokens"] == 4096 and info["model_path"]
     assert info["num_running_reqs"] == 0 and info["kv_used_tokens"] == 0
     assert info["kv_cached_tokens"] > 0 and info["gen_throughput"] > 0
+
+
+def test_server_info_reports_the_device_defaults_as_resolved(engine: Engine):
+    info = engine.get_server_info()
+    assert (info["device"], info["dtype"], info["kv_cache_dtype"]) == ("cpu", "float32", "fp32")
+    assert (info["max_prefill_tokens"], info["chunked_prefill_size"]) == (2048, 1024)
+    assert info["cuda_graph_max_bs"] == 128  # min(max_running_requests, 160)
+    assert info["context_length"] == 8192 and info["max_total_tokens"] == 4096
+    assert [name for name in DEVICE_DEPENDENT if info[name] in (None, "auto")] == []
 
 
 def test_abort_of_a_waiting_request(tiny_model_path: Path):

@@ -149,6 +149,11 @@ def test_info_and_flush(server: ServerProcess):
     for key in ("scheduler_pid", "detokenizer_pid", "kv_usage", "cache_hit_rate", "page_size"):
         assert key in info
     assert "api_key" not in info
+    # The configuration as the scheduler runs it: device defaults filled in, not None or auto.
+    assert (info["device"], info["dtype"], info["kv_cache_dtype"]) == ("cpu", "float32", "fp32")
+    assert (info["max_prefill_tokens"], info["chunked_prefill_size"]) == (2048, 1024)
+    assert info["cuda_graph_max_bs"] > 0 and info["max_total_tokens"] > 0
+    assert info["port"] == server.port and info["tool_call_format"] == "hermes"
     flushed = httpx.post(f"{server.url}/flush_cache", timeout=10)
     assert flushed.status_code == 200 and flushed.json()["success"] is True
     assert server.server_info()["kv_cached_tokens"] == 0
