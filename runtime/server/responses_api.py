@@ -3,10 +3,9 @@ and ``GET /v1/responses/{id}/input_items``.
 
 One request is one generation. The conversation (the stored turns of ``previous_response_id``,
 then this turn's input) is rendered with the chat template behind ``instructions`` as a system
-message. When the rendered prompt starts with the text of the previous turn's prompt and
-output, the prompt reuses that turn's exact tokens and only the new text is tokenized, so the
-turn continues from the KV the radix cache holds for them (``usage.input_tokens_details.
-cached_tokens`` shows it). Constraints: ``text.format`` (json_schema / json_object) and
+message; with a previous turn the prompt reuses that turn's exact prompt and output tokens and
+only the new text is tokenized (``responses_prompt``), so the turn continues from the KV the
+radix cache holds for them (``usage.input_tokens_details.cached_tokens`` shows it). Constraints: ``text.format`` (json_schema / json_object) and
 ``tool_choice`` required / named / allowed_tools, as in chat completions. Responses made with
 ``store`` (the default) are kept in a bounded in-memory store (``--responses-store-size``).
 """
