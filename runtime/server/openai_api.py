@@ -309,17 +309,7 @@ async def _chat_prompt(
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     tokenizer = state.tokenizer
-    extra = body.chat_template_kwargs or {}
-    # The template's own arguments (tokenize, tools, ...) are not template variables.
-    taken = sorted(
-        set(extra) & ({"messages"} | set(signature(tokenizer.apply_chat_template).parameters))
-    )
-    if taken:
-        raise ApiError(
-            400,
-            f"chat_template_kwargs: {taken[0]!r} is not a template variable one may set",
-            param="chat_template_kwargs",
-        )
+    extra = template_variables(tokenizer, body.chat_template_kwargs)
 
     def render() -> str:
         return tokenizer.apply_chat_template(
@@ -336,6 +326,22 @@ async def _chat_prompt(
         lambda: state.generated_turns.prompt_ids(text, messages), "messages"
     )
     return text, ids
+
+
+def template_variables(tokenizer: Any, given: dict[str, Any] | None) -> dict[str, Any]:
+    """``chat_template_kwargs`` as extra template variables; ApiError 400 for a name that is
+    one of the template call's own arguments (tokenize, tools, ...)."""
+    extra = dict(given or {})
+    taken = sorted(
+        set(extra) & ({"messages"} | set(signature(tokenizer.apply_chat_template).parameters))
+    )
+    if taken:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs: {taken[0]!r} is not a template variable one may set",
+            param="chat_template_kwargs",
+        )
+    return extra
 
 
 def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str | None:

@@ -14,11 +14,11 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
-    field_validator,
     model_validator,
 )
 
@@ -36,6 +36,19 @@ MaxTokens = Annotated[int, Field(ge=0, le=INT64_MAX)]
 MAX_TEMPLATE_KWARGS = 64
 MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
 TemplateVariable = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+def _bounded_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    if len(json.dumps(value)) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise ValueError(f"must be at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON")
+    return value
+
+
+TemplateKwargs = Annotated[
+    dict[TemplateVariable, Any],
+    Field(max_length=MAX_TEMPLATE_KWARGS),
+    AfterValidator(_bounded_kwargs),
+]
 
 
 class OpenAIModel(BaseModel):
@@ -157,13 +170,4 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool = True
     # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
     # {"enable_thinking": false}.
-    chat_template_kwargs: (
-        Annotated[dict[TemplateVariable, Any], Field(max_length=MAX_TEMPLATE_KWARGS)] | None
-    ) = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _bounded_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and len(json.dumps(value)) > MAX_TEMPLATE_KWARGS_BYTES:
-            raise ValueError(f"must be at most {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON")
-        return value
+    chat_template_kwargs: TemplateKwargs | None = None

@@ -5,9 +5,11 @@ One request is one generation. The conversation (the stored turns of ``previous_
 then this turn's input) is rendered with the chat template behind ``instructions`` as a system
 message; with a previous turn the prompt reuses that turn's exact prompt and output tokens and
 only the new text is tokenized (``responses_prompt``), so the turn continues from the KV the
-radix cache holds for them (``usage.input_tokens_details.cached_tokens`` shows it). Constraints: ``text.format`` (json_schema / json_object) and
-``tool_choice`` required / named / allowed_tools, as in chat completions. Responses made with
-``store`` (the default) are kept in a bounded in-memory store (``--responses-store-size``).
+radix cache holds for them (``usage.input_tokens_details.cached_tokens`` shows it).
+Constraints: ``text.format`` (json_schema / json_object) and ``tool_choice`` required / named /
+allowed_tools, as in chat completions. Responses made with ``store`` (the default) are kept in
+a bounded in-memory store (``--responses-store-size``). ``chat_template_kwargs`` (extension)
+and ``reasoning.effort: "none"`` (``enable_thinking: false``) reach the chat template.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.generate_input import LogprobOptions, SubRequest
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.openai_api import check_model
+from runtime.server.openai_api import check_model, template_variables
 from runtime.server.openai_protocol import FunctionDefinition
 from runtime.server.reasoning import (
     constrain_after_reasoning,
@@ -91,8 +93,11 @@ async def create_response(request: Request) -> Response:
     choice, names = _tool_choice(body, functions)
     constraints = _constraints(body, functions, choice, names, state.tool_call_format)
     tools_on = bool(functions) and choice != "none"
+    variables = template_variables(state.tokenizer, body.chat_template_kwargs)
+    if body.reasoning is not None and body.reasoning.effort == "none":
+        variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
     prompt = await conversation_prompt(
-        state, body.instructions, history, functions if tools_on else None, previous
+        state, body.instructions, history, functions if tools_on else None, previous, variables
     )
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []

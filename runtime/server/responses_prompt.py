@@ -39,10 +39,12 @@ async def conversation_prompt(
     history: list[dict[str, Any]],
     functions: list[dict[str, Any]] | None,
     previous: StoredResponse | None,
+    variables: dict[str, Any],
 ) -> TurnPrompt:
     """The prompt of ``instructions`` (a system message) + ``history`` with ``functions`` as
-    tools; ApiError 400 (param ``input``) when the template fails or the conversation is
-    empty. Re-sent tool-calling turns keep their generated ids (``GeneratedTurns``)."""
+    tools and ``variables`` as extra template variables; ApiError 400 (param ``input``) when
+    the template fails or the conversation is empty. Re-sent tool-calling turns keep their
+    generated ids (``GeneratedTurns``)."""
     offset = 1 if instructions else 0
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + history
     if not messages:
@@ -53,7 +55,7 @@ async def conversation_prompt(
 
     def render(conversation: list[dict[str, Any]]) -> str:
         return tokenizer.apply_chat_template(
-            conversation, tools=tools, add_generation_prompt=True, tokenize=False
+            conversation, tools=tools, add_generation_prompt=True, tokenize=False, **variables
         )
 
     try:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN
-from runtime.server.openai_protocol import OpenAIModel
+from runtime.server.openai_protocol import OpenAIModel, TemplateKwargs
 
 MAX_INPUT_ITEMS = 4096
 
@@ -114,6 +114,8 @@ class ResponsesRequest(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
+    # Extra variables for the chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: TemplateKwargs | None = None
 
 
 class InputItemsQuery(BaseModel):

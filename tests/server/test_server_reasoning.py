@@ -287,3 +287,30 @@ def test_responses_api_reasoning_item_then_constrained_answer(
     streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert streamed == response.output[0].content[0].text
     assert events[-1].response.output_text == response.output_text
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"reasoning": {"effort": "none"}},
+        {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+    ],
+)
+def test_responses_api_without_thinking(qwen3_server: ServerProcess, options: dict[str, Any]):
+    """reasoning.effort "none" (or the template variable itself) closes the think block in the
+    prompt: no reasoning item, the schema applies from the first token."""
+    with _client(qwen3_server) as client:
+        model = client.models.list().data[0].id
+        request = {
+            "model": model,
+            "input": MESSAGES[0]["content"],
+            "text": {"format": {"type": "json_schema", "name": "verdict", "schema": SCHEMA}},
+            "max_output_tokens": 40,
+            "temperature": 0,
+        }
+        response = client.responses.create(**request, **options)
+        thinking = client.responses.create(**{**request, "max_output_tokens": 4})
+    assert [item.type for item in response.output] == ["message"]
+    jsonschema.validate(json.loads(response.output_text), SCHEMA)
+    assert response.usage.output_tokens_details.reasoning_tokens == 0
+    assert response.usage.input_tokens == thinking.usage.input_tokens + 4
