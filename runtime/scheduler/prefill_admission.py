@@ -70,14 +70,14 @@ class PrefillAdmission:
                 break
             chunks.append((req, n))
             admitted.append(req)
-            admitted_ids.append(np.asarray(req.all_ids))
+            admitted_ids.append(req.token_array.prefix(len(req.token_array)))
             kv_budget -= need
             budget -= n
         return chunks, admitted
 
     @staticmethod
     def _shares_uncached_prefix(req: Req, admitted_ids: list[np.ndarray]) -> bool:
-        ids = np.asarray(req.all_ids)
+        ids = req.token_array.prefix(len(req.token_array))
         for other in admitted_ids:
             n = min(len(ids), len(other))
             differ = np.flatnonzero(ids[:n] != other[:n])

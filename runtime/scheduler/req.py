@@ -11,6 +11,7 @@ from radix_cache import TreeNode
 from runtime.ipc import FinishReason, GenerateRequest
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.draft_manager import DraftState
+from runtime.scheduler.token_array import TokenArray
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +42,7 @@ class Req:
         self.stream = msg.stream
         self.seed = seed
         self.all_ids: list[int] = list(msg.input_ids)
+        self.token_array = TokenArray(msg.input_ids)  # all_ids again, for the radix tree
         self.output_ids: list[int] = []
         # KV placement
         self.row: int | None = None
@@ -111,6 +113,7 @@ class Req:
     def append_output(self, token: int) -> None:
         self.output_ids.append(token)
         self.all_ids.append(token)
+        self.token_array.append(token)
         if self.token_counts is not None:  # penalty state, once the sampler has built it
             counts, seen = self.token_counts
             counts[token] += 1
