@@ -88,10 +88,13 @@ class Req:
         return 1 + len(self.draft.tokens)
 
     def step_tokens(self, n: int) -> list[int]:
-        """The ids of the n positions ending at kv_len (a draft follows ``all_ids``)."""
-        draft = self.draft.tokens
-        sequence = self.all_ids + draft if draft else self.all_ids
-        return sequence[self.kv_len - n : self.kv_len]
+        """The ids of the n positions ending at kv_len (a draft follows ``all_ids``); copies
+        only those n, however long the sequence."""
+        start, end, known = self.kv_len - n, self.kv_len, len(self.all_ids)
+        if end <= known:
+            return self.all_ids[start:end]
+        draft = self.draft.tokens[max(start - known, 0) : end - known]
+        return self.all_ids[start:known] + draft if start < known else draft
 
     @property
     def remaining_new_tokens(self) -> int:
