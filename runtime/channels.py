@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from runtime import ipc
+import runtime.ipc as ipc
 
 
 class Sender(Protocol):
