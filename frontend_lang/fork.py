@@ -43,16 +43,12 @@ class ForkGroup:
             branch.sync()
         names: list[str] = []
         for branch in self.branches:
-            names.extend(n for n in branch._assigned if n not in names)
+            names.extend(n for n in branch.assigned if n not in names)
         parent = self.parent
 
         def gather() -> None:
             for name in names:
-                parent._set(
-                    name,
-                    [b._vars.get(name) for b in self.branches],
-                    [b._meta.get(name) for b in self.branches],
-                    [b._parsed.get(name) for b in self.branches],
-                )
+                values, metas, parsed = zip(*(b.entry(name) for b in self.branches), strict=True)
+                parent.set_var(name, list(values), list(metas), list(parsed))
 
-        parent._submit(gather)
+        parent.submit(gather)

@@ -18,7 +18,7 @@ def execute(state: ProgramState, expr: Expr) -> None:
     ProgramError naming the program and the variable; misuse (a role block left open, an
     unknown expression) raises ValueError/TypeError."""
     if isinstance(expr, Text):
-        state._append(expr.text)
+        state.append_text(expr.text)
     elif isinstance(expr, Seq):
         for part in expr.parts:
             execute(state, part)
@@ -27,14 +27,14 @@ def execute(state: ProgramState, expr: Expr) -> None:
     elif isinstance(expr, Select):
         _select(state, expr)
     elif isinstance(expr, Role):
-        _guarded(state, None, lambda: state._begin_role(expr.role))
+        _guarded(state, None, lambda: state.begin_role(expr.role))
         if expr.content is not None:
             execute(state, expr.content)
-        state._end_role(expr.role)
+        state.end_role(expr.role)
     elif isinstance(expr, RoleBegin):
-        _guarded(state, None, lambda: state._begin_role(expr.role))
+        _guarded(state, None, lambda: state.begin_role(expr.role))
     elif isinstance(expr, RoleEnd):
-        state._end_role(expr.role)
+        state.end_role(expr.role)
     else:
         raise TypeError(f"unknown expression {expr!r}")
 
@@ -45,9 +45,9 @@ def _gen(state: ProgramState, expr: Gen) -> None:
         if state.streaming:
 
             def on_delta(piece: str) -> None:
-                state._emit(piece, expr.name)
+                state.emit_text(piece, expr.name)
 
-        output = state.backend.generate(state._prompt(), expr.sampling_params(), on_delta)
+        output = state.backend.generate(state.prompt(), expr.sampling_params(), on_delta)
         try:
             value = expr.parse(output.text)
         except ValueError as exc:
@@ -56,20 +56,20 @@ def _gen(state: ProgramState, expr: Gen) -> None:
                 f"the output {output.text[:200]!r} does not parse ({exc}); it finished by "
                 f"{reason}: raise max_tokens if it was cut short"
             ) from exc
-        state._append(output.text, expr.name, emit=not state.streaming)
+        state.append_text(output.text, expr.name, emit=not state.streaming)
         if expr.name is not None:
             shown = value if expr.dtype is not None else output.text
-            state._set(expr.name, shown, {**output.meta, "text": output.text}, value)
+            state.set_var(expr.name, shown, {**output.meta, "text": output.text}, value)
 
     _guarded(state, expr.name, call)
 
 
 def _select(state: ProgramState, expr: Select) -> None:
     def call() -> None:
-        result = run_select(state.backend, state._prompt(), expr)
-        state._append(result.choice, expr.name)
+        result = run_select(state.backend, state.prompt(), expr)
+        state.append_text(result.choice, expr.name)
         if expr.name is not None:
-            state._set(expr.name, result.choice, result.meta, result.choice)
+            state.set_var(expr.name, result.choice, result.meta, result.choice)
 
     _guarded(state, expr.name, call)
 

@@ -88,7 +88,7 @@ class ProgramState:
 
     def __iadd__(self, other: Expr | str) -> ProgramState:
         expr = as_expr(other)
-        self._submit(lambda: execute(self, expr))
+        self.submit(lambda: execute(self, expr))
         return self
 
     @contextmanager
@@ -116,7 +116,7 @@ class ProgramState:
         self.sync()
         if n > 1:
             try:
-                self._run.backend.cache_prefix(self._prompt())
+                self._run.backend.cache_prefix(self.prompt())
             except Exception as exc:
                 raise ProgramError(self._run.program, None, exc) from exc
         branches = [self._branch() for _ in range(n)]
@@ -194,7 +194,7 @@ class ProgramState:
     def __repr__(self) -> str:
         return f"ProgramState({self._run.program!r}, vars={sorted(self._vars)})"
 
-    # ---- used by the interpreter and the program runner ------------------------------
+    # ---- the interpreter's interface (fork/join and execute use it; programs need not) ----
 
     @property
     def backend(self) -> Backend:
@@ -208,45 +208,62 @@ class ProgramState:
     def streaming(self) -> bool:
         return self._events is not None
 
-    def _prompt(self) -> Prompt:
+    @property
+    def assigned(self) -> list[str]:
+        """Variable names set since this state was created (a branch's own, for join)."""
+        return list(self._assigned)
+
+    def entry(self, name: str) -> tuple[Any, Any, Any]:
+        """(value, meta info, parsed value) of variable ``name``; Nones when it is unset."""
+        return self._vars.get(name), self._meta.get(name), self._parsed.get(name)
+
+    def prompt(self) -> Prompt:
+        """What a model call continues: the text, the closed messages, the open role's text."""
         content = self._text[self._open_start :] if self._open_role is not None else ""
         return Prompt(self._text, [dict(m) for m in self._messages], self._open_role, content)
 
-    def _append(self, text: str, var: str | None = None, emit: bool = True) -> None:
+    def append_text(self, text: str, var: str | None = None, emit: bool = True) -> None:
+        """Add ``text`` (produced for variable ``var``, if any); streamed when ``emit``."""
         self._text += text
         if emit and text:
-            self._emit(text, var)
+            self.emit_text(text, var)
 
-    def _emit(self, text: str, var: str | None) -> None:
+    def emit_text(self, text: str, var: str | None) -> None:
+        """Send ``text`` to a streamed run's ``text_iter`` (a no-op otherwise)."""
         if self._events is not None:
             self._events.put((var, text))
 
-    def _set(self, name: str, value: Any, meta: Any, parsed: Any) -> None:
+    def set_var(self, name: str, value: Any, meta: Any, parsed: Any) -> None:
+        """Set variable ``name`` (``s[name]``, ``get_meta_info``, ``parsed``)."""
         self._vars[name] = value
         self._meta[name] = meta
         self._parsed[name] = parsed
         if name not in self._assigned:
             self._assigned.append(name)
 
-    def _begin_role(self, role: str) -> None:
+    def begin_role(self, role: str) -> None:
+        """Open a ``role`` block with the backend's chat template (ValueError if one is open)."""
         if self._open_role is not None:
             raise ValueError(f"cannot open a {role} block inside the open {self._open_role} block")
         template = self._run.backend.chat_template
         if not self._began:
-            self._append(template.begin)
+            self.append_text(template.begin)
             self._began = True
-        self._append(template.prefix[role])
+        self.append_text(template.prefix[role])
         self._open_role, self._open_start = role, len(self._text)
 
-    def _end_role(self, role: str) -> None:
+    def end_role(self, role: str) -> None:
+        """Close the open ``role`` block; its text becomes a message."""
         if self._open_role != role:
             raise ValueError(f"closing a {role} block, but the open block is {self._open_role}")
         content = self._text[self._open_start :]
-        self._append(self._run.backend.chat_template.suffix[role])
+        self.append_text(self._run.backend.chat_template.suffix[role])
         self._messages.append({"role": role, "content": content})
         self._open_role = None
 
-    def _submit(self, task: Callable[[], None]) -> None:
+    def submit(self, task: Callable[[], None]) -> None:
+        """Run ``task`` now, or on a fork branch's worker after what is queued (errors are
+        raised by the next ``sync``)."""
         if self._worker is None:
             task()
             return
