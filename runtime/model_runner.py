@@ -42,7 +42,8 @@ class ModelRunner:
     ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs captured here
     at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other devices
     never capture. Padded graph rows write slot 0 (``PADDING_SLOT``): callers placing KV
-    themselves must leave it free, as the KV allocator does.
+    themselves must leave it free, as the KV allocator does. kernel_backend: the kernels'
+    backend for this process (``kernels.set_kernel_backend``; None leaves it as it is).
     """
 
     def __init__(
@@ -60,7 +61,10 @@ class ModelRunner:
         pack_weights: bool = True,
         cuda_graph_max_bs: int | None = None,
         disable_cuda_graph: bool = False,
+        kernel_backend: str | None = None,
     ) -> None:
+        if kernel_backend is not None:  # before loading: the model and graphs use the kernels
+            kernels.set_kernel_backend(kernel_backend)
         self.config = ModelConfig.from_pretrained(model_path)
         self.cascade_min_prefix = cascade_min_prefix
         self.device = torch.device(device)

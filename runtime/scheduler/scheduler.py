@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-import kernels
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
@@ -70,7 +69,6 @@ class Scheduler:
         self, args: ServerArgs, inbox: Receiver, to_detokenizer: Sender, to_tokenizer: Sender
     ) -> None:
         self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
-        kernels.set_kernel_backend(args.kernel_backend)
         # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
         args = args.for_device(torch.cuda.is_available())
         self.runner = ModelRunner(
@@ -87,6 +85,7 @@ class Scheduler:
             pack_weights=not args.disable_weight_packing,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
             disable_cuda_graph=args.disable_cuda_graph,
+            kernel_backend=args.kernel_backend,
         )
         config = self.runner.config
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
