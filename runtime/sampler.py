@@ -18,18 +18,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 import kernels
-from grammar import verify_draft
-from runtime.scheduler.req import Req
+from grammar import GrammarMatcher, verify_draft
+from runtime.sampling_params import SamplingParams
 
 # Salt that puts draft-verification uniforms in a stream apart from the sampling draws.
 _DRAFT_STREAM = 0x5DEECE66D
 
-GrammarMaskFn = Callable[[torch.Tensor, Sequence[Req]], None]
+GrammarMaskFn = Callable[[torch.Tensor, Sequence[Any]], None]
 GrammarAcceptFn = Callable[[list[Any], list[int]], list[bool]]
 
 
@@ -39,6 +39,31 @@ _MAX_TEMPERATURE = 1e30
 _MAX_REDRAWS = 32
 
 logger = logging.getLogger(__name__)
+
+
+class Draft(Protocol):
+    tokens: list[int]  # to verify
+    draws: int  # uniforms used verifying so far
+
+
+class Row(Protocol):
+    """What the sampler reads and updates of a request (the scheduler's ``Row`` is one)."""
+
+    rid: str
+    sampling: SamplingParams
+    seed: int
+    input_ids: list[int]
+    output_ids: list[int]
+    grammar: GrammarMatcher | None
+    token_counts: tuple[torch.Tensor, torch.Tensor] | None  # penalties, [vocab] each
+    return_logprob: bool
+    top_logprobs_num: int
+
+    @property
+    def draft(self) -> Draft: ...
+
+    @property
+    def masks_next_token(self) -> bool: ...
 
 
 @dataclass
@@ -69,7 +94,7 @@ class Sampler:
         self.grammar_accept = grammar_accept
 
     def sample(
-        self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False
+        self, logits: torch.Tensor, reqs: Sequence[Row], in_place: bool = False
     ) -> SampleOutput:
         """logits: [N, V] float32, row i for reqs[i]'s next token. Modifies ``logits`` only
         with ``in_place`` (a copy the caller will not read again: saves a copy of [N, V]).
@@ -108,7 +133,7 @@ class Sampler:
         self,
         logits: torch.Tensor,
         tokens: torch.Tensor,
-        reqs: Sequence[Req],
+        reqs: Sequence[Row],
         failures: dict[int, tuple[int, str]],
     ) -> list[bool]:
         """Advance each constrained row's matcher by its token; never raises.
@@ -142,7 +167,7 @@ class Sampler:
         return accepted
 
     def _accept_or_redraw(
-        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Req
+        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Row
     ) -> bool:
         grammar = req.grammar
         assert grammar is not None, "only constrained rows are accepted"
@@ -156,7 +181,7 @@ class Sampler:
         return False
 
     def verify_draft(
-        self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor
+        self, raw: torch.Tensor, req: Row, bitmask: torch.Tensor
     ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
         """Accept the longest prefix of ``req.draft.tokens`` the model agrees with, plus one token.
 
@@ -204,11 +229,11 @@ class Sampler:
                 logprobs[i] = (float(table[i, token]), top_logprobs(table[i], req.top_logprobs_num))
         return tokens, logprobs
 
-    def _stop_ids(self, req: Req) -> list[int]:
+    def _stop_ids(self, req: Row) -> list[int]:
         ids = list(req.sampling.stop_token_ids)
         return ids if req.sampling.ignore_eos else ids + self.eos_token_ids
 
-    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Row]) -> None:
         for i, req in enumerate(reqs):
             params = req.sampling
             if params.logit_bias:
@@ -229,7 +254,7 @@ class Sampler:
             # A tiny repetition penalty divides a logit into +inf; keep it the largest finite.
             logits[i] = row.clamp(max=torch.finfo(row.dtype).max)
 
-    def _token_counts(self, req: Req, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _token_counts(self, req: Row, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(output token counts [V] float32, seen in prompt or output [V] bool), built once."""
         if req.token_counts is None:
             counts = torch.zeros(self.vocab_size, device=device)
@@ -242,7 +267,7 @@ class Sampler:
             req.token_counts = (counts, seen)
         return req.token_counts
 
-    def _mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
+    def _mask_stop_below_min(self, row: torch.Tensor, req: Row, produced: int) -> None:
         """Forbid stop tokens while fewer than min_new_tokens are out (row [V], in place) —
         unless the grammar allows nothing else: its end wins over min_new_tokens."""
         if produced >= req.sampling.min_new_tokens:
@@ -254,7 +279,7 @@ class Sampler:
             row.copy_(masked)
 
     def _draw(
-        self, logits: torch.Tensor, reqs: Sequence[Req], argmax: torch.Tensor | None = None
+        self, logits: torch.Tensor, reqs: Sequence[Row], argmax: torch.Tensor | None = None
     ) -> torch.Tensor:
         """One token per row: the argmax for greedy rows (``argmax``: already computed),
         a filtered, seeded draw for the others."""
@@ -279,7 +304,7 @@ class Sampler:
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Req]
+        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Row]
     ) -> list[tuple[float, list[tuple[float, int]]] | None]:
         """Logprobs of the model's own distribution for the requests that ask: ``raw`` holds
         their unprocessed logits rows, ``rows`` their positions in the batch."""
@@ -301,7 +326,7 @@ def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     return (logits - top) / temps
 
 
-def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tuple[int, str]]:
+def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Row]) -> dict[int, tuple[int, str]]:
     """Rows that leave no token to sample, with the reason, from each processed row's max
     ``top`` [N]: NaN if any entry of the row is, -inf if every entry is."""
     broken = torch.isnan(top)
