@@ -44,7 +44,10 @@ def _calls(key: str, sep: str) -> str:
     return _CALLS.replace("SEP", repr(sep)).replace("KEY", key)
 
 
-CHATML_TEMPLATE = (
+# Pieces the chatml and qwen3 templates share: the tools in a system turn, an assistant
+# turn's calls as hermes blocks (CALLS: the Jinja expression of its calls), and the end of an
+# assistant turn with the tool and plain turns after it.
+_CHATML_TOOLS = (
     "{%- if add_bos %}{{ bos_token }}{% endif %}"
     "{%- set msgs = messages %}"
     "{%- if tools %}"
@@ -57,17 +60,17 @@ CHATML_TEMPLATE = (
     "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- endif %}"
-    "{%- for message in msgs %}"
-    "{%- if message['role'] == 'assistant' and message.get('tool_calls') %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if message.get('content') %}{{- message['content'] }}{%- endif %}"
-    "{%- for call in message['tool_calls'] %}"
+)
+_HERMES_CALLS = (
+    "{%- for call in CALLS %}"
     "{%- set fn = call['function'] if call.get('function') else call %}"
     "{{- '<tool_call>{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
     "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
     "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
     "{{- '}</tool_call>' }}"
     "{%- endfor %}"
+)
+_CHATML_OTHER_TURNS = (
     "{{- '<|im_end|>\\n' }}"
     "{%- elif message['role'] == 'tool' %}"
     "{{- '<|im_start|>tool\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -75,7 +78,17 @@ CHATML_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+CHATML_TEMPLATE = (
+    _CHATML_TOOLS + "{%- for message in msgs %}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if message.get('content') %}{{- message['content'] }}{%- endif %}"
+    + _HERMES_CALLS.replace("CALLS", "message['tool_calls']")
+    + _CHATML_OTHER_TURNS
+    + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 LLAMA3_TEMPLATE = (
@@ -141,19 +154,7 @@ MISTRAL_TEMPLATE = (
 # <think> block in its content) is kept only after the last user message, as Qwen3 does
 # for tool loops, and stripped from earlier turns.
 QWEN3_TEMPLATE = (
-    "{%- if add_bos %}{{ bos_token }}{% endif %}"
-    "{%- set msgs = messages %}"
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages and messages[0]['role'] == 'system' %}"
-    "{{- messages[0]['content'] + '\\n\\n' }}{%- set msgs = messages[1:] %}"
-    "{%- endif %}"
-    '{{- \'You may call these tools. Each call is a JSON object with "name" and "arguments", '
-    "written between <tool_call> and </tool_call>:\\n' }}"
-    "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- set ns = namespace(last_query=-1) %}"
+    _CHATML_TOOLS + "{%- set ns = namespace(last_query=-1) %}"
     "{%- for message in msgs %}"
     "{%- if message['role'] == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
     "{%- endfor %}"
@@ -170,21 +171,9 @@ QWEN3_TEMPLATE = (
     "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' }}"
     "{%- endif %}"
     "{{- content }}"
-    "{%- for call in message.get('tool_calls') or [] %}"
-    "{%- set fn = call['function'] if call.get('function') else call %}"
-    "{{- '<tool_call>{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
-    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
-    "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
-    "{{- '}</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{{- '<|im_start|>tool\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    + _HERMES_CALLS.replace("CALLS", "message.get('tool_calls') or []")
+    + _CHATML_OTHER_TURNS
+    + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\\n\\n</think>\\n\\n' }}"
     "{%- endif %}"
