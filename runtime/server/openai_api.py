@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from inspect import signature
 from typing import Any
 
@@ -214,18 +214,29 @@ def _sampling(
 ) -> SamplingParams:
     """The request's sampling params, validated; ApiError 400 with the OpenAI field name."""
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": body.n}
-    for field, name in _PASSTHROUGH.items():
-        value = getattr(body, field)
-        if value is not None:
-            params[name] = value
+    params |= given_fields(body, _PASSTHROUGH)
     for name, value in constraints.items():
         if name in params:
             raise ApiError(400, f"{name} conflicts with another constraint", param=name)
         params[name] = value
+    return checked_sampling(state, params, PARAM_NAMES)
+
+
+def given_fields(body: Any, fields: Mapping[str, str]) -> dict[str, Any]:
+    """``{sampling param: value}`` for each request field of ``fields`` that ``body`` sets."""
+    values = {name: getattr(body, field) for field, name in fields.items()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def checked_sampling(
+    state: ServerState, params: dict[str, Any], names: Mapping[str, str]
+) -> SamplingParams:
+    """``params`` validated; ApiError 400 naming the field as the API spells it (``names``:
+    sampling param -> request field, where they differ)."""
     try:
         return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
     except InvalidSamplingParams as exc:
-        name = PARAM_NAMES.get(exc.field, exc.field)
+        name = names.get(exc.field, exc.field)
         reason = str(exc).split(": ", 1)[-1]
         raise ApiError(400, f"{name}: {reason}", param=name) from None
 
@@ -308,24 +319,37 @@ async def _chat_prompt(
     tools = None
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-    tokenizer = state.tokenizer
-    extra = template_variables(tokenizer, body.chat_template_kwargs)
-
-    def render() -> str:
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **extra
-        )
-
-    try:
-        text = await state.tokenizer_manager.run_tokenizer(render, "messages")
-    except RequestError as exc:
-        raise ApiError(400, str(exc), param="messages") from None
-    except Exception as exc:  # jinja errors, or a tokenizer without a template
-        raise ApiError(400, f"the chat template failed: {exc}", param="messages") from None
+    variables = template_variables(state.tokenizer, body.chat_template_kwargs)
+    text = await render_chat(state, messages, tools, variables, "messages")
     ids = await state.tokenizer_manager.run_tokenizer(
         lambda: state.generated_turns.prompt_ids(text, messages), "messages"
     )
     return text, ids
+
+
+async def render_chat(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+    param: str,
+) -> str:
+    """The chat template's text for ``messages`` (and ``tools``, and extra template
+    ``variables``) with the generation prompt, rendered on a tokenizer thread; ApiError 400
+    naming ``param`` when the template fails."""
+    tokenizer = state.tokenizer
+
+    def render() -> str:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **variables
+        )
+
+    try:
+        return await state.tokenizer_manager.run_tokenizer(render, param)
+    except RequestError as exc:
+        raise ApiError(400, str(exc), param=param) from None
+    except Exception as exc:  # jinja errors, or a tokenizer without a template
+        raise ApiError(400, f"the chat template failed: {exc}", param=param) from None
 
 
 def template_variables(tokenizer: Any, given: dict[str, Any] | None) -> dict[str, Any]:

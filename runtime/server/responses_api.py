@@ -20,9 +20,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.generate_input import LogprobOptions, SubRequest
-from runtime.sampling_params import InvalidSamplingParams, SamplingParams
+from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.openai_api import check_model, template_variables
+from runtime.server.openai_api import (
+    check_model,
+    checked_sampling,
+    given_fields,
+    template_variables,
+)
 from runtime.server.openai_protocol import FunctionDefinition
 from runtime.server.reasoning import (
     constrain_after_reasoning,
@@ -296,16 +301,6 @@ def _max_calls(body: ResponsesRequest) -> int | None:
 def _sampling(
     state: ServerState, body: ResponsesRequest, constraints: dict[str, Any]
 ) -> SamplingParams:
-    max_tokens = body.max_output_tokens or state.context_length
-    params: dict[str, Any] = {"max_new_tokens": max_tokens}
-    for name in _PASSTHROUGH:
-        value = getattr(body, name)
-        if value is not None:
-            params[name] = value
-    params.update(constraints)
-    try:
-        return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
-    except InvalidSamplingParams as exc:
-        name = PARAM_NAMES.get(exc.field, exc.field)
-        reason = str(exc).split(": ", 1)[-1]
-        raise ApiError(400, f"{name}: {reason}", param=name) from None
+    params = {"max_new_tokens": body.max_output_tokens or state.context_length}
+    params |= given_fields(body, {name: name for name in _PASSTHROUGH}) | constraints
+    return checked_sampling(state, params, PARAM_NAMES)

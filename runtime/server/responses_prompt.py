@@ -18,8 +18,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import RequestError
 from runtime.server.errors import ApiError
+from runtime.server.openai_api import render_chat
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState
 
@@ -52,27 +52,16 @@ async def conversation_prompt(
     tools = [{"type": "function", "function": f} for f in functions] if functions else None
     tokenizer = state.tokenizer
     manager = state.tokenizer_manager
-
-    def render(conversation: list[dict[str, Any]]) -> str:
-        return tokenizer.apply_chat_template(
-            conversation, tools=tools, add_generation_prompt=True, tokenize=False, **variables
-        )
-
-    try:
-        text = await manager.run_tokenizer(lambda: render(messages), "input")
-        after = None
-        if previous is not None and previous.answer_index is not None:
-            at = offset + previous.answer_index
-            probe = [*messages[:at], {"role": "assistant", "content": _TURN}, *messages[at + 1 :]]
-            before, found, rest = (
-                await manager.run_tokenizer(lambda: render(probe), "input")
-            ).partition(_TURN)
-            if found and before == previous.prompt_text:
-                after = rest
-    except RequestError as exc:
-        raise ApiError(400, str(exc), param="input") from None
-    except Exception as exc:  # jinja errors, or a tokenizer without a template
-        raise ApiError(400, f"the chat template failed: {exc}", param="input") from None
+    text = await render_chat(state, messages, tools, variables, "input")
+    after = None
+    if previous is not None and previous.answer_index is not None:
+        at = offset + previous.answer_index
+        probe = [*messages[:at], {"role": "assistant", "content": _TURN}, *messages[at + 1 :]]
+        before, found, rest = (
+            await render_chat(state, probe, tools, variables, "input")
+        ).partition(_TURN)
+        if found and before == previous.prompt_text:
+            after = rest
     if previous is None or after is None:
         ids = await manager.run_tokenizer(
             lambda: state.generated_turns.prompt_ids(text, messages), "input"
