@@ -47,7 +47,7 @@ class Draft(Protocol):
 
 
 class Row(Protocol):
-    """What the sampler reads and updates of a request (the scheduler's ``Row`` is one)."""
+    """What the sampler reads and updates of a request (the scheduler's ``Req`` is one)."""
 
     rid: str
     sampling: SamplingParams
