@@ -25,7 +25,13 @@ from grammar.backend import (
     register_backend,
 )
 from grammar.errors import GrammarCompileTimeout, GrammarError, UnsupportedSchemaFeature
-from grammar.jump_forward import DraftVerdict, commit_draft, fill_draft_masks, verify_draft
+from grammar.jump_forward import (
+    DraftVerdict,
+    commit_draft,
+    fill_draft_masks,
+    sample_inverse_cdf,
+    verify_draft,
+)
 from grammar.masking import apply_filled_masks, apply_grammar_masks
 from grammar.options import GrammarOptions
 from grammar.regex import to_backend_regex
@@ -65,5 +71,6 @@ __all__ = [
     "fill_draft_masks",
     "register_backend",
     "to_backend_regex",
+    "sample_inverse_cdf",
     "verify_draft",
 ]

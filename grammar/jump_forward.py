@@ -52,17 +52,24 @@ def verify_draft(
     scores: torch.Tensor,
     greedy: bool,
     uniform: Callable[[], float],
+    draft_probs: torch.Tensor | None = None,
 ) -> DraftVerdict:
     """Accept a prefix of ``draft`` and pick the next token.
 
     scores: [n + 1, V], row i for the token after draft[:i], already masked by the grammar.
     greedy: rows are processed logits; accept while argmax == draft token. Otherwise rows
-    are the request's target probabilities (after temperature, top-k, top-p, min-p;
-    normalised, zero where masked). uniform: independent U[0, 1) draws (seeded per request
-    by the caller); not called when greedy.
+    are the request's target probabilities p (after temperature, top-k, top-p, min-p;
+    normalised, zero where masked), and the standard speculative rule keeps the output
+    distributed as p: draft[i] is accepted with probability min(1, p/q), and the first
+    rejected position draws from the residual max(p - q, 0), normalised. draft_probs: [n, V]
+    the distributions q the draft tokens were drawn from; None: each token was certain
+    (q is a point mass, as for grammar-forced or looked-up tokens). uniform: independent
+    U[0, 1) draws (seeded per request by the caller); not called when greedy.
     """
     if scores.shape[0] != len(draft) + 1:
         raise ValueError(f"need {len(draft) + 1} score rows for a {len(draft)}-token draft")
+    if draft_probs is not None and draft_probs.shape[0] < len(draft):
+        raise ValueError(f"need {len(draft)} draft distributions for a {len(draft)}-token draft")
     if greedy:
         best = scores.argmax(-1).tolist()
         for i, token in enumerate(draft):
@@ -72,12 +79,18 @@ def verify_draft(
     probs = scores.double()
     for i, token in enumerate(draft):
         p_token = float(probs[i, token])
-        if uniform() < p_token:
+        q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])
+        if q_token > 0.0 and uniform() * q_token < p_token:
             continue
-        residual = probs[i].clone()
-        residual[token] = 0.0
-        return DraftVerdict(i, _sample(residual, uniform()))
-    return DraftVerdict(len(draft), _sample(probs[len(draft)], uniform()))
+        if draft_probs is None:
+            residual = probs[i].clone()
+            residual[token] = 0.0
+        else:
+            residual = (probs[i] - draft_probs[i].to(probs)).clamp_(min=0.0)
+            if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is right
+                residual = probs[i]
+        return DraftVerdict(i, sample_inverse_cdf(residual, uniform()))
+    return DraftVerdict(len(draft), sample_inverse_cdf(probs[len(draft)], uniform()))
 
 
 def commit_draft(matcher: GrammarMatcher, draft: Sequence[int], verdict: DraftVerdict) -> bool:
@@ -90,7 +103,7 @@ def commit_draft(matcher: GrammarMatcher, draft: Sequence[int], verdict: DraftVe
     return matcher.accept_token(verdict.next_token)
 
 
-def _sample(weights: torch.Tensor, u: float) -> int:
+def sample_inverse_cdf(weights: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw from unnormalised non-negative ``weights`` [V] with uniform ``u``."""
     cumulative = weights.cumsum(0)
     total = float(cumulative[-1])

@@ -116,6 +116,40 @@ class RadixCache:
         slots = np.concatenate(path_slots) if path_slots else np.empty(0, dtype=KEY_DTYPE)
         return MatchResult(torch.from_numpy(slots.astype(np.int64)), length, node)
 
+    def continuation(
+        self, token_ids: TokensLike, max_tokens: int, namespace: Hashable = None
+    ) -> np.ndarray:
+        """Up to ``max_tokens`` cached tokens that followed the whole of ``token_ids`` (what an
+        earlier request sharing this sequence went on with), following the most recently used
+        branch; empty unless all of ``token_ids`` is cached. Read-only: no split, no access
+        recorded (a lookup, not a use), any length (no page alignment)."""
+        key = as_token_array(token_ids)
+        node = self._roots.get(namespace)
+        if node is None or max_tokens <= 0:
+            return np.empty(0, dtype=KEY_DTYPE)
+        length, offset = 0, 0  # key[:length] matched, through node.key[:offset]
+        while length < key.size:
+            rest = key[length:]
+            if rest.size >= self.page_size:
+                child = node.children.get(child_key(rest, self.page_size))
+            else:  # a partial page: compare with each child's first tokens
+                child = next(
+                    (c for c in node.children.values() if np.array_equal(c.key[: rest.size], rest)),
+                    None,
+                )
+            if child is None:
+                return np.empty(0, dtype=KEY_DTYPE)
+            k = min(child.key.size, rest.size)
+            if not np.array_equal(child.key[:k], rest[:k]):
+                return np.empty(0, dtype=KEY_DTYPE)
+            node, length, offset = child, length + k, k
+        parts, total = [node.key[offset:]], node.key.size - offset
+        while total < max_tokens and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access)
+            parts.append(node.key)
+            total += node.key.size
+        return np.concatenate(parts)[:max_tokens]
+
     def insert(self, token_ids: TokensLike, slots: SlotsLike, namespace: Hashable = None) -> int:
         """Cache ``slots`` as the KV of ``token_ids``; return how many leading tokens were
         already cached (a multiple of page_size).

@@ -110,6 +110,7 @@ def _text_output(out: TokenOutput, text_delta: str, logprobs: bool = True) -> Te
         cached_tokens=out.cached_tokens,
         output_logprobs=out.output_logprobs if logprobs else [],
         input_logprobs=out.input_logprobs if logprobs else None,
+        spec=out.spec,
     )
 
 

@@ -91,6 +91,26 @@ class FinishReason:
         return reason
 
 
+@dataclass(frozen=True)
+class SpeculationStats:
+    """A speculating request's numbers so far: forward steps that gave it tokens, draft
+    tokens proposed for it, and those the target accepted."""
+
+    steps: int
+    draft_tokens: int
+    accepted_tokens: int
+
+    def to_meta(self, completion_tokens: int) -> dict[str, Any]:
+        """The ``meta_info`` entries: ``spec_accept_len`` is the mean number of tokens one
+        forward gave the request (1.0 without speculation)."""
+        return {
+            "spec_verify_ct": self.steps,
+            "spec_draft_tokens": self.draft_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+            "spec_accept_len": completion_tokens / self.steps if self.steps else 0.0,
+        }
+
+
 @dataclass
 class TokenOutput:
     """New tokens of one request since its last TokenOutput, and its state."""
@@ -113,6 +133,7 @@ class TokenOutput:
     # Logprob entries are (logprob, token_id, [(logprob, token_id), ...] top alternatives).
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
+    spec: SpeculationStats | None = None  # when the request speculates
 
 
 @dataclass
@@ -136,6 +157,7 @@ class TextOutput:
     cached_tokens: int
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
+    spec: SpeculationStats | None = None
     # The detokenizer failed this request while the scheduler still runs it: the tokenizer
     # manager fails the caller, aborts it, and waits for the scheduler's final output.
     detokenizer_failed: bool = False

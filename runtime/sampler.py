@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 import kernels
-from grammar import GrammarMatcher, verify_draft
+from grammar import GrammarMatcher, sample_inverse_cdf, verify_draft
 from runtime.sampling_params import SamplingParams
 
 # Salt that puts draft-verification uniforms in a stream apart from the sampling draws.
@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 class Draft(Protocol):
     tokens: list[int]  # to verify
-    draws: int  # uniforms used verifying so far
+    probs: torch.Tensor | None  # [n, V] the distributions they were drawn from; None: certain
+    draws: int  # uniforms used drafting and verifying so far
 
 
 class Row(Protocol):
@@ -181,46 +182,30 @@ class Sampler:
         return False
 
     def verify_draft(
-        self, raw: torch.Tensor, req: Row, bitmask: torch.Tensor
+        self, raw: torch.Tensor, req: Row, bitmask: torch.Tensor | None
     ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
         """Accept the longest prefix of ``req.draft.tokens`` the model agrees with, plus one token.
 
         raw: [n + 1, V] logits of the positions from the last sampled token through the draft;
-        bitmask: [n + 1, W] the grammar's mask at each of them. Row i goes through the same
-        pipeline as a token-by-token step at output length len(output_ids) + i (requests with
-        penalties never draft). Greedy accepts while the argmax equals the draft token;
-        sampling uses the speculative rule, so outputs keep the token-by-token distribution.
-        Returns the emitted tokens and their logprobs (None unless requested).
+        bitmask: [n + 1, W] the grammar's mask at each of them, or None (unconstrained). Row i
+        goes through the same pipeline as a token-by-token step at output length
+        len(output_ids) + i, penalties counting draft[:i] (``process_draft_rows``). Greedy
+        accepts while the argmax equals the draft token; sampling uses the speculative rule
+        against the draft's distributions (``req.draft.probs``; None: certain tokens), so
+        outputs keep the token-by-token distribution. Returns the emitted tokens and their
+        logprobs (None unless requested).
         """
         params = req.sampling
-        logits = raw.clone()
-        if params.logit_bias:
-            logits[:, list(params.logit_bias)] += torch.tensor(
-                list(params.logit_bias.values()), device=logits.device
-            )
-        kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
-        for i in range(logits.shape[0]):
-            self._mask_stop_below_min(logits[i], req, len(req.output_ids) + i)
+        draft = req.draft.tokens
+        logits = self.process_draft_rows(raw.clone(), req, draft, 0, bitmask)
         if params.is_greedy:
-            verdict = verify_draft(req.draft.tokens, logits, True, lambda: 0.0)
+            verdict = verify_draft(draft, logits, True, lambda: 0.0)
         else:
-            n = logits.shape[0]
-            probs = torch.softmax(_scaled(logits, torch.tensor([[params.temperature]])), dim=-1)
-            kept = kernels.filter_probs(
-                probs,
-                torch.full((n,), params.top_k, device=probs.device),
-                torch.full((n,), params.top_p, device=probs.device),
-                torch.full((n,), params.min_p, device=probs.device),
-            )
-
-            def uniform() -> float:
-                req.draft.draws += 1
-                return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft.draws)
-
             verdict = verify_draft(
-                req.draft.tokens, kept / kept.sum(-1, keepdim=True), False, uniform
-            )
-        tokens = req.draft.tokens[: verdict.accepted] + [verdict.next_token]
+                draft, self.draft_probs(logits, req), False, self._draft_uniform(req),
+                req.draft.probs,
+            )  # fmt: skip
+        tokens = draft[: verdict.accepted] + [verdict.next_token]
         rows = raw[: len(tokens)]
         logprobs: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(tokens)
         if req.return_logprob:
@@ -228,6 +213,71 @@ class Sampler:
             for i, token in enumerate(tokens):
                 logprobs[i] = (float(table[i, token]), top_logprobs(table[i], req.top_logprobs_num))
         return tokens, logprobs
+
+    def process_draft_rows(
+        self,
+        logits: torch.Tensor,
+        req: Row,
+        draft: Sequence[int],
+        first: int,
+        bitmask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Process, in place, rows of ``req``'s logits as its token-by-token steps would:
+        row r predicts the token after draft[:first + r] (output length len(output_ids) +
+        first + r). Bias, penalties counting those draft tokens too, the grammar's ``bitmask``
+        rows (None: unconstrained) and the stop-token mask below min_new_tokens. The target's
+        rows and a draft model's rows go through this one function, so p and q match."""
+        params = req.sampling
+        if params.logit_bias:
+            logits[:, list(params.logit_bias)] += torch.tensor(
+                list(params.logit_bias.values()), device=logits.device
+            )
+        if params.has_penalties:
+            counts, seen = (t.clone() for t in self._token_counts(req, logits.device))
+            for token in draft[:first]:
+                counts[token] += 1
+                seen[token] = True
+            for r in range(logits.shape[0]):
+                if r:
+                    token = draft[first + r - 1]
+                    counts[token] += 1
+                    seen[token] = True
+                logits[r] = _penalised(logits[r], params, counts, seen)
+        if bitmask is not None:
+            kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
+        for r in range(logits.shape[0]):
+            self._mask_stop_below_min(logits[r], req, len(req.output_ids) + first + r)
+        return logits
+
+    @staticmethod
+    def draft_probs(logits: torch.Tensor, req: Row) -> torch.Tensor:
+        """The distributions [m, V] a sampled request draws from, given processed ``logits``
+        [m, V]: temperature, top-k, top-p, min-p, normalised (zero where filtered out)."""
+        params = req.sampling
+        n = logits.shape[0]
+        probs = torch.softmax(_scaled(logits, torch.tensor([[params.temperature]])), dim=-1)
+        kept = kernels.filter_probs(
+            probs,
+            torch.full((n,), params.top_k, device=probs.device),
+            torch.full((n,), params.top_p, device=probs.device),
+            torch.full((n,), params.min_p, device=probs.device),
+        )
+        return kept / kept.sum(-1, keepdim=True)
+
+    @staticmethod
+    def _draft_uniform(req: Row) -> Callable[[], float]:
+        """U[0, 1) draws for drafting and verifying ``req``, seeded by the request and
+        counted in ``req.draft.draws`` (a stream apart from the sampling draws)."""
+
+        def uniform() -> float:
+            req.draft.draws += 1
+            return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft.draws)
+
+        return uniform
+
+    def draw_draft_token(self, probs: torch.Tensor, req: Row) -> int:
+        """One token from a draft model's distribution ``probs`` [V] for ``req``, seeded."""
+        return sample_inverse_cdf(probs.double(), self._draft_uniform(req)())
 
     def _stop_ids(self, req: Row) -> list[int]:
         ids = list(req.sampling.stop_token_ids)
@@ -243,16 +293,7 @@ class Sampler:
             if not params.has_penalties:
                 continue
             counts, seen = self._token_counts(req, logits.device)
-            row = logits[i]
-            if params.repetition_penalty != 1.0:
-                penalised = torch.where(
-                    row > 0, row / params.repetition_penalty, row * params.repetition_penalty
-                )
-                row = torch.where(seen, penalised, row)
-            row = row - params.frequency_penalty * counts
-            row = row - params.presence_penalty * (counts > 0).float()
-            # A tiny repetition penalty divides a logit into +inf; keep it the largest finite.
-            logits[i] = row.clamp(max=torch.finfo(row.dtype).max)
+            logits[i] = _penalised(logits[i], params, counts, seen)
 
     def _token_counts(self, req: Row, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(output token counts [V] float32, seen in prompt or output [V] bool), built once."""
@@ -316,6 +357,22 @@ class Sampler:
         for j, i in enumerate(rows):
             out[i] = (chosen[j], top_logprobs(logprobs[j], reqs[i].top_logprobs_num))
         return out
+
+
+def _penalised(
+    row: torch.Tensor, params: SamplingParams, counts: torch.Tensor, seen: torch.Tensor
+) -> torch.Tensor:
+    """``row`` [V] with the repetition, frequency and presence penalties of ``params`` given
+    the output token ``counts`` [V] and the tokens ``seen`` [V] in prompt or output."""
+    if params.repetition_penalty != 1.0:
+        penalised = torch.where(
+            row > 0, row / params.repetition_penalty, row * params.repetition_penalty
+        )
+        row = torch.where(seen, penalised, row)
+    row = row - params.frequency_penalty * counts
+    row = row - params.presence_penalty * (counts > 0).float()
+    # A tiny repetition penalty divides a logit into +inf; keep it the largest finite.
+    return row.clamp(max=torch.finfo(row.dtype).max)
 
 
 def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:

@@ -122,6 +122,9 @@ class SamplingParamsInput(BaseModel):
     reasoning_start_token_id: TokenId | None = Field(
         None, description="with reasoning_end_token_id: a first token that opens reasoning"
     )
+    no_speculation: bool = Field(
+        False, description="do not speculate for this request (--speculative-algorithm)"
+    )
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,9 @@ class SamplingParams:
     # reasoning. A prompt whose last non-whitespace token is the end token is already past it.
     reasoning_end_token_id: int | None = None
     reasoning_start_token_id: int | None = None
+    # Opt out of the server's speculative decoding (outputs are the same either way; this only
+    # spares the verify work, e.g. for requests known not to repeat their context).
+    no_speculation: bool = False
 
     @property
     def is_greedy(self) -> bool:

@@ -31,6 +31,8 @@ GRAMMAR_BACKENDS = ("xgrammar",)
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 # Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes).
 TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
+# runtime.speculative's proposers.
+SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.
@@ -122,6 +124,25 @@ class ServerArgs:
     disable_jump_forward: bool = _flag(
         False, "do not draft the tokens a constraint forces (verified in the next forward)"
     )
+    # Speculative decoding (docs/speculative.md)
+    speculative_algorithm: str | None = _flag(
+        None,
+        "propose tokens for each decode step to verify: ngram (prompt lookup in the request's "
+        "own tokens) or draft (a small model, --speculative-draft-model-path); default: off",
+        SPECULATIVE_ALGORITHMS,
+    )
+    speculative_num_draft_tokens: int = _flag(
+        4, "the most tokens a request drafts per step (each request adapts below it)"
+    )
+    speculative_draft_model_path: str | None = _flag(
+        None, "the draft model's folder for --speculative-algorithm draft (same tokenizer)"
+    )
+    speculative_ngram_min_match: int = _flag(
+        2, "ngram: the shortest tail of the sequence looked up in its earlier tokens"
+    )
+    speculative_ngram_max_match: int = _flag(
+        5, "ngram: the longest tail of the sequence looked up in its earlier tokens"
+    )
     disable_overlap_schedule: bool = _flag(
         False,
         "run each step's CPU work (grammar masks, outputs, new requests) after the forward "
@@ -195,6 +216,26 @@ class ServerArgs:
             raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise ValueError(
+                "speculative_num_draft_tokens must be in [1, 64], got "
+                f"{self.speculative_num_draft_tokens}"
+            )
+        if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
+            raise ValueError(
+                "need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match, got "
+                f"{self.speculative_ngram_min_match} and {self.speculative_ngram_max_match}"
+            )
+        drafting = self.speculative_algorithm == "draft"
+        if drafting and self.speculative_draft_model_path is None:
+            raise ValueError("speculative_algorithm draft needs speculative_draft_model_path")
+        if not drafting and self.speculative_draft_model_path is not None:
+            raise ValueError(
+                "speculative_draft_model_path is only used with speculative_algorithm draft"
+            )
 
     def for_device(self, cuda_available: bool) -> ServerArgs:
         """This configuration with every device-dependent default filled in: ``device``,

@@ -242,6 +242,8 @@ class TokenizerManager:
             "finish_reason": out.finished_reason and out.finished_reason.to_dict(),
             "e2e_latency": time.monotonic() - state.created,
         }
+        if out.spec is not None:
+            meta.update(out.spec.to_meta(out.completion_tokens))
         if state.input_logprobs is not None or state.output_logprobs:
             meta["input_token_logprobs"] = [(lp, t) for lp, t, _ in state.input_logprobs or []]
             meta["input_top_logprobs"] = [top for _, _, top in state.input_logprobs or []]

@@ -22,7 +22,7 @@ class DecodeManager:
 
     def allocate(self, running: list[Req]) -> tuple[list[Req], list[Req], list[Req]]:
         """Give each decoding request (pending_len == 1) slots for this step: one, plus its
-        jump-forward draft.
+        draft.
 
         Returns (decodes ready to run, requests retracted back to the queue, requests failed
         for lack of memory). Partially prefilled requests may be retracted too.
@@ -39,7 +39,7 @@ class DecodeManager:
                 ready.append(queue.pop(0))
                 continue
             if req.draft.tokens:  # under pressure, drop the draft before retracting anyone
-                req.draft.tokens = []
+                req.draft.clear()
                 continue
             # Out of memory: retract the cheapest request not yet served this step.
             victim = victims.pop(0) if victims else queue.pop()

@@ -1,59 +1,121 @@
-"""Jump-forward drafts: what a grammar forces next, proposed after a step and verified by the
-next one in the same forward as the request's next token.
+"""Drafts: tokens proposed after a step and verified by the next one, in the same forward as
+the request's next token.
 
-A draft costs one logits row per position, so its length follows what the model agrees with
-(``DraftState.adapt``): the limit doubles after a full acceptance, drops to one past the agreed
-part otherwise, and outright rejections in a row pause drafting exponentially (a model that
-prefers another split of the same text than the grammar's tokenization).
+Three proposers share one verify path (``verify``):
+
+- jump-forward: what a constrained request's grammar forces next (certain tokens);
+- ``--speculative-algorithm ngram``: what followed the same sequence in the radix tree (an
+  earlier request's output), else prompt lookup in the request's own tokens
+  (runtime/speculative/ngram.py); filtered through the request's grammar;
+- ``--speculative-algorithm draft``: a small draft model (runtime/speculative/draft_worker.py)
+  drawing each token through the request's own sampling pipeline, so its distribution q is
+  known and the speculative rule keeps outputs distributed as the target's.
+
+A draft costs one logits row (and KV slot) per position, so its length follows what the model
+agrees with (``Backoff``): the limit doubles after a full acceptance, drops to one past the
+agreed part otherwise, and outright rejections in a row pause drafting exponentially. Jump
+and speculation back off apart: a model that splits forced text otherwise than the grammar
+does is no reason to stop looking up its prompt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from grammar import DraftVerdict, allocate_bitmask, commit_draft, fill_draft_masks
+from runtime.speculative.ngram import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, propose_ngram
 
 if TYPE_CHECKING:
     from runtime.sampler import Sampler
     from runtime.scheduler.kv_manager import KVCacheManager
     from runtime.scheduler.output_processor import OutputProcessor
     from runtime.scheduler.req import Req
+    from runtime.speculative.draft_worker import DraftModelWorker
 
-# A first draft is this long at most; the longest verified in one step; the longest pause.
+logger = logging.getLogger(__name__)
+
+# A first jump-forward draft is this long at most; the longest verified in one step; the
+# longest pause.
 INITIAL_DRAFT_LIMIT = 4
 MAX_DRAFT_TOKENS = 16
 MAX_DRAFT_COOLDOWN = 64
 
+JUMP, NGRAM, DRAFT_MODEL = "jump", "ngram", "draft"
+
 
 @dataclass
-class DraftState:
-    """One request's drafting: the tokens the next step verifies and how far to draft."""
+class Backoff:
+    """How far one proposer drafts for one request, from what the model accepted before."""
 
-    tokens: list[int] = field(default_factory=list)  # jump-forward tokens to verify next
-    draws: int = 0  # uniforms used verifying drafts (a stream apart from sampling)
-    limit: int = INITIAL_DRAFT_LIMIT  # longest draft to propose next
+    limit: int  # longest draft to propose next
+    ceiling: int  # the longest ever
     misses: int = 0  # drafts in a row the model rejected outright
     cooldown: int = 0  # steps to wait before proposing again after a miss
 
+    def ready(self) -> bool:
+        """Whether to propose this step (a paused proposer counts the step down)."""
+        if self.cooldown:
+            self.cooldown -= 1
+            return False
+        return True
+
     def adapt(self, proposed: int, accepted: int) -> None:
         if accepted == proposed:
-            self.limit = min(2 * self.limit, MAX_DRAFT_TOKENS)
+            self.limit = min(2 * self.limit, self.ceiling)
         else:
-            self.limit = accepted + 1
+            self.limit = min(accepted + 1, self.ceiling)
         self.misses = self.misses + 1 if accepted == 0 else 0
         if self.misses:
             self.cooldown = min(2**self.misses, MAX_DRAFT_COOLDOWN)
 
 
+@dataclass
+class DraftState:
+    """One request's drafting: the tokens the next step verifies, who proposed them, and how
+    far each proposer drafts."""
+
+    tokens: list[int] = field(default_factory=list)  # to verify next
+    # [len(tokens), V] the distributions a sampled draft model drew them from; None: certain.
+    probs: torch.Tensor | None = None
+    source: str = ""  # JUMP, NGRAM or DRAFT_MODEL
+    draws: int = 0  # uniforms used drafting and verifying (a stream apart from sampling)
+    jump: Backoff = field(default_factory=lambda: Backoff(INITIAL_DRAFT_LIMIT, MAX_DRAFT_TOKENS))
+    spec: Backoff = field(default_factory=lambda: Backoff(MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS))
+    # Speculation's totals for this request: tokens proposed, and accepted by the target.
+    proposed: int = 0
+    accepted: int = 0
+
+    def set(self, tokens: list[int], source: str, probs: torch.Tensor | None = None) -> None:
+        self.tokens, self.source, self.probs = tokens, source, probs
+
+    def clear(self) -> None:
+        self.tokens, self.source, self.probs = [], "", None
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """The server's speculative decoding (ServerArgs.speculative_*)."""
+
+    algorithm: str  # NGRAM or DRAFT_MODEL
+    num_draft_tokens: int = 4
+    ngram_min_match: int = DEFAULT_MIN_MATCH
+    ngram_max_match: int = DEFAULT_MAX_MATCH
+
+
+# count(source, proposed, accepted, emitted): one verification's numbers, for the stats.
+CountFn = Callable[[str, int, int, int], None]
+
+
 class DraftManager:
     """Proposes, masks and verifies the drafts of a scheduler's requests.
 
-    ``count(proposed, accepted, emitted)`` receives each verification's numbers for the
-    scheduler's stats."""
+    jump_forward: draft what grammars force. speculation: also speculate (None: off);
+    draft_worker: the draft model for ``speculation.algorithm == "draft"``."""
 
     def __init__(
         self,
@@ -61,33 +123,187 @@ class DraftManager:
         kv: KVCacheManager,
         outputs: OutputProcessor,
         vocab_size: int,
-        count: Callable[[int, int, int], None],
+        count: CountFn,
+        jump_forward: bool = True,
+        speculation: SpeculationConfig | None = None,
+        draft_worker: DraftModelWorker | None = None,
     ) -> None:
         self.sampler = sampler
         self.kv = kv
         self.outputs = outputs
         self.vocab_size = vocab_size
         self.count = count
+        self.jump_forward = jump_forward
+        self.speculation = speculation
+        self.draft_worker = draft_worker
+        if speculation is not None and speculation.algorithm == DRAFT_MODEL:
+            assert draft_worker is not None, "draft-model speculation needs its worker"
 
-    def propose(self, req: Req) -> None:
-        """Let the grammar propose the continuation it forces, for the next step to verify."""
-        if req.grammar is None or req.finished_reason is not None or req.pending_len != 1:
-            return
-        if req.sampling.has_penalties or req.grammar.is_terminated():
-            return  # penalties depend on every token before; drafts would need them per row
+    # ---- proposing ---------------------------------------------------------------------
+
+    def speculates(self, req: Req) -> bool:
+        """Whether speculation is on for ``req`` (the server's and the request's choice);
+        the scheduler records it in ``req.speculates``."""
+        return self.speculation is not None and not req.sampling.no_speculation
+
+    def propose(self, reqs: Sequence[Req]) -> None:
+        """Give each request that will decode next step the draft to verify then: what its
+        grammar forces, else a speculation. A failure fails its request alone; a failing
+        draft model only costs this step's model drafts."""
+        for_model: list[tuple[Req, int]] = []
+        for req in reqs:
+            try:
+                wanted = self._propose_one(req)
+            except Exception as exc:
+                req.draft.clear()
+                req.fail_from(exc, "drafting the continuation of")
+                continue
+            if wanted:
+                for_model.append((req, wanted))
+        if for_model:
+            self._propose_with_model(for_model)
+
+    def _propose_one(self, req: Req) -> int:
+        """Draft for ``req`` from its grammar or its own tokens; returns how many tokens to
+        ask the draft model for instead (0: none)."""
+        if req.finished_reason is not None or req.pending_len != 1 or req.draft.tokens:
+            return 0
+        budget = req.remaining_new_tokens - 1
+        grammar = req.grammar
+        if budget <= 0 or (grammar is not None and grammar.is_terminated()):
+            return 0
         state = req.draft
-        if state.cooldown:
-            state.cooldown -= 1
-            return
-        budget = min(req.remaining_new_tokens - 1, state.limit)
-        if budget > 0:
-            state.tokens = req.grammar.jump_forward_tokens(budget)
+        if self.jump_forward and grammar is not None and state.jump.ready():
+            forced = grammar.jump_forward_tokens(min(budget, state.jump.limit))
+            if forced:
+                state.set(forced, JUMP)
+                return 0
+        gate = req.reasoning_gate
+        if not req.speculates or (gate is not None and gate.opening):
+            return 0
+        if not state.spec.ready():
+            return 0
+        assert self.speculation is not None
+        wanted = min(budget, state.spec.limit, self.speculation.num_draft_tokens)
+        if self.speculation.algorithm == DRAFT_MODEL:
+            return wanted
+        found = self._look_up(req, wanted)
+        found = self._admissible(req, found)
+        if found:
+            state.set(found, NGRAM)
+        return 0
 
-    def mask(self, req: Req) -> torch.Tensor | Exception:
+    def _look_up(self, req: Req, wanted: int) -> list[int]:
+        """The ngram proposer: what an earlier request went on with after this very
+        sequence (the radix tree's continuation: exactly what the model wrote then, e.g. a
+        prompt asked again or a retried request), else what followed the latest earlier
+        occurrence of the sequence's tail in its own tokens."""
+        assert self.speculation is not None
+        tokens = req.token_array.prefix(len(req.all_ids))
+        if self.kv.tree is not None:
+            cached = self.kv.tree.continuation(tokens, wanted)
+            if cached.size:
+                return cached.tolist()
+        return propose_ngram(
+            tokens, wanted, self.speculation.ngram_min_match, self.speculation.ngram_max_match
+        )
+
+    @staticmethod
+    def _admissible(req: Req, tokens: list[int]) -> list[int]:
+        """The part of a guessed draft its request could emit: up to the first token its
+        grammar refuses, and before the end of its reasoning (the grammar starts after it, and
+        a verify row past it would need the grammar's mask)."""
+        gate = req.reasoning_gate
+        if gate is not None and gate.end_token in tokens:
+            tokens = tokens[: tokens.index(gate.end_token)]
+        grammar = req.grammar
+        if grammar is None or not tokens:
+            return tokens
+        accepted = 0
+        for token in tokens:
+            if not grammar.accept_token(token):
+                break
+            accepted += 1
+        grammar.rollback(accepted)
+        return tokens[:accepted]
+
+    def _propose_with_model(self, wanted: list[tuple[Req, int]]) -> None:
+        """Ask the draft model for each request's tokens, batched, drawing each through the
+        request's own pipeline (``_choose``)."""
+        from runtime.speculative.draft_worker import DraftJob
+
+        assert self.draft_worker is not None
+        drafted: list[list[int]] = [[] for _ in wanted]
+        probs: list[list[torch.Tensor]] = [[] for _ in wanted]
+
+        def choose(logits: torch.Tensor, active: list[int], step: int) -> list[int]:
+            chosen = []
+            for j, index in enumerate(active):
+                req = wanted[index][0]
+                try:
+                    token, q = self._choose(req, logits[j : j + 1], drafted[index])
+                except Exception:
+                    logger.exception("drafting a token for request %s failed", req.rid)
+                    token, q = -1, None
+                if token >= 0:
+                    drafted[index].append(token)
+                    if q is not None:
+                        probs[index].append(q)
+                chosen.append(token)
+            return chosen
+
+        jobs = [DraftJob(req.rid, req.all_ids, n) for req, n in wanted]
+        try:
+            self.draft_worker.propose(jobs, choose)
+        except Exception:
+            logger.exception("the draft model failed; no model drafts this step")
+            drafted = [[] for _ in wanted]
+        finally:
+            for (req, _), tokens in zip(wanted, drafted, strict=True):
+                if req.grammar is not None and tokens:
+                    req.grammar.rollback(len(tokens))
+        for (req, _), tokens, q in zip(wanted, drafted, probs, strict=True):
+            if tokens:
+                req.draft.set(tokens, DRAFT_MODEL, torch.stack(q) if q else None)
+
+    def _choose(
+        self, req: Req, row: torch.Tensor, drafted: list[int]
+    ) -> tuple[int, torch.Tensor | None]:
+        """The next draft token of ``req`` from the draft model's logits ``row`` [1, V'] after
+        ``drafted``, and the distribution it was drawn from (None for greedy requests):
+        processed like the target's rows (``Sampler.process_draft_rows``), under the grammar
+        (which then stands past the token). -1: stop drafting."""
+        row = _to_vocab(row.float(), self.vocab_size)
+        mask = None
+        if req.grammar is not None:
+            mask = allocate_bitmask(1, self.vocab_size)
+            req.grammar.fill_mask(mask, 0)
+        logits = self.sampler.process_draft_rows(row, req, drafted, len(drafted), mask)
+        if not bool(torch.isfinite(logits).any()):
+            return -1, None
+        q = None
+        if req.sampling.is_greedy:
+            token = int(logits[0].argmax())
+        else:
+            q = self.sampler.draft_probs(logits, req)[0]
+            if not bool(torch.isfinite(q).all()):
+                return -1, None
+            token = self.sampler.draw_draft_token(q, req)
+        gate = req.reasoning_gate
+        if gate is not None and token == gate.end_token:
+            return -1, None
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            return -1, None
+        return token, q
+
+    # ---- verifying ---------------------------------------------------------------------
+
+    def mask(self, req: Req) -> torch.Tensor | Exception | None:
         """The grammar's masks at each position of the draft (the matcher then stands past
-        it, as ``verify`` expects), or what filling them raised."""
+        it, as ``verify`` expects), what filling them raised, or None (unconstrained)."""
+        if req.grammar is None:
+            return None
         mask = allocate_bitmask(len(req.draft.tokens) + 1, self.vocab_size)
-        assert req.grammar is not None, "only constrained requests draft"
         try:
             fill_draft_masks(req.grammar, req.draft.tokens, mask, 0)
         except Exception as exc:
@@ -95,33 +311,61 @@ class DraftManager:
         return mask
 
     def verify(
-        self, req: Req, rows: torch.Tensor, filled: torch.Tensor | Exception | None = None
+        self, req: Req, rows: torch.Tensor, filled: torch.Tensor | Exception | None | bool = False
     ) -> None:
         """Accept what the model agrees with of the draft (rows: its positions' logits), drop
-        the KV of the rest, and emit the accepted tokens plus one. filled: the draft's masks
-        from ``mask`` (None: fill them here)."""
+        the KV of the rest, and emit the accepted tokens plus one. filled: what ``mask``
+        returned for this draft (False: call it here)."""
         draft = req.draft.tokens
-        mask = self.mask(req) if filled is None else filled
+        mask = self.mask(req) if filled is False else filled
         if isinstance(mask, Exception):
             raise mask
+        assert not isinstance(mask, bool)
+        constrained = req.grammar is not None
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
-        assert req.grammar is not None, "only constrained requests draft"
-        if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
-            # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
-            # draw that position again through the full pipeline, which re-checks it.
-            position = len(tokens) - 1
-            req.output_ids.extend(draft[:position])  # the drawn row sees the right history
-            try:
-                again = self.sampler.sample(rows[position : position + 1], [req])
-            finally:
-                del req.output_ids[len(req.output_ids) - position :]
-            if again.failures:
-                req.fail(*again.failures[0])
-                return
-            tokens[-1] = again.token_ids[0]
-            logprobs[-1] = again.logprobs[0]
+        if constrained:
+            assert req.grammar is not None
+            if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
+                # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
+                # draw that position again through the full pipeline, which re-checks it.
+                position = len(tokens) - 1
+                req.output_ids.extend(draft[:position])  # the drawn row sees the right history
+                try:
+                    again = self.sampler.sample(rows[position : position + 1], [req])
+                finally:
+                    del req.output_ids[len(req.output_ids) - position :]
+                if again.failures:
+                    req.fail(*again.failures[0])
+                    return
+                tokens[-1] = again.token_ids[0]
+                logprobs[-1] = again.logprobs[0]
         self.kv.truncate(req, req.kv_len - (len(draft) + 1 - len(tokens)))
-        req.draft.adapt(proposed=len(draft), accepted=len(tokens) - 1)
-        req.draft.tokens = []
-        self.count(len(draft), len(tokens) - 1, len(tokens))
-        self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=True)
+        state = req.draft
+        accepted = len(tokens) - 1
+        if state.source == JUMP:
+            state.jump.adapt(proposed=len(draft), accepted=accepted)
+        else:
+            state.spec.adapt(proposed=len(draft), accepted=accepted)
+            state.proposed += len(draft)
+            state.accepted += accepted
+        self.count(state.source, len(draft), accepted, len(tokens))
+        state.clear()
+        self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=constrained)
+
+    def release(self, req: Req, keep_in_cache: bool) -> None:
+        """``req`` gives its KV back (finished, aborted or retracted): so does its draft
+        model state, kept in the draft's cache when the target keeps its own."""
+        if self.draft_worker is not None:
+            self.draft_worker.release(req.rid, keep_in_cache)
+
+
+def _to_vocab(row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A draft model's logits [1, V'] over the target's vocabulary [1, V]: a padded draft
+    vocabulary is cut, a shorter one extended with -inf (tokens it cannot propose)."""
+    width = row.shape[-1]
+    if width == vocab_size:
+        return row.clone()
+    if width > vocab_size:
+        return row[:, :vocab_size].clone()
+    pad = torch.full((1, vocab_size - width), float("-inf"), device=row.device)
+    return torch.cat([row, pad], dim=1)

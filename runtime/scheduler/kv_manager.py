@@ -7,6 +7,8 @@ private to exactly one admitted request; ``check_invariants`` proves it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
@@ -25,6 +27,9 @@ class KVCacheManager:
         self.tree = tree
         self.req_to_token_pool = req_to_token_pool
         self.page_size = allocator.page_size
+        # Called as hook(req, keep_in_cache) whenever a request gives its KV back (the draft
+        # model's KV follows the target's).
+        self.release_hooks: list[Callable[[Req, bool], None]] = []
 
     @property
     def capacity(self) -> int:
@@ -108,6 +113,8 @@ class KVCacheManager:
         """
         if req.row is None:
             return
+        for hook in self.release_hooks:
+            hook(req, keep_in_cache)
         # A request stopped inside a verified draft holds KV past its last kept token.
         self.truncate(req, min(req.kv_len, len(req.all_ids)))
         if self.tree is not None and keep_in_cache:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.ipc import FinishReason, TokenOutput
+from runtime.ipc import FinishReason, SpeculationStats, TokenOutput
 from runtime.sampler import SampleOutput, top_logprobs
 from runtime.scheduler.req import Req
 from runtime.scheduler.step_batch import StepBatch
@@ -55,6 +55,7 @@ class OutputProcessor:
         """Append new tokens one by one until the request stops (the rest are dropped).
 
         grammar_advanced: the matcher already accepted them (a verified draft)."""
+        req.emit_steps += 1
         last = len(tokens) - 1
         for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
             if req.finished_reason is not None:  # aborted while the step ran, or stopped
@@ -118,6 +119,11 @@ class OutputProcessor:
             prompt_tail_ids=req.input_ids[-PROMPT_TAIL:] if req.sent_tokens == 0 else None,
             output_logprobs=req.output_logprobs[req.sent_output_logprobs :],
             input_logprobs=list(req.input_logprobs) if send_input_logprobs else None,
+            spec=(
+                SpeculationStats(req.emit_steps, req.draft.proposed, req.draft.accepted)
+                if req.speculates
+                else None
+            ),
         )
         req.sent_tokens = len(req.output_ids)
         req.sent_output_logprobs = len(req.output_logprobs)

@@ -56,7 +56,9 @@ class Req:
         self.grammar: GrammarMatcher | None = None
         self.reasoning_gate: ReasoningGate | None = None
         self.grammar_pending: PendingConstraint | None = None
-        self.draft = DraftState()  # jump-forward tokens to verify next, and how far to draft
+        self.draft = DraftState()  # the draft to verify next, and how far to draft
+        self.emit_steps = 0  # forward steps that gave this request tokens
+        self.speculates = False  # set by the scheduler: speculative decoding is on for it
         self.finished_reason: FinishReason | None = None
         self.arrival = time.monotonic()
         self.retractions = 0
@@ -84,7 +86,7 @@ class Req:
 
     @property
     def step_len(self) -> int:
-        """Tokens a decode step runs: the last sampled token plus any draft to verify."""
+        """Tokens a decode step runs: the last sampled token plus the draft to verify."""
         return 1 + len(self.draft.tokens)
 
     def step_tokens(self, n: int) -> list[int]:
@@ -156,7 +158,7 @@ class Req:
     def reset_for_retract(self) -> None:
         """Back to the queue: outputs so far are kept; KV placement starts over."""
         self.row, self.kv_len, self.cached_len, self.last_node = None, 0, 0, None
-        self.draft.tokens = []
+        self.draft.clear()
         self.retractions += 1
 
     def __repr__(self) -> str:

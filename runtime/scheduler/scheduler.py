@@ -49,7 +49,7 @@ from runtime.ipc import (
 from runtime.model_runner import ModelRunner
 from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.decode_manager import DecodeManager
-from runtime.scheduler.draft_manager import DraftManager
+from runtime.scheduler.draft_manager import JUMP, DraftManager, SpeculationConfig
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
@@ -114,21 +114,33 @@ class Scheduler:
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
         )
+        speculation, draft_worker = _speculation(args, self.runner)
         self.drafts = DraftManager(
-            self.sampler, self.kv, self.outputs, config.vocab_size, self._count_draft
+            self.sampler,
+            self.kv,
+            self.outputs,
+            config.vocab_size,
+            self._count_draft,
+            jump_forward=not args.disable_jump_forward,
+            speculation=speculation,
+            draft_worker=draft_worker,
         )
+        self.kv.release_hooks.append(self.drafts.release)
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self.jump_forward = not args.disable_jump_forward
         self.stats = {
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "generated_tokens": 0,
             "requests_finished": 0,
             "forward_steps": 0,
-            "draft_tokens_proposed": 0,
+            "draft_tokens_proposed": 0,  # jump-forward
             "draft_tokens_accepted": 0,
+            "spec_draft_tokens": 0,  # speculative decoding
+            "spec_accepted_tokens": 0,
+            "spec_verify_steps": 0,
+            "emit_steps": 0,  # a request's forward steps that gave it tokens, summed
         }
         self._started = time.monotonic()
         self._stopped = False
@@ -225,22 +237,19 @@ class Scheduler:
         for draft in step.drafts:
             try:
                 rows = logits[draft.row : draft.row + draft.req.step_len]
-                self.drafts.verify(draft.req, rows, draft_masks.get(id(draft.req)))
+                self.drafts.verify(draft.req, rows, draft_masks.get(id(draft.req), False))
             except Exception as exc:
+                draft.req.draft.clear()
                 draft.req.fail_from(exc, "verifying the draft of")
         self.stats["forward_steps"] += 1
         self.stats["generated_tokens"] += len(step.sample_reqs)
+        self.stats["emit_steps"] += len(step.sample_reqs)
         drafted = {id(d.req) for d in step.drafts}
         for req, n in step.work:
             # Prefill progress goes into the tree now, so requests sharing it can reuse it.
             if n > 1 and id(req) not in drafted and req.finished_reason is None:
                 self.kv.cache_prefix(req)
-        if self.jump_forward:
-            for req, _ in step.work:
-                try:
-                    self.drafts.propose(req)
-                except Exception as exc:
-                    req.fail_from(exc, "drafting the continuation of")
+        self.drafts.propose([req for req, _ in step.work])
 
     def _while_forward(
         self, step: StepBatch, draft_masks: dict[int, torch.Tensor | Exception]
@@ -256,10 +265,16 @@ class Scheduler:
         for message in drain(self.inbox, timeout=0):
             self.handle(message)
 
-    def _count_draft(self, proposed: int, accepted: int, emitted: int) -> None:
+    def _count_draft(self, source: str, proposed: int, accepted: int, emitted: int) -> None:
         self.stats["generated_tokens"] += emitted
-        self.stats["draft_tokens_proposed"] += proposed
-        self.stats["draft_tokens_accepted"] += accepted
+        self.stats["emit_steps"] += 1
+        if source == JUMP:
+            self.stats["draft_tokens_proposed"] += proposed
+            self.stats["draft_tokens_accepted"] += accepted
+        else:
+            self.stats["spec_draft_tokens"] += proposed
+            self.stats["spec_accepted_tokens"] += accepted
+            self.stats["spec_verify_steps"] += 1
 
     def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req]) -> SampleOutput:
         """The tokens of ``reqs`` from their ``rows`` of the forward's logits; if sampling the
@@ -348,6 +363,7 @@ class Scheduler:
             if params.max_new_tokens > room:
                 msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
             req = Req(msg, seed)
+            req.speculates = self.drafts.speculates(req)
             if needs_preparing(req.sampling):
                 self.grammar.enqueue(req)
             else:
@@ -436,6 +452,8 @@ class Scheduler:
             "num_retracted_reqs": self.decodes.num_retracted,
             "new_token_ratio": self.ratio.value,
             "gen_throughput": self.stats["generated_tokens"] / elapsed,
+            # Mean tokens a request gets from one forward (1.0 without drafts).
+            "spec_accept_len": self.stats["generated_tokens"] / max(self.stats["emit_steps"], 1),
             **self.stats,
         }
 
@@ -446,6 +464,36 @@ def _forward_thread_setup(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.set_grad_enabled(False)
+
+
+def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConfig | None, Any]:
+    """The speculative decoding ``args`` ask for, and the draft model's worker if any."""
+    if args.speculative_algorithm is None:
+        return None, None
+    config = SpeculationConfig(
+        args.speculative_algorithm,
+        args.speculative_num_draft_tokens,
+        args.speculative_ngram_min_match,
+        args.speculative_ngram_max_match,
+    )
+    if args.speculative_algorithm != "draft":
+        return config, None
+    from runtime.speculative.draft_worker import DraftModelWorker
+
+    assert args.speculative_draft_model_path is not None
+    worker = DraftModelWorker(
+        args.speculative_draft_model_path,
+        dtype=args.dtype,
+        device=str(runner.device),
+        max_requests=args.max_running_requests,
+        context_len=runner.context_len,
+    )
+    if worker.vocab_size > runner.config.vocab_size + 1024:  # padding aside, not the same
+        raise ValueError(
+            f"the draft model's vocabulary ({worker.vocab_size}) is not the target's "
+            f"({runner.config.vocab_size}); speculation needs the same tokenizer"
+        )
+    return config, worker
 
 
 def _pool_slots(max_total_tokens: int | None, page_size: int) -> int | None:

@@ -23,7 +23,7 @@ class PromptLogprobSpan:
 
 @dataclass
 class DraftRows:
-    """A jump-forward request's logit rows [row, row + len(req.draft.tokens) + 1): one per position
+    """A drafting request's logit rows [row, row + len(req.draft.tokens) + 1): one per position
     from its last sampled token through its draft."""
 
     req: Req

@@ -64,6 +64,7 @@ _PASSTHROUGH = {
     "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens",
     "no_stop_trim": "no_stop_trim",
+    "no_speculation": "no_speculation",
     "stop_token_ids": "stop_token_ids",
     "regex": "regex",
     "ebnf": "ebnf",

@@ -72,6 +72,7 @@ _PASSTHROUGH = (
     "logit_bias",
     "stop",
     "ignore_eos",
+    "no_speculation",
 )
 
 

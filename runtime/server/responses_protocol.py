@@ -114,6 +114,7 @@ class ResponsesRequest(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
+    no_speculation: bool | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
 

@@ -281,3 +281,27 @@ def test_page_size_must_agree_with_the_allocator() -> None:
     with pytest.raises(ValueError, match="page_size"):
         RadixCache(KVSlotAllocator(64, 4), page_size=1)
     assert RadixCache(KVSlotAllocator(64, 4), page_size=4).page_size == 4
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_continuation_reads_what_followed_a_cached_sequence(page_size: int) -> None:
+    cache = make_cache(page_size)
+    first = list(range(10, 26))  # 16 tokens
+    insert_fresh(cache, first)
+    stats = cache.stats()
+    assert cache.continuation(first[:5], 6).tolist() == first[5:11]  # inside a node
+    assert cache.continuation(first[:8], 100).tolist() == first[8:]  # to the end
+    assert cache.continuation(first, 4).tolist() == []  # nothing followed
+    assert cache.continuation([10, 11, 99], 4).tolist() == []  # not all of it cached
+    assert cache.continuation([7], 4).tolist() == []
+    assert cache.continuation(first[:3], 0).tolist() == []
+    # Read-only: no split, no access recorded.
+    assert cache.stats() == stats
+    # Two branches: the most recently used one is followed.
+    other = first[:8] + [90 + i for i in range(8)]
+    insert_fresh(cache, other)
+    assert cache.continuation(first[:6], 6).tolist() == other[6:12]
+    cache.match_prefix(first)  # use the first branch again
+    assert cache.continuation(first[:6], 6).tolist() == first[6:12]
+    assert cache.continuation(first[:8], 3, namespace="elsewhere").tolist() == []
+    cache.check_invariants()

@@ -20,6 +20,7 @@ from runtime.server_args import (
     GRAMMAR_BACKENDS,
     LOG_LEVELS,
     SCHEDULE_POLICIES,
+    SPECULATIVE_ALGORITHMS,
     ServerArgs,
 )
 
@@ -110,7 +111,24 @@ def test_server_args_refuse_what_the_flag_refuses(field: dataclasses.Field):
     with pytest.raises(ValueError, match=f"{field.name} must be one of"):
         ServerArgs(model_path="m", **{field.name: "bogus"})
     for choice in field.metadata["choices"]:
-        assert getattr(ServerArgs(model_path="m", **{field.name: choice}), field.name) == choice
+        extra = _NEEDED_WITH.get((field.name, choice), {})
+        args = ServerArgs(model_path="m", **{field.name: choice}, **extra)
+        assert getattr(args, field.name) == choice
+
+
+# Choices that need another field set with them.
+_NEEDED_WITH = {("speculative_algorithm", "draft"): {"speculative_draft_model_path": "d"}}
+
+
+def test_speculative_flags_that_do_not_go_together_are_refused():
+    with pytest.raises(ValueError, match="needs speculative_draft_model_path"):
+        ServerArgs(model_path="m", speculative_algorithm="draft")
+    with pytest.raises(ValueError, match="only used with speculative_algorithm draft"):
+        ServerArgs(model_path="m", speculative_algorithm="ngram", speculative_draft_model_path="d")
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens must be in"):
+        ServerArgs(model_path="m", speculative_num_draft_tokens=0)
+    with pytest.raises(ValueError, match="speculative_ngram_min_match"):
+        ServerArgs(model_path="m", speculative_ngram_min_match=4, speculative_ngram_max_match=3)
 
 
 def test_only_optional_enumerated_fields_take_none():
@@ -142,6 +160,9 @@ def test_duplicated_names_match_what_implements_them():
     for level in LOG_LEVELS:
         assert level in uvicorn.config.LOG_LEVELS
         assert isinstance(logging.getLevelName(level.upper()), int)
+    from runtime.scheduler.draft_manager import DRAFT_MODEL, NGRAM
+
+    assert SPECULATIVE_ALGORITHMS == (NGRAM, DRAFT_MODEL)
 
 
 # ---- types and defaults ------------------------------------------------------------------
