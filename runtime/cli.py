@@ -9,6 +9,8 @@ from pathlib import Path
 from runtime.server_args import ServerArgs
 from runtime.test_model import ARCHITECTURES, CHAT_TEMPLATES, PRESETS
 
+DRAFT_PRESET = "draft"  # make-test-model's preset for a draft cut from --target
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arbor", description=__doc__)
@@ -20,7 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     make.add_argument("--out", help="folder to write (default: the shared cache, reused if built)")
     make.add_argument(
-        "--preset", default="tiny", choices=sorted(PRESETS), help="the model's shape (size)"
+        "--preset",
+        default="tiny",
+        choices=[*sorted(PRESETS), DRAFT_PRESET],
+        help="the model's shape (size); draft: the --target folder cut to its first layers, "
+        "a draft model for speculative decoding (the shape and weight flags do not apply)",
+    )
+    make.add_argument("--target", help="the model folder a draft is cut from (--preset draft)")
+    make.add_argument(
+        "--num-layers",
+        type=int,
+        default=None,
+        help="decoder layers the draft keeps (--preset draft; default 1)",
     )
     make.add_argument(
         "--arch", default="llama", choices=ARCHITECTURES, help="the Hugging Face architecture"
@@ -66,7 +79,16 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(arguments[1:])
     args = parser.parse_args(argv)
     if args.command == "make-test-model":
-        return _make_test_model(args)
+        if args.preset != DRAFT_PRESET:
+            if args.target is not None or args.num_layers is not None:
+                make.error(f"--target and --num-layers go with --preset {DRAFT_PRESET} only")
+            return _make_test_model(args)
+        if args.target is None:
+            make.error(f"--preset {DRAFT_PRESET} needs --target, the model folder to cut")
+        try:
+            return _make_draft_model(args)
+        except ValueError as exc:  # a target that cannot be cut that way
+            make.error(str(exc))
     if args.command == "demo":
         from runtime.server.demo import run_demo
 
@@ -108,6 +130,18 @@ def _make_test_model(args: argparse.Namespace) -> int:
         path = make_test_model(args.out, *options)
     else:
         path = cached_test_model(*options)
+    print(path)
+    return 0
+
+
+def _make_draft_model(args: argparse.Namespace) -> int:
+    from runtime.test_model import cached_draft_model, make_draft_model
+
+    num_layers = 1 if args.num_layers is None else args.num_layers
+    if args.out:
+        path = make_draft_model(args.target, args.out, num_layers)
+    else:
+        path = cached_draft_model(args.target, num_layers)
     print(path)
     return 0
 

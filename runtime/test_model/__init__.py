@@ -1,4 +1,5 @@
-"""Local test models: a trained byte-level BPE tokenizer and seeded random weights.
+"""Local test models: a trained byte-level BPE tokenizer and seeded random weights, and draft
+models for speculative decoding cut from any model folder.
 
 The builder loads on first use, so the ``arbor`` command line can offer the presets and
 templates without importing torch.
@@ -14,23 +15,33 @@ from runtime.test_model.presets import ARCHITECTURES, PRESETS, Preset
 
 if TYPE_CHECKING:
     from runtime.test_model.builder import cached_test_model, default_cache_dir, make_test_model
+    from runtime.test_model.draft import cached_draft_model, make_draft_model
 
-_BUILDER_NAMES = ("cached_test_model", "default_cache_dir", "make_test_model")
+# Public names of the modules that import torch, each loaded on first use.
+_LAZY_NAMES = {
+    "cached_test_model": "runtime.test_model.builder",
+    "default_cache_dir": "runtime.test_model.builder",
+    "make_test_model": "runtime.test_model.builder",
+    "cached_draft_model": "runtime.test_model.draft",
+    "make_draft_model": "runtime.test_model.draft",
+}
 
 __all__ = [
     "ARCHITECTURES",
     "CHAT_TEMPLATES",
     "PRESETS",
     "Preset",
+    "cached_draft_model",
     "cached_test_model",
     "default_cache_dir",
+    "make_draft_model",
     "make_test_model",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _BUILDER_NAMES:
+    if name not in _LAZY_NAMES:
         raise AttributeError(f"module 'runtime.test_model' has no attribute {name!r}")
-    value = getattr(importlib.import_module("runtime.test_model.builder"), name)
+    value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     globals()[name] = value
     return value
