@@ -212,7 +212,8 @@ class DraftManager:
     def _admissible(req: Req, tokens: list[int]) -> list[int]:
         """The part of a guessed draft its request could emit: up to the first token its
         grammar refuses, and before the end of its reasoning (the grammar starts after it, and
-        a verify row past it would need the grammar's mask)."""
+        a verify row past it would need the grammar's mask), and before the token that ends
+        the grammar (no mask follows it)."""
         gate = req.reasoning_gate
         if gate is not None and gate.end_token in tokens:
             tokens = tokens[: tokens.index(gate.end_token)]
@@ -224,6 +225,9 @@ class DraftManager:
             if not grammar.accept_token(token):
                 break
             accepted += 1
+            if grammar.is_terminated():  # no verify row may follow the grammar's end
+                grammar.rollback(accepted)
+                return tokens[: accepted - 1]
         grammar.rollback(accepted)
         return tokens[:accepted]
 
@@ -252,7 +256,7 @@ class DraftManager:
                 chosen.append(token)
             return chosen
 
-        jobs = [DraftJob(req.rid, req.all_ids, n) for req, n in wanted]
+        jobs = [DraftJob(req.rid, req.token_array.prefix(len(req.all_ids)), n) for req, n in wanted]
         try:
             self.draft_worker.propose(jobs, choose)
         except Exception:
@@ -292,8 +296,13 @@ class DraftManager:
         gate = req.reasoning_gate
         if gate is not None and token == gate.end_token:
             return -1, None
-        if req.grammar is not None and not req.grammar.accept_token(token):
-            return -1, None
+        grammar = req.grammar
+        if grammar is not None:
+            if not grammar.accept_token(token):
+                return -1, None
+            if grammar.is_terminated():  # no verify row may follow the grammar's end
+                grammar.rollback(1)
+                return -1, None
         return token, q
 
     # ---- verifying ---------------------------------------------------------------------
@@ -351,6 +360,13 @@ class DraftManager:
         self.count(state.source, len(draft), accepted, len(tokens))
         state.clear()
         self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=constrained)
+
+    def check_invariants(self) -> None:
+        if self.draft_worker is not None:
+            self.draft_worker.check_invariants()
+
+    def flush(self) -> bool:
+        return self.draft_worker.flush() if self.draft_worker is not None else True
 
     def release(self, req: Req, keep_in_cache: bool) -> None:
         """``req`` gives its KV back (finished, aborted or retracted): so does its draft

@@ -218,6 +218,7 @@ class Scheduler:
         self.ratio.step()
         if self.args.debug_invariants:
             self.kv.check_invariants(self.running)
+            self.drafts.check_invariants()
 
     def _run(self, step: StepBatch) -> None:
         batch = step.to_forward_batch(self.runner)
@@ -420,13 +421,14 @@ class Scheduler:
 
     def _control(self, message: ControlRequest) -> dict[str, Any]:
         if message.command == "flush_cache":
-            ok = not self.running and self.kv.flush()
+            ok = not self.running and self.kv.flush() and self.drafts.flush()
             return {"success": ok}
         if message.command == "server_info":
             return self.server_info()
         if message.command == "check_invariants":
             try:
                 self.kv.check_invariants(self.running)
+                self.drafts.check_invariants()
             except AssertionError as exc:
                 return {"ok": False, "error": str(exc)}
             return {"ok": True}
@@ -485,6 +487,7 @@ def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConf
         args.speculative_draft_model_path,
         dtype=args.dtype,
         device=str(runner.device),
+        kv_slots=runner.kv_slots,  # as many tokens as the target's pool: fewer layers' worth
         max_requests=args.max_running_requests,
         context_len=runner.context_len,
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from runtime.speculative import DraftJob, DraftModelWorker
+from runtime.speculative.draft_worker import DraftJob, DraftModelWorker
 from runtime.test_model import cached_draft_model, cached_test_model
 from tests.runtime.helpers import random_prompts
 
