@@ -222,7 +222,7 @@ class Scheduler:
 
     def _run(self, step: StepBatch) -> None:
         batch = step.to_forward_batch(self.runner)
-        draft_masks: dict[int, torch.Tensor | Exception] = {}
+        draft_masks: dict[int, torch.Tensor | Exception | None] = {}
         if self._forward_thread is None:
             logits = self.runner.forward(batch)
         else:
@@ -253,7 +253,7 @@ class Scheduler:
         self.drafts.propose([req for req, _ in step.work])
 
     def _while_forward(
-        self, step: StepBatch, draft_masks: dict[int, torch.Tensor | Exception]
+        self, step: StepBatch, draft_masks: dict[int, torch.Tensor | Exception | None]
     ) -> None:
         """The step's work that does not need its logits, done while the forward runs."""
         self._flush_outputs()

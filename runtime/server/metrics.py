@@ -27,6 +27,19 @@ SCHEDULER_GAUGES = (
     ("max_total_tokens", "max_total_tokens", "Capacity of the KV pool in tokens."),
     ("cache_hit_rate", "cache_hit_rate", "Prompt tokens served from the cache / prompt tokens."),
     ("gen_throughput", "gen_throughput", "Generated tokens per second since start."),
+    (
+        "spec_accept_len",
+        "spec_accept_len",
+        "Mean tokens a request gets from one forward (1.0 without drafts).",
+    ),
+)
+# Scheduler counters exported from ``server_info``: (key, metric name, help).
+SCHEDULER_COUNTERS = (
+    ("spec_draft_tokens", "spec_draft_tokens_total", "Speculative draft tokens proposed."),
+    ("spec_accepted_tokens", "spec_accepted_tokens_total", "Speculative draft tokens accepted."),
+    ("spec_verify_steps", "spec_verify_steps_total", "Request steps that verified a draft."),
+    ("draft_tokens_proposed", "jump_forward_tokens_total", "Jump-forward tokens proposed."),
+    ("draft_tokens_accepted", "jump_forward_accepted_tokens_total", "Jump-forward tokens kept."),
 )
 
 
@@ -125,9 +138,10 @@ class ServerMetrics:
         lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time to first token.")
         lines += self.itl.render(f"{p}inter_token_latency_seconds", "Time between tokens.")
         lines += self.e2e.render(f"{p}e2e_request_latency_seconds", "Request latency.")
-        for key, name, help_text in SCHEDULER_GAUGES:
-            gauge = (scheduler_info or {}).get(key)
-            if isinstance(gauge, (int, float)):
-                lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} gauge"]
-                lines.append(f"{p}{name} {float(gauge)}")
+        for kind, metrics in (("gauge", SCHEDULER_GAUGES), ("counter", SCHEDULER_COUNTERS)):
+            for key, name, help_text in metrics:
+                value = (scheduler_info or {}).get(key)
+                if isinstance(value, (int, float)):
+                    lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} {kind}"]
+                    lines.append(f"{p}{name} {float(value)}")
         return "\n".join(lines) + "\n"

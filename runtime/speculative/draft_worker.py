@@ -55,7 +55,7 @@ class DraftJob:
     """
 
     key: str
-    token_ids: Sequence[int]
+    token_ids: Sequence[int] | np.ndarray
     num_tokens: int
 
 
