@@ -12,15 +12,18 @@ Three proposers share one verify path (``verify``):
   known and the speculative rule keeps outputs distributed as the target's.
 
 A draft costs one logits row (and KV slot) per position, so its length follows what the model
-agrees with (``Backoff``): the limit doubles after a full acceptance, drops to one past the
-agreed part otherwise, and outright rejections in a row pause drafting exponentially. Jump
-and speculation back off apart: a model that splits forced text otherwise than the grammar
-does is no reason to stop looking up its prompt.
+agrees with. Jump-forward drafts (``Backoff``): the limit doubles after a full acceptance,
+drops to one past the agreed part otherwise, and outright rejections in a row pause drafting
+exponentially. Speculation (runtime/speculative/policy.py): each request drafts as many tokens
+as its acceptance rate makes worth their measured cost on this device, probing now and then
+when none is. The two adapt apart: a model that splits forced text otherwise than the
+grammar does is no reason to stop looking up its prompt.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,6 +32,7 @@ import torch
 
 from grammar import DraftVerdict, allocate_bitmask, commit_draft, fill_draft_masks
 from runtime.speculative.ngram import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH, propose_ngram
+from runtime.speculative.policy import PRIOR_COST, Acceptance, VerifyCost
 
 if TYPE_CHECKING:
     from runtime.sampler import Sampler
@@ -85,7 +89,7 @@ class DraftState:
     source: str = ""  # JUMP, NGRAM or DRAFT_MODEL
     draws: int = 0  # uniforms used drafting and verifying (a stream apart from sampling)
     jump: Backoff = field(default_factory=lambda: Backoff(INITIAL_DRAFT_LIMIT, MAX_DRAFT_TOKENS))
-    spec: Backoff = field(default_factory=lambda: Backoff(MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS))
+    spec: Acceptance = field(default_factory=Acceptance)
     # Speculation's totals for this request: tokens proposed, and accepted by the target.
     proposed: int = 0
     accepted: int = 0
@@ -127,6 +131,7 @@ class DraftManager:
         jump_forward: bool = True,
         speculation: SpeculationConfig | None = None,
         draft_worker: DraftModelWorker | None = None,
+        device_type: str = "cpu",
     ) -> None:
         self.sampler = sampler
         self.kv = kv
@@ -136,6 +141,8 @@ class DraftManager:
         self.jump_forward = jump_forward
         self.speculation = speculation
         self.draft_worker = draft_worker
+        # What a draft token costs here: the scheduler feeds it each forward's time.
+        self.cost = VerifyCost(PRIOR_COST.get(device_type, PRIOR_COST["cuda"]))
         if speculation is not None and speculation.algorithm == DRAFT_MODEL:
             assert draft_worker is not None, "draft-model speculation needs its worker"
 
@@ -151,9 +158,10 @@ class DraftManager:
         grammar forces, else a speculation. A failure fails its request alone; a failing
         draft model only costs this step's model drafts."""
         for_model: list[tuple[Req, int]] = []
+        cost = self.cost.relative(len(reqs)) if self.speculation is not None else (0.0, 0.0)
         for req in reqs:
             try:
-                wanted = self._propose_one(req)
+                wanted = self._propose_one(req, cost)
             except Exception as exc:
                 req.draft.clear()
                 req.fail_from(exc, "drafting the continuation of")
@@ -163,9 +171,10 @@ class DraftManager:
         if for_model:
             self._propose_with_model(for_model)
 
-    def _propose_one(self, req: Req) -> int:
+    def _propose_one(self, req: Req, cost: tuple[float, float]) -> int:
         """Draft for ``req`` from its grammar or its own tokens; returns how many tokens to
-        ask the draft model for instead (0: none)."""
+        ask the draft model for instead (0: none). cost: a draft token's and a draft's,
+        relative to a request's share of a step (``VerifyCost.relative``)."""
         if req.finished_reason is not None or req.pending_len != 1 or req.draft.tokens:
             return 0
         budget = req.remaining_new_tokens - 1
@@ -181,10 +190,10 @@ class DraftManager:
         gate = req.reasoning_gate
         if not req.speculates or (gate is not None and gate.opening):
             return 0
-        if not state.spec.ready():
-            return 0
         assert self.speculation is not None
-        wanted = min(budget, state.spec.limit, self.speculation.num_draft_tokens)
+        wanted = state.spec.length(cost, min(budget, self.speculation.num_draft_tokens))
+        if not wanted:
+            return 0
         if self.speculation.algorithm == DRAFT_MODEL:
             return wanted
         found = self._look_up(req, wanted)
@@ -257,6 +266,7 @@ class DraftManager:
             return chosen
 
         jobs = [DraftJob(req.rid, req.token_array.prefix(len(req.all_ids)), n) for req, n in wanted]
+        started = time.perf_counter()
         try:
             self.draft_worker.propose(jobs, choose)
         except Exception:
@@ -266,6 +276,7 @@ class DraftManager:
             for (req, _), tokens in zip(wanted, drafted, strict=True):
                 if req.grammar is not None and tokens:
                     req.grammar.rollback(len(tokens))
+        self.cost.observe_draft(time.perf_counter() - started, sum(map(len, drafted)))
         for (req, _), tokens, q in zip(wanted, drafted, probs, strict=True):
             if tokens:
                 req.draft.set(tokens, DRAFT_MODEL, torch.stack(q) if q else None)
@@ -325,6 +336,7 @@ class DraftManager:
         """Accept what the model agrees with of the draft (rows: its positions' logits), drop
         the KV of the rest, and emit the accepted tokens plus one. filled: what ``mask``
         returned for this draft (False: call it here)."""
+        started = time.perf_counter()
         draft = req.draft.tokens
         mask = self.mask(req) if filled is False else filled
         if isinstance(mask, Exception):
@@ -354,7 +366,8 @@ class DraftManager:
         if state.source == JUMP:
             state.jump.adapt(proposed=len(draft), accepted=accepted)
         else:
-            state.spec.adapt(proposed=len(draft), accepted=accepted)
+            state.spec.record(proposed=len(draft), accepted=accepted)
+            self.cost.observe_verify(time.perf_counter() - started)
             state.proposed += len(draft)
             state.accepted += accepted
         self.count(state.source, len(draft), accepted, len(tokens))

@@ -35,6 +35,7 @@ from transformers import AutoTokenizer
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
+from runtime.forward_batch import ForwardBatch
 from runtime.ipc import (
     AbortRequest,
     ControlReply,
@@ -124,6 +125,7 @@ class Scheduler:
             jump_forward=not args.disable_jump_forward,
             speculation=speculation,
             draft_worker=draft_worker,
+            device_type=self.runner.device.type,
         )
         self.kv.release_hooks.append(self.drafts.release)
         self.rng = random.Random(args.random_seed)
@@ -224,9 +226,9 @@ class Scheduler:
         batch = step.to_forward_batch(self.runner)
         draft_masks: dict[int, torch.Tensor | Exception | None] = {}
         if self._forward_thread is None:
-            logits = self.runner.forward(batch)
+            logits = self._timed_forward(batch, step.num_tokens)
         else:
-            forward = self._forward_thread.submit(self.runner.forward, batch)
+            forward = self._forward_thread.submit(self._timed_forward, batch, step.num_tokens)
             self._in_forward = True
             try:
                 self._while_forward(step, draft_masks)
@@ -251,6 +253,18 @@ class Scheduler:
             if n > 1 and id(req) not in drafted and req.finished_reason is None:
                 self.kv.cache_prefix(req)
         self.drafts.propose([req for req, _ in step.work])
+
+    def _timed_forward(self, batch: ForwardBatch, tokens: int) -> torch.Tensor:
+        """The forward, its time fed to the drafts' cost model (on CUDA only with speculation
+        on: timing waits for the kernels)."""
+        if self.drafts.speculation is None:
+            return self.runner.forward(batch)
+        started = time.perf_counter()
+        logits = self.runner.forward(batch)
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        self.drafts.cost.observe_forward(time.perf_counter() - started, tokens)
+        return logits
 
     def _while_forward(
         self, step: StepBatch, draft_masks: dict[int, torch.Tensor | Exception | None]

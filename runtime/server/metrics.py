@@ -140,8 +140,8 @@ class ServerMetrics:
         lines += self.e2e.render(f"{p}e2e_request_latency_seconds", "Request latency.")
         for kind, metrics in (("gauge", SCHEDULER_GAUGES), ("counter", SCHEDULER_COUNTERS)):
             for key, name, help_text in metrics:
-                value = (scheduler_info or {}).get(key)
-                if isinstance(value, (int, float)):
+                reading = (scheduler_info or {}).get(key)
+                if isinstance(reading, (int, float)):
                     lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} {kind}"]
-                    lines.append(f"{p}{name} {float(value)}")
+                    lines.append(f"{p}{name} {float(reading)}")
         return "\n".join(lines) + "\n"

@@ -20,6 +20,8 @@ FACTS = {
     "lima": "Lima is the capital of Peru; about 10 million people live there.",
     "oslo": "Oslo is the capital of Norway; about 0.7 million people live there.",
 }
+
+
 def lookup(city: str) -> str:
     return FACTS.get(city.strip().lower(), f"no entry for {city!r}")
 
