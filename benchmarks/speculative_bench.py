@@ -11,7 +11,8 @@ Workloads (seeded token ids):
   multi-turn: 3-turn conversations, each turn's prompt the previous prompt + reply + a new
               user message, so earlier replies are in the context for lookups;
   long:       random prompts, 384 output tokens (random-weight models drift into loops).
-Each runs at concurrency 1 (requests one after another: latency) and 16 (one batch).
+Each runs at concurrency 1 (requests one after another: latency) and 16 (one batch), each
+configuration ``--repeats`` times alternating with the other, the best run kept.
 
 Algorithms: ``ngram`` on the llama test model; ``draft`` on the qwen2 test model (tied head:
 its first decoder layer alone agrees with it often) with that one-layer draft.
@@ -112,6 +113,9 @@ def main() -> None:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="fewer requests, for a smoke run")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each configuration, alternating; best kept"
+    )
     parser.add_argument("--algorithms", default="ngram,draft", help="comma-separated")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     parser.add_argument("--out", default=None)
@@ -142,8 +146,15 @@ def main() -> None:
             continue
         for workload in workloads:
             for concurrency in (1, n):
-                base = _measure(path, {}, workload, n, concurrency, vocab)
-                spec = _measure(path, server, workload, n, concurrency, vocab)
+                # Alternate the two and keep each one's best run: this machine's run-to-run
+                # noise (about 3% at concurrency 16) is the size of the effects measured.
+                base = spec = None
+                for _ in range(args.repeats):
+                    b = _measure(path, {}, workload, n, concurrency, vocab)
+                    s = _measure(path, server, workload, n, concurrency, vocab)
+                    base = b if base is None or b["tok_per_s"] > base["tok_per_s"] else base
+                    spec = s if spec is None or s["tok_per_s"] > spec["tok_per_s"] else spec
+                assert base is not None and spec is not None
                 same = base.pop("outputs") == spec.pop("outputs")
                 speedup = spec["tok_per_s"] / base["tok_per_s"]
                 rows.append([
@@ -165,6 +176,7 @@ def main() -> None:
             "preset": args.preset,
             "num_draft_tokens": args.num_draft_tokens,
             "requests": n,
+            "repeats": args.repeats,
             "results": results,
         },
         args.out,

@@ -225,10 +225,13 @@ class Scheduler:
     def _run(self, step: StepBatch) -> None:
         batch = step.to_forward_batch(self.runner)
         draft_masks: dict[int, torch.Tensor | Exception | None] = {}
+        # Decode forwards (drafts included) time what a draft row costs; prefill chunks not.
+        decode = all(n == 1 or req.draft.tokens for req, n in step.work)
+        rows = step.num_tokens if decode else None
         if self._forward_thread is None:
-            logits = self._timed_forward(batch, step.num_tokens)
+            logits = self._timed_forward(batch, rows)
         else:
-            forward = self._forward_thread.submit(self._timed_forward, batch, step.num_tokens)
+            forward = self._forward_thread.submit(self._timed_forward, batch, rows)
             self._in_forward = True
             try:
                 self._while_forward(step, draft_masks)
@@ -254,10 +257,10 @@ class Scheduler:
                 self.kv.cache_prefix(req)
         self.drafts.propose([req for req, _ in step.work])
 
-    def _timed_forward(self, batch: ForwardBatch, tokens: int) -> torch.Tensor:
-        """The forward, its time fed to the drafts' cost model (on CUDA only with speculation
-        on: timing waits for the kernels)."""
-        if self.drafts.speculation is None:
+    def _timed_forward(self, batch: ForwardBatch, tokens: int | None) -> torch.Tensor:
+        """The forward; a decode forward's time (``tokens``: its rows; None: not a decode) is
+        fed to the drafts' cost model when speculating (on CUDA timing waits for kernels)."""
+        if self.drafts.speculation is None or tokens is None:
             return self.runner.forward(batch)
         started = time.perf_counter()
         logits = self.runner.forward(batch)

@@ -13,11 +13,12 @@ with probability about a^i and then saves a request's share of a step. A draft o
 costs k times ``c`` (a token's rows, relative to that share) plus a fixed ``f`` (the host
 work of proposing and verifying it instead of sampling one token), so the length drafted is
 the k that maximises a + a^2 + ... + a^k - k c - f, none when that is not positive.
-``VerifyCost`` measures c from the scheduler's own forwards (a decayed least-squares fit of
-forward time against token rows) and, with a draft model, the draft's time per token; f from
-the time verifications take. Where no k pays, the request probes with one token now and then
-(exponentially rarer while probes fail), so a request whose text turns repetitive later is
-noticed.
+``VerifyCost`` measures c from the scheduler's own decode forwards (a decayed least-squares
+fit of forward time against token rows; prefill chunks are left out, a large chunk's rows
+costing less each than a small batch's) and, with a draft model, the draft's time per drafted
+token (its catch-up included); f from the time verifications take. Where no k pays, the
+request probes with one token now and then (exponentially rarer while probes fail), so a
+request whose text turns repetitive later is noticed.
 """
 
 from __future__ import annotations
@@ -27,17 +28,18 @@ from dataclasses import dataclass
 # Before any measurement: a verify row's cost relative to a request's share of a decode step
 # (CPU: measured about 0.5 at 16 requests, less at 1; GPU: rows are nearly free).
 PRIOR_COST = {"cpu": 0.3, "cuda": 0.05}
-MAX_PROBE_INTERVAL = 64
+FIRST_PROBE_INTERVAL = 4
+MAX_PROBE_INTERVAL = 128
 
 
 class VerifyCost:
     """What drafting costs relative to a request's share of a decode step, measured.
 
-    ``observe_forward(seconds, tokens)``: one forward's time and its token rows (fitted as
-    time = fixed + per_token * tokens, decayed). ``observe_draft(seconds, tokens)``: a draft
-    model's time for drafting ``tokens``. ``observe_verify(seconds)``: one verification's host
-    time. ``relative(batch)``: (per draft token, per draft) at a decode batch of ``batch``
-    requests, in units of one request's share of a step.
+    ``observe_forward(seconds, tokens)``: one decode forward's time and its token rows
+    (fitted as time = fixed + per_token * tokens, decayed). ``observe_draft(seconds,
+    tokens)``: a draft model's time for drafting ``tokens``. ``observe_verify(seconds)``: one
+    verification's host time. ``relative(batch)``: (per draft token, per draft) at a decode
+    batch of ``batch`` requests, in units of one request's share of a step.
     """
 
     def __init__(self, prior: float, decay: float = 0.97) -> None:
@@ -70,7 +72,7 @@ class VerifyCost:
             return None
         mean_x, mean_y = self._x / self._n, self._y / self._n
         var = self._xx / self._n - mean_x * mean_x
-        if var < 1.0:  # every forward had about the same rows: no slope to read
+        if var < 0.25:  # every forward had about the same rows: no slope to read
             return None
         slope = (self._xy / self._n - mean_x * mean_y) / var
         slope = max(slope, 0.0)
@@ -96,7 +98,7 @@ class Acceptance:
 
     hits: float = 0.0
     tries: float = 0.0
-    probe_interval: int = 1
+    probe_interval: int = FIRST_PROBE_INTERVAL
     wait: int = 0  # steps until the next probe while no length pays
     # The prior: as if 3 of 5 tried tokens had been accepted.
     prior_hits: float = 3.0
@@ -126,7 +128,7 @@ class Acceptance:
             if gain > best:
                 k, best = i, gain
         if k:
-            self.probe_interval, self.wait = 1, 0
+            self.probe_interval, self.wait = FIRST_PROBE_INTERVAL, 0
             return k
         if self.wait > 0:
             self.wait -= 1
