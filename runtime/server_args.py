@@ -33,6 +33,8 @@ REASONING_PARSERS = ("qwen3", "deepseek-r1")
 TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
 # runtime.speculative's proposers.
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")
+# runtime.speculative.policy's: adaptive drafts what pays, always the most every step.
+SPECULATIVE_POLICIES = ("adaptive", "always")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.
@@ -133,6 +135,12 @@ class ServerArgs:
     )
     speculative_num_draft_tokens: int = _flag(
         4, "the most tokens a request drafts per step (each request adapts below it)"
+    )
+    speculative_policy: str = _flag(
+        "adaptive",
+        "adaptive: each request drafts what its acceptance and the measured cost of a draft "
+        "token make worth it on this device; always: every request drafts the most every step",
+        SPECULATIVE_POLICIES,
     )
     speculative_draft_model_path: str | None = _flag(
         None, "the draft model's folder for --speculative-algorithm draft (same tokenizer)"

@@ -107,6 +107,7 @@ class SpeculationConfig:
 
     algorithm: str  # NGRAM or DRAFT_MODEL
     num_draft_tokens: int = 4
+    adaptive: bool = True  # False: draft num_draft_tokens every step (policy "always")
     ngram_min_match: int = DEFAULT_MIN_MATCH
     ngram_max_match: int = DEFAULT_MAX_MATCH
 
@@ -143,6 +144,8 @@ class DraftManager:
         self.draft_worker = draft_worker
         # What a draft token costs here: the scheduler feeds it each forward's time.
         self.cost = VerifyCost(PRIOR_COST.get(device_type, PRIOR_COST["cuda"]))
+        # Acceptance over every request: whether drafting pays here at all (see policy.py).
+        self.overall = Acceptance(decay=0.99)
         if speculation is not None and speculation.algorithm == DRAFT_MODEL:
             assert draft_worker is not None, "draft-model speculation needs its worker"
 
@@ -158,10 +161,13 @@ class DraftManager:
         grammar forces, else a speculation. A failure fails its request alone; a failing
         draft model only costs this step's model drafts."""
         for_model: list[tuple[Req, int]] = []
-        cost = self.cost.relative(len(reqs)) if self.speculation is not None else (0.0, 0.0)
+        cost, probe = (0.0, 0.0), False
+        if self.speculation is not None:
+            cost = self.cost.relative(len(reqs))
+            probe = self.overall.worth(cost, self.speculation.num_draft_tokens) > 0
         for req in reqs:
             try:
-                wanted = self._propose_one(req, cost)
+                wanted = self._propose_one(req, cost, probe)
             except Exception as exc:
                 req.draft.clear()
                 req.fail_from(exc, "drafting the continuation of")
@@ -171,10 +177,11 @@ class DraftManager:
         if for_model:
             self._propose_with_model(for_model)
 
-    def _propose_one(self, req: Req, cost: tuple[float, float]) -> int:
+    def _propose_one(self, req: Req, cost: tuple[float, float], probe: bool) -> int:
         """Draft for ``req`` from its grammar or its own tokens; returns how many tokens to
         ask the draft model for instead (0: none). cost: a draft token's and a draft's,
-        relative to a request's share of a step (``VerifyCost.relative``)."""
+        relative to a request's share of a step (``VerifyCost.relative``); probe: whether a
+        request whose drafts do not pay may still try one token now and then."""
         if req.finished_reason is not None or req.pending_len != 1 or req.draft.tokens:
             return 0
         budget = req.remaining_new_tokens - 1
@@ -191,7 +198,9 @@ class DraftManager:
         if not req.speculates or (gate is not None and gate.opening):
             return 0
         assert self.speculation is not None
-        wanted = state.spec.length(cost, min(budget, self.speculation.num_draft_tokens))
+        ceiling = min(budget, self.speculation.num_draft_tokens)
+        adaptive = self.speculation.adaptive
+        wanted = state.spec.length(cost, ceiling, probe) if adaptive else ceiling
         if not wanted:
             return 0
         if self.speculation.algorithm == DRAFT_MODEL:
@@ -367,6 +376,7 @@ class DraftManager:
             state.jump.adapt(proposed=len(draft), accepted=accepted)
         else:
             state.spec.record(proposed=len(draft), accepted=accepted)
+            self.overall.record(proposed=len(draft), accepted=accepted)
             self.cost.observe_verify(time.perf_counter() - started)
             state.proposed += len(draft)
             state.accepted += accepted

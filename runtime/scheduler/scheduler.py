@@ -227,11 +227,11 @@ class Scheduler:
         draft_masks: dict[int, torch.Tensor | Exception | None] = {}
         # Decode forwards (drafts included) time what a draft row costs; prefill chunks not.
         decode = all(n == 1 or req.draft.tokens for req, n in step.work)
-        rows = step.num_tokens if decode else None
+        decode_rows = step.num_tokens if decode else None
         if self._forward_thread is None:
-            logits = self._timed_forward(batch, rows)
+            logits = self._timed_forward(batch, decode_rows)
         else:
-            forward = self._forward_thread.submit(self._timed_forward, batch, rows)
+            forward = self._forward_thread.submit(self._timed_forward, batch, decode_rows)
             self._in_forward = True
             try:
                 self._while_forward(step, draft_masks)
@@ -492,6 +492,7 @@ def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConf
     config = SpeculationConfig(
         args.speculative_algorithm,
         args.speculative_num_draft_tokens,
+        args.speculative_policy == "adaptive",
         args.speculative_ngram_min_match,
         args.speculative_ngram_max_match,
     )

@@ -21,6 +21,7 @@ from runtime.server_args import (
     LOG_LEVELS,
     SCHEDULE_POLICIES,
     SPECULATIVE_ALGORITHMS,
+    SPECULATIVE_POLICIES,
     ServerArgs,
 )
 
@@ -163,6 +164,7 @@ def test_duplicated_names_match_what_implements_them():
     from runtime.scheduler.draft_manager import DRAFT_MODEL, NGRAM
 
     assert SPECULATIVE_ALGORITHMS == (NGRAM, DRAFT_MODEL)
+    assert SPECULATIVE_POLICIES == ("adaptive", "always")  # SpeculationConfig.adaptive
 
 
 # ---- types and defaults ------------------------------------------------------------------

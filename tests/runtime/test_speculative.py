@@ -72,7 +72,11 @@ def test_greedy_draft_model_speculation_changes_no_token(qwen_target: Path, qwen
     logprobs = {"return_logprob": True, "top_logprobs_num": 2}
     with Engine(qwen_target, max_total_tokens=8192) as eng:
         plain = eng.generate(input_ids=prompts, sampling_params=params, **logprobs)
-    server = dict(speculative_algorithm="draft", speculative_draft_model_path=str(qwen_draft))
+    server = dict(
+        speculative_algorithm="draft",
+        speculative_draft_model_path=str(qwen_draft),
+        speculative_policy="always",  # draft every step: the mechanics, not the policy
+    )
     with Engine(qwen_target, max_total_tokens=8192, debug_invariants=True, **server) as eng:
         spec = eng.generate(input_ids=prompts, sampling_params=params, **logprobs)
         info = eng.get_server_info()
@@ -141,7 +145,7 @@ def test_sampled_outputs_keep_the_target_distribution(
         {"temperature": 1.0, "top_k": 6, "max_new_tokens": 3, "ignore_eos": True, "seed": s}
         for s in range(samples)
     ]
-    server: dict = {"speculative_algorithm": algorithm}
+    server: dict = {"speculative_algorithm": algorithm, "speculative_policy": "always"}
     if algorithm == "draft":
         server["speculative_draft_model_path"] = str(qwen_draft)
     plain, _, _ = _outputs(qwen_target, [prompt] * samples, params)
@@ -167,7 +171,7 @@ def test_constrained_requests_speculate_only_valid_tokens(
     qwen_target: Path, qwen_draft: Path, algorithm: str
 ):
     prompts = random_prompts([8, 20], seed=25) * 3  # repeats: tree continuations for ngram
-    server: dict = {"speculative_algorithm": algorithm}
+    server: dict = {"speculative_algorithm": algorithm, "speculative_policy": "always"}
     if algorithm == "draft":
         server["speculative_draft_model_path"] = str(qwen_draft)
     for temperature in (0.0, 1.0):
@@ -193,11 +197,15 @@ def test_constrained_requests_speculate_only_valid_tokens(
 
 def test_retraction_under_speculation_keeps_outputs_and_accounting(qwen_target, qwen_draft):
     prompts = random_prompts([20 + 3 * i for i in range(32)], seed=26)
-    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    params = {"temperature": 0, "max_new_tokens": 80, "ignore_eos": True}
     plain, _, _ = _outputs(qwen_target, prompts, params)
     for server in (
-        {"speculative_algorithm": "ngram"},
-        {"speculative_algorithm": "draft", "speculative_draft_model_path": str(qwen_draft)},
+        {"speculative_algorithm": "ngram", "speculative_policy": "always"},
+        {
+            "speculative_algorithm": "draft",
+            "speculative_draft_model_path": str(qwen_draft),
+            "speculative_policy": "always",
+        },
     ):
         with Engine(
             qwen_target, max_total_tokens=400, chunked_prefill_size=64, debug_invariants=True,
@@ -242,6 +250,8 @@ def test_useless_drafts_back_off_to_rare_probes():
     fresh = Acceptance()
     assert fresh.length((0.1, 0.0), ceiling=4) >= 2 and fresh.length((0.1, 2.0), ceiling=4) == 1
     assert fresh.length((0.1, 2.0), ceiling=4) == 0  # that was a probe; now it waits
+    # No probes at all while drafting does not pay for the server's requests as a whole.
+    assert Acceptance().length((0.9, 0.5), ceiling=4, probe=False) == 0
 
 
 def test_the_cost_model_reads_the_per_row_cost_from_forward_times():
