@@ -285,7 +285,7 @@ class DraftManager:
             for (req, _), tokens in zip(wanted, drafted, strict=True):
                 if req.grammar is not None and tokens:
                     req.grammar.rollback(len(tokens))
-        self.cost.observe_draft(time.perf_counter() - started, sum(map(len, drafted)))
+        self.cost.observe_draft(time.perf_counter() - started, len(wanted))
         for (req, _), tokens, q in zip(wanted, drafted, probs, strict=True):
             if tokens:
                 req.draft.set(tokens, DRAFT_MODEL, torch.stack(q) if q else None)

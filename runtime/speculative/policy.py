@@ -15,8 +15,10 @@ work of proposing and verifying it instead of sampling one token), so the length
 the k that maximises a + a^2 + ... + a^k - k c - f, none when that is not positive.
 ``VerifyCost`` measures c from the scheduler's own decode forwards (a decayed least-squares
 fit of forward time against token rows; prefill chunks are left out, a large chunk's rows
-costing less each than a small batch's) and, with a draft model, the draft's time per drafted
-token (its catch-up included); f from the time verifications take. Where no k pays, the
+costing less each than a small batch's); f from the time verifications take and, with a draft
+model, from the draft's time per request drafted for (its catch-up included: a call runs a
+catch-up forward and one per draft position whatever the tokens, so its time is counted per
+request, not per token). Where no k pays, the
 request probes with one token now and then (exponentially rarer while probes fail), so a
 request whose text turns repetitive later is noticed; but only while drafting pays for the
 server's requests as a whole (an acceptance estimate over all of them), since a probe is not
@@ -40,7 +42,7 @@ class VerifyCost:
 
     ``observe_forward(seconds, tokens)``: one decode forward's time and its token rows
     (fitted as time = fixed + per_token * tokens, decayed). ``observe_draft(seconds,
-    tokens)``: a draft model's time for drafting ``tokens``. ``observe_verify(seconds)``: one
+    requests)``: a draft model's call drafting for ``requests``. ``observe_verify(seconds)``: one
     verification's host time. ``relative(batch)``: (per draft token, per draft) at a decode
     batch of ``batch`` requests, in units of one request's share of a step.
     """
@@ -50,7 +52,7 @@ class VerifyCost:
         self.decay = decay
         # Decayed sums for the least-squares fit of forward seconds against token rows.
         self._n = self._x = self._y = self._xx = self._xy = 0.0
-        self._draft_seconds = self._draft_tokens = 0.0
+        self._draft_seconds = self._drafted = 0.0
         self._verify_seconds = self._verifies = 0.0
 
     def observe_forward(self, seconds: float, tokens: int) -> None:
@@ -61,9 +63,9 @@ class VerifyCost:
         self._xx = d * self._xx + tokens * tokens
         self._xy = d * self._xy + tokens * seconds
 
-    def observe_draft(self, seconds: float, tokens: int) -> None:
+    def observe_draft(self, seconds: float, requests: int) -> None:
         self._draft_seconds = self.decay * self._draft_seconds + seconds
-        self._draft_tokens = self.decay * self._draft_tokens + tokens
+        self._drafted = self.decay * self._drafted + requests
 
     def observe_verify(self, seconds: float) -> None:
         self._verify_seconds = self.decay * self._verify_seconds + seconds
@@ -90,9 +92,9 @@ class VerifyCost:
         share = (fixed + per_token * batch) / batch  # a plain decode step's time per request
         if share <= 0.0:
             return self.prior, 0.0
-        draft = self._draft_seconds / self._draft_tokens if self._draft_tokens >= 1 else 0.0
+        draft = self._draft_seconds / self._drafted if self._drafted >= 1 else 0.0
         verify = self._verify_seconds / self._verifies if self._verifies >= 1 else 0.0
-        return (per_token + draft) / share, verify / share
+        return per_token / share, (verify + draft) / share
 
 
 @dataclass

@@ -265,7 +265,8 @@ def test_the_cost_model_reads_the_per_row_cost_from_forward_times():
     assert cost.relative(1)[0] < 0.05 < cost.relative(64)[0]
     share = (0.004 + 0.0032) / 16
     assert abs(cost.relative(16)[0] - 0.0002 / share) < 1e-9
-    cost.observe_draft(0.001, 10)  # a draft model adds its time per drafted token
-    assert abs(cost.relative(16)[0] - 0.0003 / share) < 1e-9
-    cost.observe_verify(0.0001)  # and each verification its host time
+    cost.observe_verify(0.0001)  # each verification adds its host time per draft
     assert abs(cost.relative(16)[1] - 0.0001 / share) < 1e-9
+    cost.observe_draft(0.002, 10)  # and a draft model its time per request drafted for
+    assert abs(cost.relative(16)[1] - 0.0003 / share) < 1e-9
+    assert abs(cost.relative(16)[0] - 0.0002 / share) < 1e-9
