@@ -104,7 +104,9 @@ def prepare_all(
     samples: list[Sample], tokenizer: Any, vocab: int, stop_ids: list[int], timeout: float
 ) -> list[dict[str, Any]]:
     """Each sample through the request path's preparation, one at a time (so times are its
-    own): outcome, refused keyword or message, wall milliseconds, and the prepared result."""
+    own): outcome, refused keyword or message, wall milliseconds, and the prepared result.
+    A refused sample is prepared again as ``strict_mode: "validate"`` does (the enforceable
+    part, best effort); if that compiles its outcome is "validate"."""
     sandbox = CompileSandbox(("xgrammar", tokenizer, vocab, stop_ids), workers=1, timeout=timeout)
     sandbox.submit({"regex": "warm"}).result()  # the worker's start is not a compile
     results = []
@@ -124,6 +126,13 @@ def prepare_all(
                 else:
                     row.update(outcome="error", message=_bucket(str(exc)))
             row["ms"] = (time.perf_counter() - start) * 1e3
+            if row["outcome"] == "refused":
+                relaxed = {"json_schema": json.dumps(schema), "grammar_best_effort": True}
+                try:
+                    row["prepared"] = sandbox.submit(relaxed).result()
+                    row["outcome"] = "validate"
+                except GrammarError:
+                    pass
             results.append(row)
     finally:
         sandbox.shutdown()
@@ -137,10 +146,12 @@ def _bucket(message: str) -> str:
 
 
 def generate_and_validate(
-    results: list[dict[str, Any]], samples: list[Sample], count: int
+    results: list[dict[str, Any]], samples: list[Sample], count: int, attempts: int
 ) -> collections.Counter[str]:
-    """Outputs of the compiled samples, validated against their schemas."""
-    from grammar import create_backend
+    """Outputs of the compiled samples, validated against their schemas; for the "validate"
+    samples, validate-and-retry as the runtime does it: up to ``attempts`` outputs each, the
+    first finished one that validates returned (``retry_*`` counts)."""
+    from grammar import create_backend, output_validator
     from runtime.model_config import ModelConfig
     from runtime.model_runner import ModelRunner
     from runtime.test_model import cached_test_model
@@ -157,6 +168,20 @@ def generate_and_validate(
     schemas = dict(samples)
     tally: collections.Counter[str] = collections.Counter()
     for row in results:
+        if row["outcome"] == "validate" and row["prepared"].lowered is not None:
+            compiled = backend.compile_lowered(row["prepared"].lowered)
+            check = output_validator(schemas[row["name"]])
+            for sample in range(count):
+                seeds = [sample * attempts + a for a in range(attempts)]
+                outputs = decoder.generate([compiled] * attempts, seeds, 160, 1.0, 4.0)
+                for attempt, result in enumerate(outputs, 1):
+                    if result.terminated and check(result.text) is None:
+                        tally["retry_valid"] += 1
+                        tally["retry_attempts"] += attempt
+                        break
+                else:
+                    tally["retry_exhausted"] += 1
+            continue
         if row["outcome"] != "compiled" or row["prepared"].lowered is None:
             continue
         compiled = backend.compile_lowered(row["prepared"].lowered)
@@ -182,6 +207,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=400)
     parser.add_argument("--timeout", type=float, default=10.0, help="compile deadline, s")
     parser.add_argument("--samples", type=int, default=2, help="outputs per compiled schema")
+    parser.add_argument(
+        "--attempts", type=int, default=3, help="validate-and-retry: outputs drawn per sample"
+    )
     parser.add_argument("--out", default=None, help="JSON results path")
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -199,15 +227,24 @@ def main() -> None:
         samples, tokenizer, config.vocab_size, list(config.eos_token_ids), args.timeout
     )
     outcomes = collections.Counter(row["outcome"] for row in results)
-    keywords = collections.Counter(row["keyword"] for row in results if "keyword" in row)
+    keywords = collections.Counter(
+        row["keyword"] for row in results if "keyword" in row and row["outcome"] == "refused"
+    )
+    relaxed = collections.Counter(row["keyword"] for row in results if row["outcome"] == "validate")
     errors = collections.Counter(row["message"] for row in results if "message" in row)
     times = sorted(row["ms"] for row in results if row["outcome"] == "compiled")
-    tally = generate_and_validate(results, samples, args.samples) if args.samples else {}
+    tally = (
+        generate_and_validate(results, samples, args.samples, args.attempts) if args.samples else {}
+    )
     total = len(results)
     summary = {
         "samples": total,
         "compiled": outcomes["compiled"],
         "compiled_pct": 100 * outcomes["compiled"] / max(total, 1),
+        "validate": outcomes["validate"],
+        "compiled_or_validate_pct": 100
+        * (outcomes["compiled"] + outcomes["validate"])
+        / max(total, 1),
         "refused": outcomes["refused"],
         "errors": outcomes["error"],
         "compile_ms_p50": statistics.median(times) if times else None,
@@ -216,8 +253,15 @@ def main() -> None:
         "outputs_valid": tally.get("valid", 0),
         "outputs_invalid": tally.get("invalid", 0),
         "outputs_unfinished": tally.get("unfinished", 0),
+        "validate_valid": tally.get("retry_valid", 0),
+        "validate_exhausted": tally.get("retry_exhausted", 0),
+        "validate_mean_attempts": tally.get("retry_attempts", 0)
+        / max(tally.get("retry_valid", 0), 1),
     }
     print_table(["metric", "value"], [[k, v] for k, v in summary.items()])
+    if relaxed:
+        print("\nrefused exactly, enforced by validate-and-retry, by keyword:")
+        print_table(["keyword", "samples"], [[k, n] for k, n in relaxed.most_common()])
     if keywords:
         print("\nrefused by keyword:")
         print_table(["keyword", "samples"], [[k, n] for k, n in keywords.most_common()])
@@ -232,6 +276,7 @@ def main() -> None:
         {
             "summary": summary,
             "refused_by_keyword": dict(keywords),
+            "validate_by_keyword": dict(relaxed),
             "errors": dict(errors),
             "per_sample": [{k: v for k, v in row.items() if k != "prepared"} for row in results],
         },

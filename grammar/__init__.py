@@ -41,6 +41,7 @@ from grammar.schema_formats import SUPPORTED_FORMATS
 from grammar.service import CacheStats, CompileHandle, GrammarService
 from grammar.spec import KINDS, GrammarSpec
 from grammar.stop_regex import StopRegex
+from grammar.validate import output_validator
 
 __all__ = [
     "KINDS",
@@ -69,6 +70,7 @@ __all__ = [
     "commit_draft",
     "create_backend",
     "fill_draft_masks",
+    "output_validator",
     "register_backend",
     "to_backend_regex",
     "sample_inverse_cdf",

@@ -22,10 +22,12 @@ class UnsupportedSchemaFeature(GrammarError):
         location = f"{pointer}/{keyword}" if pointer or keyword else "/"
         super().__init__(
             f"unsupported JSON schema feature '{keyword}' at {location}: {reason} "
-            "(set grammar_best_effort to compile it anyway without this guarantee)"
+            "(strict_mode 'validate' enforces the rest and validates each output; "
+            "grammar_best_effort compiles it anyway without this guarantee)"
         )
         self.keyword = keyword
         self.pointer = pointer
+        self.reason = reason
 
 
 class GrammarCompileTimeout(GrammarError):

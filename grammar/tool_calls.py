@@ -81,7 +81,7 @@ def normalize_tools(
             check_schema(params, best_effort=best_effort)
         except UnsupportedSchemaFeature as exc:
             where = f"/tools/{i}/function/parameters{exc.pointer}"
-            raise UnsupportedSchemaFeature(exc.keyword, where, _reason(exc)) from None
+            raise UnsupportedSchemaFeature(exc.keyword, where, exc.reason) from None
         except GrammarError as exc:
             raise GrammarError(f"tool {function['name']!r}: {exc}") from None
         result.append((function["name"], dict(params)))
@@ -147,8 +147,3 @@ def _literal(text: str) -> str:
     """An EBNF string literal for ``text`` (xgrammar reads JSON string escapes)."""
     return json.dumps(text, ensure_ascii=False)
 
-
-def _reason(exc: UnsupportedSchemaFeature) -> str:
-    text = str(exc)
-    start = text.index(": ") + 2
-    return text[start : text.rindex(" (set grammar_best_effort")]

@@ -41,7 +41,13 @@ class Engine:
         tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or self.args.model_path)
         self.tokenizer = tokenizer
         self.detokenizer = DetokenizerManager(tokenizer)
-        self.tokenizer_manager = TokenizerManager(tokenizer, to_scheduler, max_n=self.args.max_n)
+        self.tokenizer_manager = TokenizerManager(
+            tokenizer,
+            to_scheduler,
+            max_n=self.args.max_n,
+            strict_mode=self.args.schema_strict_mode,
+            validation_attempts=self.args.schema_validation_attempts,
+        )
         self._loop = asyncio.new_event_loop()
         self._threads = [
             threading.Thread(target=self._run_scheduler, name="scheduler", daemon=True),

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -30,6 +30,7 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag", "choice", "j
 
 # Bounds on what one request may ask; docs/serving.md lists them.
 MAX_STOP_STRINGS = 64
+MAX_VALIDATION_ATTEMPTS = 16
 MAX_STOP_LENGTH = 1024  # characters
 MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_REGEXES = 16
@@ -125,6 +126,14 @@ class SamplingParamsInput(BaseModel):
     no_speculation: bool = Field(
         False, description="do not speculate for this request (--speculative-algorithm)"
     )
+    strict_mode: Literal["exact", "validate"] | None = Field(
+        None,
+        description="json_schema: exact (refuse what cannot be enforced) or validate (enforce "
+        "what can be, validate finished outputs, draw again); default: --schema-strict-mode",
+    )
+    validation_attempts: int | None = Field(
+        None, ge=1, le=MAX_VALIDATION_ATTEMPTS, description="validate: the most outputs drawn"
+    )
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,11 @@ class SamplingParams:
     # Opt out of the server's speculative decoding (outputs are the same either way; this only
     # spares the verify work, e.g. for requests known not to repeat their context).
     no_speculation: bool = False
+    # json_schema keywords no automaton enforces: "exact" refuses them; "validate" compiles the
+    # rest, validates each finished output and draws again, up to validation_attempts outputs
+    # (the tokenizer manager does it). None: the server's default (--schema-strict-mode).
+    strict_mode: str | None = None
+    validation_attempts: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -271,6 +285,8 @@ class SamplingParams:
                 grammars[1], f"only one constraint per request; also got {grammars[0]}"
             )
         self._validate_reasoning_tokens(bool(grammars))
+        if self.strict_mode == "validate" and self.json_schema is None:
+            raise InvalidSamplingParams("strict_mode", "validate needs a json_schema to check")
         try:
             for name in ("stop", "stop_regex", "choice", "regex", "ebnf"):
                 check_json_value(getattr(self, name), name)

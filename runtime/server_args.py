@@ -35,6 +35,8 @@ TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 # runtime.speculative.policy's: adaptive drafts what pays, always the most every step.
 SPECULATIVE_POLICIES = ("adaptive", "always")
+# What json_schema requests do with keywords no automaton enforces (SamplingParams.strict_mode).
+STRICT_MODES = ("exact", "validate")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.
@@ -122,6 +124,16 @@ class ServerArgs:
     )
     grammar_workers: int = _flag(
         2, "processes that prepare constraints (each killable at its deadline)"
+    )
+    schema_strict_mode: str = _flag(
+        "exact",
+        "json_schema keywords no automaton enforces: exact refuses the schema (400); validate "
+        "enforces the rest, validates each finished output and draws again (docs/grammar.md); "
+        "requests choose with strict_mode",
+        STRICT_MODES,
+    )
+    schema_validation_attempts: int = _flag(
+        3, "validate: the most outputs drawn for one request (requests: validation_attempts)"
     )
     disable_jump_forward: bool = _flag(
         False, "do not draft the tokens a constraint forces (verified in the next forward)"
@@ -225,6 +237,11 @@ class ServerArgs:
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
         self._check_speculative()
+        if not 1 <= self.schema_validation_attempts <= 16:
+            raise ValueError(
+                "schema_validation_attempts must be in [1, 16], got "
+                f"{self.schema_validation_attempts}"
+            )
 
     def _check_speculative(self) -> None:
         if not 1 <= self.speculative_num_draft_tokens <= 64:

@@ -15,6 +15,7 @@ GIL), so a huge prompt never stalls the event loop that serves health checks and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import threading
 import time
@@ -58,10 +59,21 @@ class _RequestState:
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, to_scheduler: Sender, max_n: int = DEFAULT_MAX_N) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        to_scheduler: Sender,
+        max_n: int = DEFAULT_MAX_N,
+        strict_mode: str = "exact",
+        validation_attempts: int = 3,
+    ) -> None:
+        """strict_mode, validation_attempts: the defaults of json_schema requests that set
+        none (ServerArgs.schema_strict_mode, schema_validation_attempts)."""
         self.tokenizer = tokenizer
         self.to_scheduler = to_scheduler
         self.max_n = max_n
+        self.strict_mode = strict_mode
+        self.validation_attempts = validation_attempts
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()
         self.server_info: dict[str, Any] = {}
@@ -169,8 +181,89 @@ class TokenizerManager:
         """Yield result dicts: with ``stream`` one per output chunk, else one at the end.
 
         A request refused or failed by the runtime raises RequestError (status_code 4xx/5xx).
-        If the consumer stops early (client disconnect), the request is aborted.
+        If the consumer stops early (client disconnect), the request is aborted. A json_schema
+        request in strict mode "validate" goes through ``_generate_validated``.
         """
+        mode = sampling_params.strict_mode or self.strict_mode
+        if sampling_params.json_schema is None or mode != "validate":
+            async for chunk in self._generate_once(
+                input_ids, sampling_params, rid, return_logprob, logprob_start_len,
+                top_logprobs_num, stream,
+            ):  # fmt: skip
+                yield chunk
+            return
+        async for chunk in self._generate_validated(
+            input_ids, sampling_params, rid, return_logprob, logprob_start_len,
+            top_logprobs_num, stream,
+        ):  # fmt: skip
+            yield chunk
+
+    async def _generate_validated(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: int,
+        stream: bool,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Validate-and-retry: compile the schema's enforceable part (best effort), check each
+        finished output against the whole schema (``grammar.output_validator``) and draw again
+        (seed + attempt when seeded) until one passes; after ``validation_attempts`` failures,
+        RequestError 422 naming what the last output broke. An output cut by max_new_tokens is
+        returned unchecked, as in exact mode (its finish_reason says so). Greedy requests get
+        one attempt: another would repeat it. Streams get the whole output in one chunk, once
+        it has passed. ``meta_info["validation_attempts"]``: the outputs drawn."""
+        from grammar.validate import output_validator
+
+        try:
+            check = await self.run_tokenizer(
+                lambda: output_validator(params.json_schema), "json_schema"
+            )
+        except RequestError as exc:
+            raise RequestError(str(exc), 400, "json_schema") from None
+        attempts = params.validation_attempts or self.validation_attempts
+        if params.is_greedy:
+            attempts = 1
+        compiled = dataclasses.replace(params, grammar_best_effort=True, strict_mode="validate")
+        reason = ""
+        for attempt in range(attempts):
+            final: dict[str, Any] | None = None
+            async for chunk in self._generate_once(
+                input_ids, compiled.for_sample(attempt), rid, return_logprob,
+                logprob_start_len, top_logprobs_num, False,
+            ):  # fmt: skip
+                final = chunk
+            assert final is not None, "a request ends with its final chunk"
+            meta = final["meta_info"]
+            finish = meta["finish_reason"] or {}
+            failure = None if finish.get("type") == "length" else check(final["text"])
+            if failure is None:
+                meta["validation_attempts"] = attempt + 1
+                if stream:
+                    final["delta"] = final["text"]
+                yield final
+                return
+            reason = failure
+        raise RequestError(
+            f"no output satisfied json_schema in {attempts} attempt"
+            f"{'s' if attempts > 1 else ''} (strict_mode validate); the last: {reason}",
+            422,
+            "json_schema",
+        )
+
+    async def _generate_once(
+        self,
+        input_ids: list[int],
+        sampling_params: SamplingParams,
+        rid: str | None,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: int,
+        stream: bool,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One request to the scheduler: result dicts as ``generate`` describes."""
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         if not input_ids:

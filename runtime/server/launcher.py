@@ -68,7 +68,13 @@ def launch_server(args: ServerArgs) -> int:
         state = ServerState(
             args,
             tokenizer,
-            TokenizerManager(tokenizer, to_scheduler, max_n=args.max_n),
+            TokenizerManager(
+                tokenizer,
+                to_scheduler,
+                max_n=args.max_n,
+                strict_mode=args.schema_strict_mode,
+                validation_attempts=args.schema_validation_attempts,
+            ),
             process_info={
                 "server_pid": os.getpid(),
                 "scheduler_pid": children["scheduler"].pid,

@@ -65,6 +65,8 @@ _PASSTHROUGH = {
     "skip_special_tokens": "skip_special_tokens",
     "no_stop_trim": "no_stop_trim",
     "no_speculation": "no_speculation",
+    "strict_mode": "strict_mode",
+    "validation_attempts": "validation_attempts",
     "stop_token_ids": "stop_token_ids",
     "regex": "regex",
     "ebnf": "ebnf",

@@ -27,6 +27,7 @@ from runtime.sampling_params import (
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
+    MAX_VALIDATION_ATTEMPTS,
 )
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
@@ -100,6 +101,8 @@ class SamplingRequest(OpenAIModel):
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     no_speculation: bool | None = None
+    strict_mode: Literal["exact", "validate"] | None = None
+    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
     ebnf: str | None = None

@@ -73,6 +73,8 @@ _PASSTHROUGH = (
     "stop",
     "ignore_eos",
     "no_speculation",
+    "strict_mode",
+    "validation_attempts",
 )
 
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN
+from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
 from runtime.server.openai_protocol import OpenAIModel, TemplateKwargs
 
 MAX_INPUT_ITEMS = 4096
@@ -115,6 +116,8 @@ class ResponsesRequest(OpenAIModel):
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
     no_speculation: bool | None = None
+    strict_mode: Literal["exact", "validate"] | None = None
+    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
 

@@ -166,6 +166,35 @@ def test_response_format_json_schema(client: openai.OpenAI, model: str):
     jsonschema.validate(json.loads(response.choices[0].message.content), SCHEMA)
 
 
+def test_strict_mode_validate_through_the_openai_client(client: openai.OpenAI, model: str):
+    """A schema exact mode refuses (uniqueItems) is served under strict_mode "validate"; one
+    no output can satisfy ends in a 422 naming the schema, streamed or not."""
+    tags = {"type": "array", "items": {"enum": list("abcdefgh")}, "maxItems": 3}
+    unique = {**tags, "uniqueItems": True}
+    fmt = {"type": "json_schema", "json_schema": {"name": "tags", "schema": unique}}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=40, response_format=fmt
+        )
+    response = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=40, response_format=fmt, seed=1,
+        extra_body={"strict_mode": "validate", "validation_attempts": 16},
+    )  # fmt: skip
+    if response.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(response.choices[0].message.content), unique)
+    impossible = {"type": "array", "items": {"const": "a"}, "minItems": 2, "maxItems": 2}
+    impossible["uniqueItems"] = True
+    bad = {"type": "json_schema", "json_schema": {"name": "none", "schema": impossible}}
+    for stream in (False, True):
+        with pytest.raises(openai.UnprocessableEntityError, match="no output satisfied"):
+            reply = client.chat.completions.create(
+                model=model, messages=MESSAGES, max_tokens=40, response_format=bad,
+                stream=stream, extra_body={"strict_mode": "validate"},
+            )  # fmt: skip
+            if stream:
+                list(reply)  # type: ignore[arg-type]
+
+
 def test_tool_choice_required(client: openai.OpenAI, model: str):
     response = client.chat.completions.create(
         model=model,
