@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -383,6 +383,22 @@ class DraftManager:
         self.count(state.source, len(draft), accepted, len(tokens))
         state.clear()
         self.outputs.emit_tokens(req, tokens, logprobs, grammar_advanced=constrained)
+
+    def info(self) -> dict[str, Any]:
+        """What ``get_server_info`` reports of speculation beyond the counters: the measured
+        costs (relative to a request's share of a decode step at batch 16, as the policy
+        sees them) and the draft model's own counters."""
+        if self.speculation is None:
+            return {}
+        per_token, per_draft = self.cost.relative(16)
+        info: dict[str, Any] = {
+            "spec_cost_per_token_b16": per_token,
+            "spec_cost_per_draft_b16": per_draft,
+            "spec_overall_accept_rate": self.overall.rate,
+        }
+        if self.draft_worker is not None:
+            info["draft_model"] = dict(self.draft_worker.stats)
+        return info
 
     def check_invariants(self) -> None:
         if self.draft_worker is not None:

@@ -474,6 +474,7 @@ class Scheduler:
             # Mean tokens a request gets from one forward (1.0 without drafts).
             "spec_accept_len": self.stats["generated_tokens"] / max(self.stats["emit_steps"], 1),
             **self.stats,
+            **self.drafts.info(),
         }
 
 
