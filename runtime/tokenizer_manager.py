@@ -218,11 +218,11 @@ class TokenizerManager:
         from grammar.validate import output_validator
 
         try:
-            check = await self.run_tokenizer(
-                lambda: output_validator(params.json_schema), "json_schema"
-            )
-        except RequestError as exc:
-            raise RequestError(str(exc), 400, "json_schema") from None
+            check = output_validator(params.json_schema)
+        except ValueError as exc:
+            raise RequestError(
+                f"json_schema is not valid JSON: {exc}", 400, "json_schema"
+            ) from None
         attempts = params.validation_attempts or self.validation_attempts
         if params.is_greedy:
             attempts = 1
@@ -238,7 +238,10 @@ class TokenizerManager:
             assert final is not None, "a request ends with its final chunk"
             meta = final["meta_info"]
             finish = meta["finish_reason"] or {}
-            failure = None if finish.get("type") == "length" else check(final["text"])
+            try:
+                failure = None if finish.get("type") == "length" else check(final["text"])
+            except Exception as exc:  # the validator itself broke on this schema
+                raise RequestError(f"validating the output failed: {exc}", 500) from None
             if failure is None:
                 meta["validation_attempts"] = attempt + 1
                 if stream:

@@ -198,6 +198,8 @@ class DraftManager:
         if not req.speculates or (gate is not None and gate.opening):
             return 0
         assert self.speculation is not None
+        if state.spec.tries == 0:  # a new request: what the server's requests accept so far
+            state.spec.start_from(self.overall)
         ceiling = min(budget, self.speculation.num_draft_tokens)
         adaptive = self.speculation.adaptive
         wanted = state.spec.length(cost, ceiling, probe) if adaptive else ceiling

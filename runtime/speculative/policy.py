@@ -8,11 +8,12 @@ row per request 8.2 ms, so an extra row costs half a request's share of the step
 blind would then make a workload with useless drafts much slower.
 
 So the length follows a simple model. Each request has a per-token acceptance estimate ``a``
-(accepted tokens over tried ones, decayed, with a prior); a draft's i-th token is accepted
-with probability about a^i and then saves a request's share of a step. A draft of k tokens
-costs k times ``c`` (a token's rows, relative to that share) plus a fixed ``f`` (the host
-work of proposing and verifying it instead of sampling one token), so the length drafted is
-the k that maximises a + a^2 + ... + a^k - k c - f, none when that is not positive.
+(accepted tokens over tried ones, decayed, with a prior: the rate over all requests so far,
+3 in 5 for the first ones); a draft's i-th token is accepted with probability about a^i and
+then saves a request's share of a step. A draft of k tokens costs k times ``c`` (a token's
+rows, relative to that share) plus a fixed ``f`` (the host work of proposing and verifying
+it instead of sampling one token), so the length drafted is the k that maximises
+a + a^2 + ... + a^k - k c - f, none when that is not positive.
 ``VerifyCost`` measures c from the scheduler's own decode forwards (a decayed least-squares
 fit of forward time against token rows; prefill chunks are left out, a large chunk's rows
 costing less each than a small batch's); f from the time verifications take and, with a draft
@@ -113,6 +114,11 @@ class Acceptance:
     @property
     def rate(self) -> float:
         return (self.hits + self.prior_hits) / (self.tries + self.prior_tries)
+
+    def start_from(self, overall: Acceptance) -> None:
+        """Take ``overall``'s rate as this estimate's prior (a new request is expected to
+        accept what the server's requests accept), with the same weight as the default."""
+        self.prior_hits = overall.rate * self.prior_tries
 
     def record(self, proposed: int, accepted: int) -> None:
         """One verification: the first ``accepted`` tokens held, the next (if any) failed."""
