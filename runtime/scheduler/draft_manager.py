@@ -50,6 +50,15 @@ MAX_DRAFT_TOKENS = 16
 MAX_DRAFT_COOLDOWN = 64
 
 JUMP, NGRAM, DRAFT_MODEL = "jump", "ngram", "draft"
+TREE = "tree"  # an ngram draft from the radix tree's continuation of the sequence
+SPECULATIVE_SOURCES = (TREE, NGRAM, DRAFT_MODEL)
+
+
+def _first_prior(source: str) -> Acceptance:
+    """The acceptance estimate a source starts from: a tree continuation is what the model
+    wrote after this very sequence before, so greedy requests take it all (9 in 10); the
+    others, 3 in 5."""
+    return Acceptance(decay=0.99, prior_hits=4.5) if source == TREE else Acceptance(decay=0.99)
 
 
 @dataclass
@@ -86,10 +95,11 @@ class DraftState:
     tokens: list[int] = field(default_factory=list)  # to verify next
     # [len(tokens), V] the distributions a sampled draft model drew them from; None: certain.
     probs: torch.Tensor | None = None
-    source: str = ""  # JUMP, NGRAM or DRAFT_MODEL
+    source: str = ""  # JUMP or one of SPECULATIVE_SOURCES
     draws: int = 0  # uniforms used drafting and verifying (a stream apart from sampling)
     jump: Backoff = field(default_factory=lambda: Backoff(INITIAL_DRAFT_LIMIT, MAX_DRAFT_TOKENS))
-    spec: Acceptance = field(default_factory=Acceptance)
+    # Per speculative source, what this request accepted (started from the server's rate).
+    spec: dict[str, Acceptance] = field(default_factory=dict)
     # Speculation's totals for this request: tokens proposed, and accepted by the target.
     proposed: int = 0
     accepted: int = 0
@@ -144,8 +154,9 @@ class DraftManager:
         self.draft_worker = draft_worker
         # What a draft token costs here: the scheduler feeds it each forward's time.
         self.cost = VerifyCost(PRIOR_COST.get(device_type, PRIOR_COST["cuda"]))
-        # Acceptance over every request: whether drafting pays here at all (see policy.py).
-        self.overall = Acceptance(decay=0.99)
+        # Acceptance over every request, per source: whether drafting pays here at all, and
+        # where a new request's estimate starts (see policy.py).
+        self.overall = {source: _first_prior(source) for source in SPECULATIVE_SOURCES}
         if speculation is not None and speculation.algorithm == DRAFT_MODEL:
             assert draft_worker is not None, "draft-model speculation needs its worker"
 
@@ -161,10 +172,11 @@ class DraftManager:
         grammar forces, else a speculation. A failure fails its request alone; a failing
         draft model only costs this step's model drafts."""
         for_model: list[tuple[Req, int]] = []
-        cost, probe = (0.0, 0.0), False
+        cost, probe = (0.0, 0.0), dict.fromkeys(SPECULATIVE_SOURCES, False)
         if self.speculation is not None:
             cost = self.cost.relative(len(reqs))
-            probe = self.overall.worth(cost, self.speculation.num_draft_tokens) > 0
+            ceiling = self.speculation.num_draft_tokens
+            probe = {s: self.overall[s].worth(cost, ceiling) > 0 for s in SPECULATIVE_SOURCES}
         for req in reqs:
             try:
                 wanted = self._propose_one(req, cost, probe)
@@ -177,11 +189,11 @@ class DraftManager:
         if for_model:
             self._propose_with_model(for_model)
 
-    def _propose_one(self, req: Req, cost: tuple[float, float], probe: bool) -> int:
+    def _propose_one(self, req: Req, cost: tuple[float, float], probe: dict[str, bool]) -> int:
         """Draft for ``req`` from its grammar or its own tokens; returns how many tokens to
         ask the draft model for instead (0: none). cost: a draft token's and a draft's,
-        relative to a request's share of a step (``VerifyCost.relative``); probe: whether a
-        request whose drafts do not pay may still try one token now and then."""
+        relative to a request's share of a step (``VerifyCost.relative``); probe: per source,
+        whether a request whose drafts do not pay may still try one token now and then."""
         if req.finished_reason is not None or req.pending_len != 1 or req.draft.tokens:
             return 0
         budget = req.remaining_new_tokens - 1
@@ -198,35 +210,50 @@ class DraftManager:
         if not req.speculates or (gate is not None and gate.opening):
             return 0
         assert self.speculation is not None
-        if state.spec.tries == 0:  # a new request: what the server's requests accept so far
-            state.spec.start_from(self.overall)
         ceiling = min(budget, self.speculation.num_draft_tokens)
-        adaptive = self.speculation.adaptive
-        wanted = state.spec.length(cost, ceiling, probe) if adaptive else ceiling
-        if not wanted:
-            return 0
         if self.speculation.algorithm == DRAFT_MODEL:
-            return wanted
-        found = self._look_up(req, wanted)
-        found = self._admissible(req, found)
-        if found:
-            state.set(found, NGRAM)
+            return self._length(req, DRAFT_MODEL, cost, ceiling, probe)
+        # ngram: what an earlier request went on with after this very sequence (the radix
+        # tree's continuation: exactly what the model wrote then, e.g. a prompt asked again
+        # or a retried request), else what followed the latest earlier occurrence of the
+        # sequence's tail in its own tokens. Each has its own acceptance estimate.
+        tokens = req.token_array.prefix(len(req.all_ids))
+        cached = self.kv.tree.continuation(tokens, ceiling) if self.kv.tree is not None else None
+        if cached is not None and cached.size:
+            wanted = self._length(req, TREE, cost, int(cached.size), probe)
+            found = self._admissible(req, cached[:wanted].tolist())
+            if found:
+                state.set(found, TREE)
+            return 0
+        wanted = self._length(req, NGRAM, cost, ceiling, probe)
+        if wanted:
+            min_match, max_match = (
+                self.speculation.ngram_min_match,
+                self.speculation.ngram_max_match,
+            )
+            found = self._admissible(req, propose_ngram(tokens, wanted, min_match, max_match))
+            if found:
+                state.set(found, NGRAM)
         return 0
 
-    def _look_up(self, req: Req, wanted: int) -> list[int]:
-        """The ngram proposer: what an earlier request went on with after this very
-        sequence (the radix tree's continuation: exactly what the model wrote then, e.g. a
-        prompt asked again or a retried request), else what followed the latest earlier
-        occurrence of the sequence's tail in its own tokens."""
+    def _length(
+        self,
+        req: Req,
+        source: str,
+        cost: tuple[float, float],
+        ceiling: int,
+        probe: dict[str, bool],
+    ) -> int:
+        """How many tokens ``req`` drafts from ``source`` now (policy.py; always the ceiling
+        under the "always" policy)."""
         assert self.speculation is not None
-        tokens = req.token_array.prefix(len(req.all_ids))
-        if self.kv.tree is not None:
-            cached = self.kv.tree.continuation(tokens, wanted)
-            if cached.size:
-                return cached.tolist()
-        return propose_ngram(
-            tokens, wanted, self.speculation.ngram_min_match, self.speculation.ngram_max_match
-        )
+        if not self.speculation.adaptive:
+            return ceiling
+        estimate = req.draft.spec.get(source)
+        if estimate is None:  # a new request: what the server's requests accept so far
+            estimate = req.draft.spec[source] = Acceptance()
+            estimate.start_from(self.overall[source])
+        return estimate.length(cost, ceiling, probe[source])
 
     @staticmethod
     def _admissible(req: Req, tokens: list[int]) -> list[int]:
@@ -377,8 +404,9 @@ class DraftManager:
         if state.source == JUMP:
             state.jump.adapt(proposed=len(draft), accepted=accepted)
         else:
-            state.spec.record(proposed=len(draft), accepted=accepted)
-            self.overall.record(proposed=len(draft), accepted=accepted)
+            estimate = state.spec.setdefault(state.source, Acceptance())
+            estimate.record(proposed=len(draft), accepted=accepted)
+            self.overall[state.source].record(proposed=len(draft), accepted=accepted)
             self.cost.observe_verify(time.perf_counter() - started)
             state.proposed += len(draft)
             state.accepted += accepted
@@ -396,7 +424,7 @@ class DraftManager:
         info: dict[str, Any] = {
             "spec_cost_per_token_b16": per_token,
             "spec_cost_per_draft_b16": per_draft,
-            "spec_overall_accept_rate": self.overall.rate,
+            **{f"spec_accept_rate_{s}": self.overall[s].rate for s in SPECULATIVE_SOURCES},
         }
         if self.draft_worker is not None:
             info["draft_model"] = dict(self.draft_worker.stats)
