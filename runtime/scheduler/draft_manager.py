@@ -305,15 +305,17 @@ class DraftManager:
 
         jobs = [DraftJob(req.rid, req.token_array.prefix(len(req.all_ids)), n) for req, n in wanted]
         started = time.perf_counter()
+        failed = False
         try:
             self.draft_worker.propose(jobs, choose)
         except Exception:
             logger.exception("the draft model failed; no model drafts this step")
+            failed = True
+        for (req, _), tokens in zip(wanted, drafted, strict=True):
+            if req.grammar is not None and tokens:  # choose advanced it past each token
+                req.grammar.rollback(len(tokens))
+        if failed:
             drafted = [[] for _ in wanted]
-        finally:
-            for (req, _), tokens in zip(wanted, drafted, strict=True):
-                if req.grammar is not None and tokens:
-                    req.grammar.rollback(len(tokens))
         self.cost.observe_draft(time.perf_counter() - started, len(wanted))
         for (req, _), tokens, q in zip(wanted, drafted, probs, strict=True):
             if tokens:
