@@ -146,4 +146,3 @@ def _sequence(*parts: str) -> str:
 def _literal(text: str) -> str:
     """An EBNF string literal for ``text`` (xgrammar reads JSON string escapes)."""
     return json.dumps(text, ensure_ascii=False)
-

@@ -240,8 +240,8 @@ class TokenizerManager:
             finish = meta["finish_reason"] or {}
             try:
                 failure = None if finish.get("type") == "length" else check(final["text"])
-            except Exception as exc:  # the validator itself broke on this schema
-                raise RequestError(f"validating the output failed: {exc}", 500) from None
+            except ValueError as exc:  # the validator cannot evaluate this schema
+                raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
             if failure is None:
                 meta["validation_attempts"] = attempt + 1
                 if stream:

@@ -112,3 +112,16 @@ def test_the_validator_names_what_breaks():
     assert "format" in date('"2026-13-45"')  # type: ignore[operator]
     nested = output_validator({"type": "object", "properties": {"x": {"not": {"type": "string"}}}})
     assert "/x" in nested('{"x": "s"}')  # type: ignore[operator]
+
+
+def test_a_schema_the_validator_cannot_evaluate_is_the_requests_fault():
+    dangling = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": {"list": {"type": "array", "items": {"$dynamicRef": "#meta"}}},
+        "$ref": "#/$defs/list",
+    }
+    check = output_validator(dangling)
+    with pytest.raises(ValueError, match="cannot be checked"):
+        check("[1]")
+    with pytest.raises(ValueError):  # the Engine names it: "json_schema is not valid JSON"
+        output_validator("{not json")
