@@ -58,6 +58,19 @@ class _RequestState:
     input_logprobs: list[Any] | None = None
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One ``generate`` call's arguments."""
+
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    rid: str | None
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    stream: bool
+
+
 class TokenizerManager:
     def __init__(
         self,
@@ -184,30 +197,17 @@ class TokenizerManager:
         If the consumer stops early (client disconnect), the request is aborted. A json_schema
         request in strict mode "validate" goes through ``_generate_validated``.
         """
-        mode = sampling_params.strict_mode or self.strict_mode
-        if sampling_params.json_schema is None or mode != "validate":
-            async for chunk in self._generate_once(
-                input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-                top_logprobs_num, stream,
-            ):  # fmt: skip
-                yield chunk
-            return
-        async for chunk in self._generate_validated(
+        call = _Call(
             input_ids, sampling_params, rid, return_logprob, logprob_start_len,
             top_logprobs_num, stream,
-        ):  # fmt: skip
+        )  # fmt: skip
+        mode = sampling_params.strict_mode or self.strict_mode
+        validate = sampling_params.json_schema is not None and mode == "validate"
+        run = self._generate_validated if validate else self._generate_once
+        async for chunk in run(call):
             yield chunk
 
-    async def _generate_validated(
-        self,
-        input_ids: list[int],
-        params: SamplingParams,
-        rid: str | None,
-        return_logprob: bool,
-        logprob_start_len: int,
-        top_logprobs_num: int,
-        stream: bool,
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def _generate_validated(self, call: _Call) -> AsyncIterator[dict[str, Any]]:
         """Validate-and-retry: compile the schema's enforceable part (best effort), check each
         finished output against the whole schema (``grammar.output_validator``) and draw again
         (seed + attempt when seeded) until one passes; after ``validation_attempts`` failures,
@@ -217,6 +217,7 @@ class TokenizerManager:
         it has passed. ``meta_info["validation_attempts"]``: the outputs drawn."""
         from grammar.validate import output_validator
 
+        params = call.sampling_params
         try:
             check = output_validator(params.json_schema)
         except ValueError as exc:
@@ -230,10 +231,10 @@ class TokenizerManager:
         reason = ""
         for attempt in range(attempts):
             final: dict[str, Any] | None = None
-            async for chunk in self._generate_once(
-                input_ids, compiled.for_sample(attempt), rid, return_logprob,
-                logprob_start_len, top_logprobs_num, False,
-            ):  # fmt: skip
+            once = dataclasses.replace(
+                call, sampling_params=compiled.for_sample(attempt), stream=False
+            )
+            async for chunk in self._generate_once(once):
                 final = chunk
             assert final is not None, "a request ends with its final chunk"
             meta = final["meta_info"]
@@ -244,7 +245,7 @@ class TokenizerManager:
                 raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
             if failure is None:
                 meta["validation_attempts"] = attempt + 1
-                if stream:
+                if call.stream:
                     final["delta"] = final["text"]
                 yield final
                 return
@@ -256,17 +257,11 @@ class TokenizerManager:
             "json_schema",
         )
 
-    async def _generate_once(
-        self,
-        input_ids: list[int],
-        sampling_params: SamplingParams,
-        rid: str | None,
-        return_logprob: bool,
-        logprob_start_len: int,
-        top_logprobs_num: int,
-        stream: bool,
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def _generate_once(self, call: _Call) -> AsyncIterator[dict[str, Any]]:
         """One request to the scheduler: result dicts as ``generate`` describes."""
+        input_ids, sampling_params, rid, stream = (
+            call.input_ids, call.sampling_params, call.rid, call.stream
+        )  # fmt: skip
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         if not input_ids:
@@ -291,9 +286,9 @@ class TokenizerManager:
                 internal,
                 input_ids,
                 sampling_params,
-                return_logprob,
-                logprob_start_len,
-                top_logprobs_num,
+                call.return_logprob,
+                call.logprob_start_len,
+                call.top_logprobs_num,
                 stream,
             )
         )

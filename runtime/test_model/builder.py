@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,23 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+@contextlib.contextmanager
+def building(out: Path) -> Iterator[Path]:
+    """A scratch folder beside ``out`` to build a model folder in; on success it replaces
+    ``out`` in one rename (readers never see half a folder), on failure it is removed."""
+    tmp = Path(
+        tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
+    )
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def make_test_model(
     out: str | Path,
     preset: str = "tiny",
@@ -43,10 +62,7 @@ def make_test_model(
     shape = get_preset(preset).for_arch(arch)
     vocab = vocab_size or shape.vocab_size
     out = Path(out)
-    tmp = Path(
-        tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
-    )
-    try:
+    with building(out) as tmp:
         tokenizer = train_tokenizer(
             vocab, seed, add_bos=(arch == "llama"), chat_template=chat_template
         )
@@ -77,12 +93,6 @@ def make_test_model(
             )
             + "\n"
         )
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -13,13 +13,12 @@ import hashlib
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
 
 from runtime.model_loader import checkpoint_files, iter_checkpoint
-from runtime.test_model.builder import default_cache_dir
+from runtime.test_model.builder import building, default_cache_dir
 
 # Bump when the folder contents change, so cached drafts are rebuilt.
 DRAFT_BUILDER_VERSION = 1
@@ -40,10 +39,7 @@ def make_draft_model(target: str | Path, out: str | Path, num_layers: int = 1) -
     config["num_hidden_layers"] = num_layers
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:num_layers]
-    tmp = Path(
-        tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
-    )
-    try:
+    with building(out) as tmp:
         weights = {
             name: tensor.contiguous()
             for name, tensor in iter_checkpoint(target)
@@ -61,12 +57,6 @@ def make_draft_model(target: str | Path, out: str | Path, num_layers: int = 1) -
             "builder_version": DRAFT_BUILDER_VERSION,
         }
         (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
