@@ -39,8 +39,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
-
 from benchmarks.common import print_table, write_json
 from grammar import CompileSandbox, GrammarError, UnsupportedSchemaFeature
 from grammar.schema_walk import is_old_draft
@@ -190,20 +188,22 @@ def generate_and_validate(
         if row["outcome"] != "compiled" or row["prepared"].lowered is None:
             continue
         compiled = backend.compile_lowered(row["prepared"].lowered)
+        check = output_validator(schemas[row["name"]])
         seeds = list(range(count))
         for result in decoder.generate([compiled] * count, seeds, 160, 1.0, 4.0):
             if not result.terminated:
                 tally["unfinished"] += 1
                 continue
             try:
-                value = json.loads(result.text)
-                jsonschema.validators.validator_for(schemas[row["name"]])(
-                    schemas[row["name"]], format_checker=jsonschema.FormatChecker()
-                ).validate(value)
+                failure = check(result.text)
+            except ValueError:  # the validator cannot evaluate this schema
+                tally["unchecked"] += 1
+                continue
+            if failure is None:
                 tally["valid"] += 1
-            except (ValueError, jsonschema.ValidationError) as exc:
+            else:
                 tally["invalid"] += 1
-                row.setdefault("invalid", []).append(f"{result.text[:120]!r}: {exc}"[:300])
+                row.setdefault("invalid", []).append(f"{result.text[:120]!r}: {failure}"[:300])
     return tally
 
 
@@ -258,6 +258,7 @@ def main() -> None:
         "outputs_valid": tally.get("valid", 0),
         "outputs_invalid": tally.get("invalid", 0),
         "outputs_unfinished": tally.get("unfinished", 0),
+        "outputs_unchecked": tally.get("unchecked", 0),
         "validate_valid": tally.get("retry_valid", 0),
         "validate_exhausted": tally.get("retry_exhausted", 0),
         "validate_unchecked": tally.get("retry_unchecked", 0),

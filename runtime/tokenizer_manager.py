@@ -239,10 +239,13 @@ class TokenizerManager:
             assert final is not None, "a request ends with its final chunk"
             meta = final["meta_info"]
             finish = meta["finish_reason"] or {}
-            try:
-                failure = None if finish.get("type") == "length" else check(final["text"])
-            except ValueError as exc:  # the validator cannot evaluate this schema
-                raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
+            failure = None
+            if finish.get("type") != "length":
+                assert self.loop is not None
+                try:  # off the event loop: a schema's patterns may be slow to match
+                    failure = await self.loop.run_in_executor(self._pool, check, final["text"])
+                except ValueError as exc:  # the validator cannot evaluate this schema
+                    raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
             if failure is None:
                 meta["validation_attempts"] = attempt + 1
                 if call.stream:

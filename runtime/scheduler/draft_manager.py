@@ -171,6 +171,8 @@ class DraftManager:
         """Give each request that will decode next step the draft to verify then: what its
         grammar forces, else a speculation. A failure fails its request alone; a failing
         draft model only costs this step's model drafts."""
+        if not self.jump_forward and self.speculation is None:
+            return
         for_model: list[tuple[Req, int]] = []
         cost, probe = (0.0, 0.0), dict.fromkeys(SPECULATIVE_SOURCES, False)
         if self.speculation is not None:

@@ -226,8 +226,10 @@ class Scheduler:
         batch = step.to_forward_batch(self.runner)
         draft_masks: dict[int, torch.Tensor | Exception | None] = {}
         # Decode forwards (drafts included) time what a draft row costs; prefill chunks not.
-        decode = all(n == 1 or req.draft.tokens for req, n in step.work)
-        decode_rows = step.num_tokens if decode else None
+        decode_rows = None
+        if self.drafts.speculation is not None:
+            if all(n == 1 or req.draft.tokens for req, n in step.work):
+                decode_rows = step.num_tokens
         if self._forward_thread is None:
             logits = self._timed_forward(batch, decode_rows)
         else:
@@ -258,9 +260,10 @@ class Scheduler:
         self.drafts.propose([req for req, _ in step.work])
 
     def _timed_forward(self, batch: ForwardBatch, tokens: int | None) -> torch.Tensor:
-        """The forward; a decode forward's time (``tokens``: its rows; None: not a decode) is
-        fed to the drafts' cost model when speculating (on CUDA timing waits for kernels)."""
-        if self.drafts.speculation is None or tokens is None:
+        """The forward; a speculating server's decode forward (``tokens``: its rows; None:
+        not timed) feeds its time to the drafts' cost model (on CUDA timing waits for
+        kernels)."""
+        if tokens is None:
             return self.runner.forward(batch)
         started = time.perf_counter()
         logits = self.runner.forward(batch)
