@@ -219,7 +219,7 @@ class DraftManager:
         # tree's continuation: exactly what the model wrote then, e.g. a prompt asked again
         # or a retried request), else what followed the latest earlier occurrence of the
         # sequence's tail in its own tokens. Each has its own acceptance estimate.
-        tokens = req.token_array.prefix(len(req.all_ids))
+        tokens = req.token_ids.array()
         cached = self.kv.tree.continuation(tokens, ceiling) if self.kv.tree is not None else None
         if cached is not None and cached.size:
             wanted = self._length(req, TREE, cost, int(cached.size), probe)
@@ -305,7 +305,7 @@ class DraftManager:
                 chosen.append(token)
             return chosen
 
-        jobs = [DraftJob(req.rid, req.token_array.prefix(len(req.all_ids)), n) for req, n in wanted]
+        jobs = [DraftJob(req.rid, req.token_ids.array(), n) for req, n in wanted]
         started = time.perf_counter()
         failed = False
         try:

@@ -44,7 +44,7 @@ class KVCacheManager:
         """Length of the cached prefix a request would reuse (touches the tree's LRU clock)."""
         if self.tree is None:
             return 0
-        return self.tree.match_prefix(req.token_array.prefix(req.match_limit)).length
+        return self.tree.match_prefix(req.token_ids.prefix(req.match_limit)).length
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a table row and its cached prefix, locked. False if no row is free."""
@@ -53,7 +53,7 @@ class KVCacheManager:
             return False
         req.row = row
         if self.tree is not None:
-            match = self.tree.match_prefix(req.token_array.prefix(req.match_limit))
+            match = self.tree.match_prefix(req.token_ids.prefix(req.match_limit))
             self.tree.lock(match.node)
             req.last_node = match.node
             req.cached_len = req.kv_len = match.length
@@ -99,7 +99,7 @@ class KVCacheManager:
             return
         assert req.row is not None and req.last_node is not None, "cache_prefix needs admission"
         self._insert(req)
-        match = self.tree.match_prefix(req.token_array.prefix(req.kv_len))
+        match = self.tree.match_prefix(req.token_ids.prefix(req.kv_len))
         self.req_to_token_pool.write(req.row, 0, match.slots)
         self.tree.lock(match.node)
         self.tree.unlock(req.last_node)
@@ -116,7 +116,7 @@ class KVCacheManager:
         for hook in self.release_hooks:
             hook(req, keep_in_cache)
         # A request stopped inside a verified draft holds KV past its last kept token.
-        self.truncate(req, min(req.kv_len, len(req.all_ids)))
+        self.truncate(req, min(req.kv_len, len(req.token_ids)))
         if self.tree is not None and keep_in_cache:
             self._insert(req)
             aligned = req.kv_len - req.kv_len % self.page_size
@@ -132,7 +132,7 @@ class KVCacheManager:
         """Insert [0, kv_len) and free the request's private copies of what was already cached."""
         assert self.tree is not None and req.row is not None
         slots = self.req_to_token_pool.req_to_token[req.row, : req.kv_len].cpu()
-        already = self.tree.insert(req.token_array.prefix(req.kv_len), slots)
+        already = self.tree.insert(req.token_ids.prefix(req.kv_len), slots)
         if already > req.cached_len:
             self.allocator.free(slots[req.cached_len : already])
 

@@ -70,14 +70,14 @@ class PrefillAdmission:
                 break
             chunks.append((req, n))
             admitted.append(req)
-            admitted_ids.append(req.token_array.prefix(len(req.token_array)))
+            admitted_ids.append(req.token_ids.array())
             kv_budget -= need
             budget -= n
         return chunks, admitted
 
     @staticmethod
     def _shares_uncached_prefix(req: Req, admitted_ids: list[np.ndarray]) -> bool:
-        ids = req.token_array.prefix(len(req.token_array))
+        ids = req.token_ids.array()
         for other in admitted_ids:
             n = min(len(ids), len(other))
             differ = np.flatnonzero(ids[:n] != other[:n])

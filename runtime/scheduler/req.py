@@ -26,7 +26,10 @@ logger = logging.getLogger(__name__)
 class Req:
     """A request from arrival to finish.
 
-    KV state while admitted: positions [0, kv_len) of ``all_ids`` have KV at the slots in row
+    ``token_ids``: the prompt, then the outputs, one growing array (``input_ids`` is the
+    prompt as it came, ``output_ids`` the outputs as a list for the detokenizer).
+
+    KV state while admitted: positions [0, kv_len) of ``token_ids`` have KV at the slots in row
     ``row`` of the request-to-slot table; [0, cached_len) are owned by the radix tree and pinned
     by a lock on ``last_node``; [cached_len, kv_len) are the request's private slots (with
     page_size > 1 its pages, including the unused tail of the last one).
@@ -41,8 +44,7 @@ class Req:
         self.top_logprobs_num = msg.top_logprobs_num
         self.stream = msg.stream
         self.seed = seed
-        self.all_ids: list[int] = list(msg.input_ids)
-        self.token_array = TokenArray(msg.input_ids)  # all_ids again, for the radix tree
+        self.token_ids = TokenArray(msg.input_ids)
         self.output_ids: list[int] = []
         # KV placement
         self.row: int | None = None
@@ -81,8 +83,8 @@ class Req:
 
     @property
     def pending_len(self) -> int:
-        """Tokens of ``all_ids`` that still need KV before the next token can be sampled."""
-        return len(self.all_ids) - self.kv_len
+        """Tokens of ``token_ids`` that still need KV before the next token can be sampled."""
+        return len(self.token_ids) - self.kv_len
 
     @property
     def step_len(self) -> int:
@@ -90,13 +92,13 @@ class Req:
         return 1 + len(self.draft.tokens)
 
     def step_tokens(self, n: int) -> list[int]:
-        """The ids of the n positions ending at kv_len (a draft follows ``all_ids``); copies
+        """The ids of the n positions ending at kv_len (a draft follows ``token_ids``); copies
         only those n, however long the sequence."""
-        start, end, known = self.kv_len - n, self.kv_len, len(self.all_ids)
+        start, end, known = self.kv_len - n, self.kv_len, len(self.token_ids)
         if end <= known:
-            return self.all_ids[start:end]
+            return self.token_ids.tolist(start, end)
         draft = self.draft.tokens[max(start - known, 0) : end - known]
-        return self.all_ids[start:known] + draft if start < known else draft
+        return self.token_ids.tolist(start, known) + draft if start < known else draft
 
     @property
     def remaining_new_tokens(self) -> int:
@@ -108,17 +110,16 @@ class Req:
 
     @property
     def match_limit(self) -> int:
-        """How much of ``all_ids`` a cache match may cover: at least one token must run to give
-        logits, and prompt logprobs from ``logprob_start_len`` need the logits before it."""
-        limit = len(self.all_ids) - 1
+        """How much of ``token_ids`` a cache match may cover: at least one token must run to
+        give logits, and prompt logprobs from ``logprob_start_len`` need the logits before it."""
+        limit = len(self.token_ids) - 1
         if self.wants_prompt_logprobs and not self.input_logprobs_done:
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return limit
 
     def append_output(self, token: int) -> None:
         self.output_ids.append(token)
-        self.all_ids.append(token)
-        self.token_array.append(token)
+        self.token_ids.append(token)
         if self.token_counts is not None:  # penalty state, once the sampler has built it
             counts, seen = self.token_counts
             counts[token] += 1

@@ -46,7 +46,7 @@ class DFSWeight(SchedulePolicy):
         at_node: dict[int, list[Req]] = defaultdict(list)
         nodes: dict[int, TreeNode] = {}
         for req in sorted(waiting, key=lambda r: r.arrival):
-            node = kv.tree.match_prefix(req.token_array.prefix(req.match_limit)).node
+            node = kv.tree.match_prefix(req.token_ids.prefix(req.match_limit)).node
             at_node[id(node)].append(req)
             nodes[id(node)] = node
         weight: dict[int, int] = defaultdict(int)

@@ -73,7 +73,7 @@ class StepBatch:
             if req.draft.tokens:
                 self.drafts.append(DraftRows(req, len(logit_rows)))
                 logit_rows.extend(range(offset, offset + n))
-            elif req.kv_len == len(req.all_ids):
+            elif req.kv_len == len(req.token_ids):
                 self.sample_reqs.append(req)
                 self.sample_rows.append(len(logit_rows))
                 logit_rows.append(offset + n - 1)

@@ -77,7 +77,7 @@ def _req(backend, regex: str) -> Req:  # noqa: ANN001
     req = Req(GenerateRequest("r", [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=32)), 0)
     req.grammar = backend.compile(GrammarSpec.for_regex(regex)).new_matcher()
     req.speculates = True
-    req.kv_len = len(req.all_ids) - 1  # decoding: the last token waits for its KV
+    req.kv_len = len(req.token_ids) - 1  # decoding: the last token waits for its KV
     return req
 
 
