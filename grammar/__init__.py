@@ -11,37 +11,78 @@ Typical use by a scheduler::
     matcher.accept_token(token)                                       # after sampling
 
 See docs/grammar.md for the integration protocol and what the backend enforces.
+
+The names below load on first use (most modules import xgrammar and torch), so a process that
+only needs the tool-call formats (``grammar.tool_call_formats``: the server's HTTP process)
+does not pay for them.
 """
 
-from grammar import xgrammar_backend  # noqa: F401  (registers the "xgrammar" backend)
-from grammar.backend import (
-    CompiledGrammar,
-    GrammarBackend,
-    GrammarMatcher,
-    LoweredGrammar,
-    allocate_bitmask,
-    allow_token,
-    create_backend,
-    register_backend,
-)
-from grammar.errors import GrammarCompileTimeout, GrammarError, UnsupportedSchemaFeature
-from grammar.jump_forward import (
-    DraftVerdict,
-    commit_draft,
-    fill_draft_masks,
-    sample_inverse_cdf,
-    verify_draft,
-)
-from grammar.masking import apply_filled_masks, apply_grammar_masks
-from grammar.options import GrammarOptions
-from grammar.regex import to_backend_regex
-from grammar.sandbox import CompileSandbox, Prepared
-from grammar.schema_check import check_schema
-from grammar.schema_formats import SUPPORTED_FORMATS
-from grammar.service import CacheStats, CompileHandle, GrammarService
-from grammar.spec import KINDS, GrammarSpec
-from grammar.stop_regex import StopRegex
-from grammar.validate import output_validator
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grammar.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from grammar.backend import (
+        CompiledGrammar,
+        GrammarBackend,
+        GrammarMatcher,
+        LoweredGrammar,
+        allocate_bitmask,
+        allow_token,
+        create_backend,
+        register_backend,
+    )
+    from grammar.errors import GrammarCompileTimeout, GrammarError, UnsupportedSchemaFeature
+    from grammar.jump_forward import (
+        DraftVerdict,
+        commit_draft,
+        fill_draft_masks,
+        sample_inverse_cdf,
+        verify_draft,
+    )
+    from grammar.masking import apply_filled_masks, apply_grammar_masks
+    from grammar.options import GrammarOptions
+    from grammar.regex import to_backend_regex
+    from grammar.sandbox import CompileSandbox, Prepared
+    from grammar.schema_check import check_schema
+    from grammar.schema_formats import SUPPORTED_FORMATS
+    from grammar.service import CacheStats, CompileHandle, GrammarService
+    from grammar.spec import KINDS, GrammarSpec
+    from grammar.stop_regex import StopRegex
+    from grammar.validate import output_validator
+
+_WHERE = {
+    "grammar.backend": (
+        "CompiledGrammar",
+        "GrammarBackend",
+        "GrammarMatcher",
+        "LoweredGrammar",
+        "allocate_bitmask",
+        "allow_token",
+        "create_backend",
+        "register_backend",
+    ),
+    "grammar.errors": ("GrammarCompileTimeout", "GrammarError", "UnsupportedSchemaFeature"),
+    "grammar.jump_forward": (
+        "DraftVerdict",
+        "commit_draft",
+        "fill_draft_masks",
+        "sample_inverse_cdf",
+        "verify_draft",
+    ),
+    "grammar.masking": ("apply_filled_masks", "apply_grammar_masks"),
+    "grammar.options": ("GrammarOptions",),
+    "grammar.regex": ("to_backend_regex",),
+    "grammar.sandbox": ("CompileSandbox", "Prepared"),
+    "grammar.schema_check": ("check_schema",),
+    "grammar.schema_formats": ("SUPPORTED_FORMATS",),
+    "grammar.service": ("CacheStats", "CompileHandle", "GrammarService"),
+    "grammar.spec": ("KINDS", "GrammarSpec"),
+    "grammar.stop_regex": ("StopRegex",),
+    "grammar.validate": ("output_validator",),
+}
 
 __all__ = [
     "KINDS",
@@ -76,3 +117,7 @@ __all__ = [
     "sample_inverse_cdf",
     "verify_draft",
 ]
+
+__getattr__ = lazy_exports(
+    __name__, {name: module for module, names in _WHERE.items() for name in names}
+)

@@ -7,6 +7,7 @@ Matchers belong to the scheduler thread; ``GrammarBackend.compile`` may run on a
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,9 @@ class GrammarBackend(ABC):
 
 
 _BACKENDS: dict[str, type[GrammarBackend]] = {}
+# The backends that ship with Arbor, by the module that registers each: imported when first
+# asked for (``grammar`` itself imports none of them).
+BUILTIN_BACKENDS = {"xgrammar": "grammar.xgrammar_backend"}
 
 
 def register_backend(name: str) -> Callable[[type[GrammarBackend]], type[GrammarBackend]]:
@@ -143,8 +147,11 @@ def create_backend(
     name: str, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], **kwargs: Any
 ) -> GrammarBackend:
     """The backend registered as ``name`` for this tokenizer; GrammarError if unknown."""
+    if name not in _BACKENDS and name in BUILTIN_BACKENDS:
+        importlib.import_module(BUILTIN_BACKENDS[name])
     if name not in _BACKENDS:
-        raise GrammarError(f"unknown grammar backend {name!r}; available: {sorted(_BACKENDS)}")
+        known = sorted({*_BACKENDS, *BUILTIN_BACKENDS})
+        raise GrammarError(f"unknown grammar backend {name!r}; available: {known}")
     return _BACKENDS[name](tokenizer, vocab_size, stop_token_ids, **kwargs)
 
 

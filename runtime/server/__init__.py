@@ -7,25 +7,21 @@ launcher's own ``http_app`` does) does not import the launcher first.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from grammar.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from runtime.server.child_process import ServerProcess, free_port
     from runtime.server.launcher import launch_server
 
-_WHERE = {
-    "ServerProcess": "runtime.server.child_process",
-    "free_port": "runtime.server.child_process",
-    "launch_server": "runtime.server.launcher",
-}
-
 __all__ = ["ServerProcess", "free_port", "launch_server"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'runtime.server' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "ServerProcess": "runtime.server.child_process",
+        "free_port": "runtime.server.child_process",
+        "launch_server": "runtime.server.launcher",
+    },
+)

@@ -7,24 +7,15 @@ templates without importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from grammar.lazy_exports import lazy_exports
 from runtime.test_model.chat_templates import CHAT_TEMPLATES
 from runtime.test_model.presets import ARCHITECTURES, PRESETS, Preset
 
 if TYPE_CHECKING:
     from runtime.test_model.builder import cached_test_model, default_cache_dir, make_test_model
     from runtime.test_model.draft import cached_draft_model, make_draft_model
-
-# Public names of the modules that import torch, each loaded on first use.
-_LAZY_NAMES = {
-    "cached_test_model": "runtime.test_model.builder",
-    "default_cache_dir": "runtime.test_model.builder",
-    "make_test_model": "runtime.test_model.builder",
-    "cached_draft_model": "runtime.test_model.draft",
-    "make_draft_model": "runtime.test_model.draft",
-}
 
 __all__ = [
     "ARCHITECTURES",
@@ -38,10 +29,14 @@ __all__ = [
     "make_test_model",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY_NAMES:
-        raise AttributeError(f"module 'runtime.test_model' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
-    globals()[name] = value
-    return value
+# Public names of the modules that import torch, each loaded on first use.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "cached_test_model": "runtime.test_model.builder",
+        "default_cache_dir": "runtime.test_model.builder",
+        "make_test_model": "runtime.test_model.builder",
+        "cached_draft_model": "runtime.test_model.draft",
+        "make_draft_model": "runtime.test_model.draft",
+    },
+)

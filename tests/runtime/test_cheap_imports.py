@@ -1,4 +1,5 @@
-"""Parsing flags and writing DSL programs do not pay for torch: the heavy parts load on use."""
+"""Parsing flags, writing DSL programs and serving HTTP do not pay for torch: the heavy parts
+load on use."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["runtime.server_args", "runtime.sampling_params", "runtime.generate_input", "frontend_lang"],
+    [
+        "runtime.server_args",
+        "runtime.sampling_params",
+        "runtime.generate_input",
+        "frontend_lang",
+        "grammar",
+        "runtime.server.http_app",  # the server's HTTP process: torch is the scheduler's
+    ],
 )
 def test_importing_does_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"
@@ -28,3 +36,18 @@ def test_the_public_names_still_resolve() -> None:
     assert runtime.Engine.__module__ == "runtime.engine"
     with pytest.raises(AttributeError):
         runtime.NoSuchThing  # noqa: B018
+
+
+def test_lazy_names_load_their_module_once() -> None:
+    code = (
+        "import sys, grammar; assert 'grammar.spec' not in sys.modules; "
+        "spec = grammar.GrammarSpec; assert 'grammar.spec' in sys.modules; "
+        "assert vars(grammar)['GrammarSpec'] is spec; "
+        "from grammar import create_backend, xgrammar_backend; "
+        "print(sorted(n for n in grammar.__all__ if not hasattr(grammar, n)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"  # every public name resolves

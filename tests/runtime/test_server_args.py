@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import subprocess
 import sys
@@ -152,10 +153,10 @@ def test_duplicated_names_match_what_implements_them():
         n for n, c in eviction._POLICIES.items() if c.__module__ == "radix_cache.eviction"
     }
     assert set(EVICTION_POLICIES) == builtin_policies
-    builtin_backends = {
-        n for n, c in backend._BACKENDS.items() if c.__module__.startswith("grammar.")
-    }
-    assert set(GRAMMAR_BACKENDS) == builtin_backends
+    assert set(GRAMMAR_BACKENDS) == set(backend.BUILTIN_BACKENDS)
+    for name, module in backend.BUILTIN_BACKENDS.items():  # each module registers its name
+        importlib.import_module(module)
+        assert backend._BACKENDS[name].__module__ == module
     for name in SCHEDULE_POLICIES:
         make_policy(name, lpm_max_queue=4)
     for level in LOG_LEVELS:
