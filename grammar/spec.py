@@ -22,7 +22,8 @@ from grammar.regex import to_backend_regex
 from grammar.schema_check import check_schema
 from grammar.schema_lower import lower_schema
 from grammar.structural_tag import check_structural_tag
-from grammar.tool_calls import get_format, normalize_tools
+from grammar.tool_call_formats import get_format
+from grammar.tool_calls import normalize_tools
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag", "tool_calls")
 # Sampling-parameter keys that each select a kind ("choices" is an alias of "choice").
@@ -178,7 +179,7 @@ class GrammarSpec:
         format: str = "hermes",
         answer: Any = None,
     ) -> GrammarSpec:
-        """Tool calls in ``format`` (a ``grammar.tool_calls.TOOL_CALL_FORMATS`` name; hermes:
+        """Tool calls in ``format`` (a ``grammar.tool_call_formats`` name; hermes:
         ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks).
 
         tools: OpenAI-style ``{"type": "function", "function": {"name", "parameters"}}`` or

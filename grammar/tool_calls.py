@@ -1,13 +1,9 @@
-"""Tool calls as a grammar, in the syntax of a model family (``TOOL_CALL_FORMATS``).
+"""Tool calls as a grammar, in the syntax of a model family (``grammar.tool_call_formats``).
 
 Every format writes one call as the JSON object ``{"name": NAME, "<arguments key>": ARGS}``
 with the spacing chat templates use (``", "`` and ``": "``) around the arguments, which follow
-the tool's parameters schema (compact, or as ``max_whitespace`` allows). The formats differ in
-what surrounds the calls of one turn::
-
-    hermes   <tool_call>{...}</tool_call><tool_call>{...}</tool_call>
-    llama3   {"name": ..., "parameters": {...}}; {"name": ..., "parameters": {...}}
-    mistral  [TOOL_CALLS][{...}, {...}]
+the tool's parameters schema (compact, or as ``max_whitespace`` allows); what surrounds the
+calls of one turn is the format's.
 
 Each tool's parameters schema becomes its own JSON grammar (rules prefixed ``arbor_tool_<i>_``,
 so local ``$ref``s resolve as written); the call rule is an alternation over the tools with
@@ -19,12 +15,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.json_grammar import json_schema_ebnf
 from grammar.schema_check import check_schema
+from grammar.tool_call_formats import ToolCallFormat
 
 ROOT_RULE = "arbor_tool_calls"
 _CALL_RULE = "arbor_tool_call"
@@ -32,37 +28,6 @@ _ANSWER_PREFIX = "arbor_answer_"
 # A quoted literal or a character class (left alone when renaming), or an identifier.
 _EBNF_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z_][A-Za-z0-9_]*')
 _RULE_DEFINITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.M)
-
-
-@dataclass(frozen=True)
-class ToolCallFormat:
-    """What a format writes around the calls of one turn: ``open``, then each call as
-    ``item_open + object + item_close`` with ``separator`` between calls, then ``close``.
-    ``arguments_key`` names the object's arguments member."""
-
-    name: str
-    arguments_key: str = "arguments"
-    open: str = ""
-    close: str = ""
-    item_open: str = ""
-    item_close: str = ""
-    separator: str = ""
-
-
-TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
-    "hermes": ToolCallFormat("hermes", item_open="<tool_call>", item_close="</tool_call>"),
-    "llama3": ToolCallFormat("llama3", arguments_key="parameters", separator="; "),
-    "mistral": ToolCallFormat("mistral", open="[TOOL_CALLS][", close="]", separator=", "),
-}
-
-
-def get_format(name: str) -> ToolCallFormat:
-    """The format called ``name``; GrammarError naming the known ones otherwise."""
-    try:
-        return TOOL_CALL_FORMATS[name]
-    except (KeyError, TypeError):
-        known = ", ".join(TOOL_CALL_FORMATS)
-        raise GrammarError(f"unknown tool-call format {name!r}; expected one of {known}") from None
 
 
 def normalize_tools(
@@ -116,9 +81,13 @@ def tool_calls_ebnf(
         head = f"{{{json.dumps('name')}: {json.dumps(tool['name'], ensure_ascii=False)}, "
         head += f"{json.dumps(fmt.arguments_key)}: "
         cases.append(f"({_literal(head)} {prefix}root {_literal('}')})")
-    item = _sequence(_literal(fmt.item_open), _CALL_RULE, _literal(fmt.item_close))
+    opening = _literal((fmt.marker if fmt.writes_marker else "") + fmt.list_open)
+    closing, item = _literal(fmt.list_close), _CALL_RULE
+    if fmt.item_close:  # each call is a section of its own
+        item = _sequence(opening, item, _literal(fmt.item_close))
+        opening = closing = _literal("")
     calls = f"{item} ({_sequence(_literal(fmt.separator), item)})*" if parallel else item
-    start = f"{ROOT_RULE} ::= {_sequence(_literal(fmt.open), calls, _literal(fmt.close))}"
+    start = f"{ROOT_RULE} ::= {_sequence(opening, calls, closing)}"
     if answer is not None:
         body = json_schema_ebnf(dict(answer), best_effort, max_whitespace)
         rules.append(_prefixed_rules(body, _ANSWER_PREFIX))

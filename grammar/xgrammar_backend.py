@@ -27,7 +27,8 @@ from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
 from grammar.regex import to_backend_regex
 from grammar.spec import GrammarSpec
 from grammar.structural_tag import structural_tag_ebnf
-from grammar.tool_calls import get_format, tool_calls_ebnf
+from grammar.tool_call_formats import get_format
+from grammar.tool_calls import tool_calls_ebnf
 
 Encode = Callable[[str], list[int]]
 # Below this many matchers a plain loop beats xgrammar's threaded batch fill (thread hand-off

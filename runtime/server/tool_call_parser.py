@@ -1,5 +1,5 @@
 """The incremental tool-call parser: text in, content and call events out, in one format's
-syntax (``tool_call_formats``). The contract is in ``runtime.server.tool_calls``.
+syntax (``grammar.tool_call_formats``). The contract is in ``runtime.server.tool_calls``.
 
 The output is read as content until a section of calls opens (a format's marker, or a bare
 start at the beginning of the output, held back until it proves to be a call); a section reads
@@ -19,7 +19,7 @@ from runtime.server.tool_call_events import (
     ToolCallStart,
     new_call_id,
 )
-from runtime.server.tool_call_formats import get_syntax
+from runtime.server.tool_call_formats import tool_call_format
 from runtime.server.tool_call_scanner import CallScanner
 
 
@@ -52,7 +52,7 @@ class ToolCallParser:
         fmt: str = "hermes",
         constrained: bool = False,
     ) -> None:
-        self.syntax = get_syntax(fmt)
+        self.syntax = tool_call_format(fmt)
         self.tool_names = set(tool_names)
         self.max_calls = max_calls
         self.constrained = constrained
@@ -212,8 +212,8 @@ class ToolCallParser:
             self._section = None
         elif close and close.startswith(text):
             return False
-        elif text[0] in syntax.separators:
-            self._consume(section, 1)
+        elif syntax.separator_mark and text.startswith(syntax.separator_mark):
+            self._consume(section, len(syntax.separator_mark))
             section.state = "call_start"
         elif syntax.item_close:
             return self._broken(section)

@@ -1,7 +1,8 @@
 """Tool calls in chat: the constraint for ``tool_choice`` and the parser of the model's output.
 
-Formats (``runtime.server.tool_call_formats``; the server's is ``ServerState.tool_call_format``,
-from ``--tool-call-parser`` or detected from the chat template)::
+Formats (described in ``grammar.tool_call_formats``; the server's is
+``ServerState.tool_call_format``, from ``--tool-call-parser`` or detected from the chat
+template by ``runtime.server.tool_call_formats``)::
 
     hermes (alias qwen)  <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
     llama3               {"name": ..., "parameters": {...}}; {...}   (<|python_tag|> optional)

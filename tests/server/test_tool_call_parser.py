@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grammar.tool_calls import TOOL_CALL_FORMATS
+from grammar.tool_call_formats import TOOL_CALL_FORMATS
 from runtime.server.tool_call_formats import (
-    SYNTAXES,
     canonical_format,
     detect_format,
     resolve_format,
@@ -284,8 +283,7 @@ def test_any_split_of_any_output_gives_the_whole_parse(data: st.DataObject, fmt:
 
 
 def test_format_names_and_detection():
-    assert set(SYNTAXES) == set(TOOL_CALL_FORMATS)
-    assert {canonical_format(name) for name in TOOL_CALL_PARSERS} == set(SYNTAXES)
+    assert {canonical_format(name) for name in TOOL_CALL_PARSERS} == set(TOOL_CALL_FORMATS)
     assert canonical_format("qwen") == "hermes"
     with pytest.raises(ValueError, match="unknown tool-call format"):
         canonical_format("harmony")
