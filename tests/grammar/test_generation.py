@@ -16,6 +16,7 @@ from runtime.server.tool_calls import parse_tool_calls
 from tests.grammar.decoder import ConstrainedDecoder, sample_random
 from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
 from tests.grammar.schema_corpus import SCHEMAS, validate_output
+from tests.tool_fixtures import parameters_by_name, weather_tool
 
 SEEDS = (0, 1, 2)
 MAX_TOKENS = 128
@@ -106,20 +107,7 @@ def test_json_object_is_an_object(decoder: ConstrainedDecoder, service: GrammarS
             assert "  " not in result.text
 
 
-WEATHER: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 10},
-                "unit": {"enum": ["C", "F"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
+WEATHER = weather_tool(10, units=("C", "F"), closed=False)
 SEARCH: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -136,7 +124,7 @@ SEARCH: dict[str, Any] = {
     },
 }
 TOOLS = [WEATHER, SEARCH]
-SCHEMAS_BY_NAME = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+SCHEMAS_BY_NAME = parameters_by_name(TOOLS)
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 FORMATS = ("hermes", "llama3", "mistral")
 

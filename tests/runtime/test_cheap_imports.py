@@ -9,6 +9,15 @@ import sys
 import pytest
 
 
+def _python(code: str) -> str:
+    """The stdout of ``code`` run by a fresh interpreter (nothing imported yet)."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
 @pytest.mark.parametrize(
     "module",
     [
@@ -21,12 +30,7 @@ import pytest
     ],
 )
 def test_importing_does_not_import_torch(module: str) -> None:
-    code = f"import sys, {module}; print('torch' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert _python(f"import sys, {module}; print('torch' in sys.modules)") == "False"
 
 
 def test_the_public_names_still_resolve() -> None:
@@ -46,8 +50,4 @@ def test_lazy_names_load_their_module_once() -> None:
         "from grammar import create_backend, xgrammar_backend; "
         "print(sorted(n for n in grammar.__all__ if not hasattr(grammar, n)))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"  # every public name resolves
+    assert _python(code) == "[]"  # every public name resolves

@@ -13,6 +13,7 @@ import pytest
 from runtime import Engine
 from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
 from tests.grammar.schema_corpus import SCHEMAS, validate_output
+from tests.tool_fixtures import weather_tool
 
 SEEDS = (0, 1, 2)
 PROMPT = "Reply in the requested format:"
@@ -110,19 +111,7 @@ def test_choices_return_one_of_them(engine: Engine):
 
 
 def test_tool_calls_structural_form(engine: Engine, closing_bias):
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string", "maxLength": 10}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ]
+    tools = [weather_tool(10, units=None, closed=False)]
     tag = {"tools": tools, "mode": "required", "name": None, "parallel": False}
     out = engine.generate(PROMPT, _params(0, closing_bias, structural_tag=tag))
     body = re.fullmatch(r"<tool_call>(.*)</tool_call>", out["text"], re.S)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -11,6 +10,7 @@ import openai
 import pytest
 
 from runtime.server import ServerProcess
+from tests.tool_fixtures import parameters_by_name, time_tool, weather_tool
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,47 +27,8 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 12},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "maxLength": 6}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60.0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    models = client.models.list().data
-    assert len(models) == 1
-    return models[0].id
+WEATHER_TOOL = weather_tool(12, description="Current weather of a city.")
+TIME_TOOL = time_tool({"type": "string", "maxLength": 6})
 
 
 def _native(server: ServerProcess, body: dict) -> dict:
@@ -207,9 +168,7 @@ def test_tool_choice_required(client: openai.OpenAI, model: str):
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert choice.message.tool_calls
-    schemas = {
-        t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)
-    }
+    schemas = parameters_by_name([WEATHER_TOOL, TIME_TOOL])
     for call in choice.message.tool_calls:
         assert call.type == "function" and call.id.startswith("call_")
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])

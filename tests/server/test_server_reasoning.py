@@ -26,6 +26,7 @@ from runtime.server import ServerProcess
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import _after_reasoning
 from tests.server.server_process import POOL
+from tests.tool_fixtures import weather_tool
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,18 +38,7 @@ SCHEMA = {
 }
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
 MESSAGES = [{"role": "user", "content": "Is the sky blue?"}]
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+TOOL = weather_tool(None)
 
 
 def _server(model: Path, parser: str) -> Iterator[ServerProcess]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +13,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from runtime.server import ServerProcess
+from tests.tool_fixtures import responses_tool, time_tool, weather_tool
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 12}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "parameters": {
-        "type": "object",
-        "properties": {"zone": {"enum": ["UTC", "CET"]}},
-        "required": ["zone"],
-    },
-}
+WEATHER = responses_tool(weather_tool(12, None, "The weather in a city."), strict=True)
+TIME = responses_tool(time_tool({"enum": ["UTC", "CET"]}, closed=False))
 ITEM_EVENTS = {
     "message": [
         "response.output_item.added",
@@ -52,17 +33,6 @@ ITEM_EVENTS = {
         "response.output_item.done",
     ],
 }
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60.0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +337,7 @@ def test_auto_with_a_format_is_calls_or_the_answer(
         calls = _calls(response)
         text = response.output_text
     else:
-        tool = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "parameters")}}
+        tool = weather_tool(12, None)  # WEATHER for the chat API
         reply = client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": "Weather or verdict?"}],

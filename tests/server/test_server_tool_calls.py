@@ -19,38 +19,14 @@ from runtime.server import ServerProcess
 from runtime.server.token_text import TokenText
 from runtime.test_model import CHAT_TEMPLATES, cached_test_model
 from tests.server.server_process import POOL
+from tests.tool_fixtures import parameters_by_name, responses_tool, time_tool, weather_tool
 
 pytestmark = pytest.mark.timeout(300)
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "maxLength": 4}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER_TOOL = weather_tool(8)
+TIME_TOOL = time_tool({"type": "string", "maxLength": 4})
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+SCHEMAS = parameters_by_name(TOOLS)
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Weather in Paris, and the time?"},
@@ -284,7 +260,7 @@ def test_responses_api_calls_in_each_format(tools_server: ToolServer, parallel: 
         "model": tools_server.model,
         "instructions": MESSAGES[0]["content"],
         "input": MESSAGES[1]["content"],
-        "tools": [{"type": "function", **tool["function"]} for tool in TOOLS],
+        "tools": [responses_tool(tool) for tool in TOOLS],
         "tool_choice": "required",
         "parallel_tool_calls": parallel,
         "max_output_tokens": 120,
