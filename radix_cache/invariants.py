@@ -72,7 +72,7 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
             owned.min() >= page_size * (PADDING_PAGE + 1) and owned.max() < allocator.num_slots,
             "the tree owns a slot of the padding page or outside the pool",
         )
-        _require(not allocator.is_free(owned).any(), "the tree owns a slot whose page is free")
+        _require(not allocator.any_free(owned), "the tree owns a slot whose page is free")
     if page_size > 1 and owned.size:
         pages = owned.reshape(-1, page_size)
         _require(
@@ -97,7 +97,7 @@ def _private_slot_count(
     page_size = cache.page_size
     private_pages = sorted_unique(as_slot_array(private_slots) // page_size)
     _require(
-        not cache.allocator.is_free(private_pages * page_size).any(),
+        not cache.allocator.any_free(private_pages * page_size),
         "a request holds a slot whose page is free",
     )
     tree_pages = np.zeros(cache.allocator.num_pages, dtype=bool)

@@ -102,10 +102,11 @@ class RadixCache:
         node = self._roots.get(namespace) or TreeNode.new_root()
         length, path_slots = 0, []
         while length + self.page_size <= key.size:
-            child = node.children.get(child_key(key[length:], self.page_size))
+            rest = key[length:]
+            child = node.children.get(child_key(rest, self.page_size))
             if child is None:
                 break
-            k = common_prefix_len(child.key, key[length:], self.page_size)
+            k = common_prefix_len(child.key, rest, self.page_size)
             if k < child.key.size:
                 child = self._split(child, k)
             self._touch(child)
@@ -113,8 +114,8 @@ class RadixCache:
             node, length = child, length + k
         self._hit_tokens += length
         self._queried_tokens += key.size
-        slots = np.concatenate(path_slots) if path_slots else np.empty(0, dtype=KEY_DTYPE)
-        return MatchResult(torch.from_numpy(slots.astype(np.int64)), length, node)
+        slots = np.concatenate(path_slots, dtype=np.int64) if path_slots else np.empty(0, np.int64)
+        return MatchResult(torch.from_numpy(slots), length, node)
 
     def continuation(
         self, token_ids: TokensLike, max_tokens: int, namespace: Hashable = None
@@ -170,11 +171,12 @@ class RadixCache:
         self._clock += 1
         node, length = self._root(namespace), 0
         while length < aligned:
-            child = node.children.get(child_key(key[length:], self.page_size))
+            rest = key[length:]
+            child = node.children.get(child_key(rest, self.page_size))
             if child is None:
-                self._add_leaf(node, key[length:].copy(), values[length:])
+                self._add_leaf(node, rest.copy(), values[length:])
                 break
-            k = common_prefix_len(child.key, key[length:], self.page_size)
+            k = common_prefix_len(child.key, rest, self.page_size)
             if k < child.key.size:
                 child = self._split(child, k)
             self._touch(child)
@@ -350,7 +352,7 @@ class RadixCache:
 
     def _check_new_slots(self, slots: np.ndarray) -> None:
         """Slots handed to the tree must be allocated and, with pages, whole pages in order."""
-        if self.allocator.is_free(slots).any():
+        if self.allocator.any_free(slots):
             raise ValueError("insert() got slots that are not allocated (freed or never alloc'd)")
         if self.page_size == 1:
             return
