@@ -27,7 +27,9 @@ from runtime.server_args import ROUTING_POLICIES
 from runtime.test_model import cached_test_model
 
 
-def run_one(model_path: str, workload_name: str, quick: bool, serve_args: list[str]) -> dict[str, Any]:
+def run_one(
+    model_path: str, workload_name: str, quick: bool, serve_args: list[str]
+) -> dict[str, Any]:
     workload = create_workload(workload_name, quick)
     with ServerProcess(
         model_path, *serve_args, startup_timeout_s=300.0, stop_timeout_s=60.0
@@ -84,7 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
     print_table(
-        ["workload", "system", "tok/s", "/ round_robin", "hit rate", "vs single (pts)", "TTFT p50/p99 s"],
+        [
+            "workload",
+            "system",
+            "tok/s",
+            "/ round_robin",
+            "hit rate",
+            "vs single (pts)",
+            "TTFT p50/p99 s",
+        ],
         rows,
     )
     write_json(

@@ -281,6 +281,8 @@ class ServerArgs:
     def _check_scale_out(self) -> None:
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.ray_address is not None and self.dp_size == 1:
+            raise ValueError("ray_address places replicas: it needs dp_size > 1")
         if self.dp_max_restarts < -1:
             raise ValueError(f"dp_max_restarts must be >= -1, got {self.dp_max_restarts}")
         if not 0.0 <= self.router_cache_threshold <= 1.0:
