@@ -57,7 +57,17 @@ class ZmqReceiver:
     def __init__(self, context: zmq.Context, address: str, bind: bool) -> None:
         self._socket = context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
-        (self._socket.bind if bind else self._socket.connect)(address)
+        self.address = address
+        if address.endswith(":*"):  # a TCP port the system picks
+            port = self._socket.bind_to_random_port(address[:-2])
+            self.address = f"{address[:-2]}:{port}"
+        else:
+            (self._socket.bind if bind else self._socket.connect)(address)
+
+    @classmethod
+    def bind_tcp(cls, context: zmq.Context, host: str) -> ZmqReceiver:
+        """Bound on a free TCP port of ``host``; ``address`` tells the port."""
+        return cls(context, f"tcp://{host}:*", bind=True)
 
     def recv(self, timeout: float | None) -> Any | None:
         if timeout is None or self._socket.poll(int(timeout * 1000)):

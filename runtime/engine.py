@@ -35,6 +35,11 @@ class Engine:
 
     def __init__(self, model_path: str | os.PathLike[str], **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(str(model_path), **server_args)
+        if self.args.dp_size > 1:
+            raise ValueError(
+                "dp_size: the in-process Engine runs one replica; serve replicas with "
+                "`arbor serve --dp N` and use fl.RuntimeEndpoint or HTTP clients against it"
+            )
         to_scheduler, to_detokenizer, to_tokenizer = QueueChannel(), QueueChannel(), QueueChannel()
         self._channels = (to_scheduler, to_detokenizer, to_tokenizer)
         self.scheduler = Scheduler(self.args, to_scheduler, to_detokenizer, to_tokenizer)

@@ -37,6 +37,8 @@ SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 SPECULATIVE_POLICIES = ("adaptive", "always")
 # What json_schema requests do with keywords no automaton enforces (SamplingParams.strict_mode).
 STRICT_MODES = ("exact", "validate")
+# runtime.scale_out.routing.ROUTING_POLICIES.
+ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.
@@ -45,10 +47,16 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 160
 _KV_DTYPE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _flag(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+def _flag(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Any:
     """A field with its flag's help text and, for an enumerated value, the values it takes
-    (argparse refuses any other; so does ``ServerArgs`` itself)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+    (argparse refuses any other; so does ``ServerArgs`` itself); ``aliases``: other spellings
+    of the flag (``--dp`` for ``--dp-size``)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,32 @@ class ServerArgs:
         TOOL_CALL_PARSERS,
     )
     # Debugging
+    # Scale-out (docs/scale-out.md).
+    dp_size: int = _flag(
+        1, "engine replicas (data parallelism), each a Ray actor behind this server's router",
+        aliases=("--dp",),
+    )  # fmt: skip
+    ray_address: str | None = _flag(
+        None, "the Ray cluster to place replicas on (default: a local Ray instance started here)"
+    )
+    dp_max_restarts: int = _flag(
+        -1, "times Ray restarts a replica that died (-1: without limit)"
+    )
+    router_policy: str = _flag(
+        "cache_aware", "how the router picks a replica for a request", ROUTING_POLICIES
+    )
+    router_cache_threshold: float = _flag(
+        0.5, "cache_aware: the share of a prompt a replica must hold to get it regardless of load"
+    )
+    router_balance_abs_threshold: int = _flag(
+        16, "cache_aware: in-flight requests beyond the idlest replica that count as imbalance"
+    )
+    router_balance_rel_threshold: float = _flag(
+        1.5, "cache_aware: ... and the ratio to the idlest replica's that does too"
+    )
+    router_max_tree_tokens: int = _flag(
+        1 << 22, "cache_aware: tokens remembered per replica (least recently used pruned)"
+    )
     debug_invariants: bool = _flag(False, "check the KV cache's accounting after every step (slow)")
     log_level: str = _flag("info", "what the three processes log", LOG_LEVELS)
 
@@ -237,11 +271,30 @@ class ServerArgs:
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
         self._check_speculative()
+        self._check_scale_out()
         if not 1 <= self.schema_validation_attempts <= 16:
             raise ValueError(
                 "schema_validation_attempts must be in [1, 16], got "
                 f"{self.schema_validation_attempts}"
             )
+
+    def _check_scale_out(self) -> None:
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.ray_address is not None and self.dp_size == 1:
+            raise ValueError("ray_address places replicas: it needs dp_size > 1")
+        if self.dp_max_restarts < -1:
+            raise ValueError(f"dp_max_restarts must be >= -1, got {self.dp_max_restarts}")
+        if not 0.0 <= self.router_cache_threshold <= 1.0:
+            raise ValueError(
+                f"router_cache_threshold must be in [0, 1], got {self.router_cache_threshold}"
+            )
+        if self.router_balance_abs_threshold < 0 or self.router_balance_rel_threshold < 1.0:
+            raise ValueError(
+                "need router_balance_abs_threshold >= 0 and router_balance_rel_threshold >= 1"
+            )
+        if self.router_max_tree_tokens < 1:
+            raise ValueError("router_max_tree_tokens must be >= 1")
 
     def _check_speculative(self) -> None:
         if not 1 <= self.speculative_num_draft_tokens <= 64:
@@ -325,20 +378,22 @@ class ServerArgs:
         its metadata. A bool field is a switch that turns its False default on."""
         hints = typing.get_type_hints(ServerArgs)
         for f in dataclasses.fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             help = f.metadata["help"]
             kind = _flag_type(hints[f.name])
             if f.default is dataclasses.MISSING:
-                parser.add_argument(flag, required=True, help=help)
+                parser.add_argument(*flags, required=True, help=help)
             elif kind is bool:
                 if f.default is not False:
                     raise TypeError(f"{f.name}: a switch must default to False")
-                parser.add_argument(flag, action="store_true", help=help)
+                parser.add_argument(*flags, action="store_true", help=help)
             else:
                 if f.default is not None:
                     help += " (default: %(default)s)"
                 choices = f.metadata.get("choices")
-                parser.add_argument(flag, type=kind, default=f.default, choices=choices, help=help)
+                parser.add_argument(
+                    *flags, type=kind, default=f.default, choices=choices, help=help
+                )
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace) -> ServerArgs:

@@ -106,6 +106,11 @@ class TokenizerManager:
         return RequestLimits(vocab_size=vocab, max_n=self.max_n)
 
     @property
+    def serving(self) -> bool:
+        """Whether requests can be served now (what /health reports)."""
+        return self.ready.is_set() and not self.dead
+
+    @property
     def num_tracked(self) -> int:
         """Requests whose final output has not come back yet (callers waiting or gone)."""
         return len(self._requests)

@@ -55,6 +55,8 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "dead", "error": manager.dead}, status_code=503)
     if not manager.ready.is_set():
         return JSONResponse({"status": "starting"}, status_code=503)
+    if not manager.serving:  # a routed server whose replicas are all down (restarting)
+        return JSONResponse({"status": "no replica serving"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

@@ -55,7 +55,11 @@ def launch_server(args: ServerArgs) -> int:
         level=args.log_level.upper(),
         format=f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
-    stop = _StopSignal()
+    if args.dp_size > 1:
+        from runtime.scale_out.launch import launch_routed_server
+
+        return launch_routed_server(args)
+    stop = StopSignal()
     ipc_dir = Path(tempfile.mkdtemp(prefix="arbor-ipc-"))
     addresses = IpcAddresses.in_dir(ipc_dir)
     context = zmq.Context()
@@ -94,7 +98,23 @@ def launch_server(args: ServerArgs) -> int:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
-class _StopSignal:
+def uvicorn_config(app: Any, args: ServerArgs) -> uvicorn.Config:
+    """How every Arbor server runs uvicorn: its limits and timeouts from ``args``."""
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=args.timeout_keep_alive_s,
+        limit_concurrency=args.max_connections,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        http=with_header_timeout(args.header_timeout_s),
+    )
+
+
+class StopSignal:
     """Records SIGINT/SIGTERM. uvicorn installs its own handlers while it serves and, after
     its graceful shutdown, restores these and re-raises the signal it got: recording it here
     (instead of the default action) lets the children and the socket files be cleaned up."""
@@ -115,7 +135,7 @@ class _Supervisor:
     """Runs uvicorn and, beside it, the watch over the child processes."""
 
     def __init__(
-        self, state: ServerState, children: dict[str, BaseProcess], stop: _StopSignal
+        self, state: ServerState, children: dict[str, BaseProcess], stop: StopSignal
     ) -> None:
         self.state = state
         self.children = children
@@ -127,19 +147,7 @@ class _Supervisor:
     ) -> int:
         args = self.state.args
         receiver = self.state.tokenizer_manager.start_receiver(inbox, asyncio.get_running_loop())
-        config = uvicorn.Config(
-            create_app(self.state),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            timeout_keep_alive=args.timeout_keep_alive_s,
-            limit_concurrency=args.max_connections,
-            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-            http=with_header_timeout(args.header_timeout_s),
-        )
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(create_app(self.state), args))
         self.stop.server = server
         watch = asyncio.create_task(self._watch(server))
         try:

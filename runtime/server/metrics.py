@@ -41,6 +41,16 @@ SCHEDULER_COUNTERS = (
     ("draft_tokens_proposed", "jump_forward_tokens_total", "Jump-forward tokens proposed."),
     ("draft_tokens_accepted", "jump_forward_accepted_tokens_total", "Jump-forward tokens kept."),
 )
+# Per replica of a routed server (``server_info["replicas"]``), labelled by replica index.
+REPLICA_GAUGES = (
+    ("alive", "Whether the replica serves (1) or is down (0)."),
+    ("cache_hit_rate", "The replica's prompt tokens served from its cache / prompt tokens."),
+    ("kv_usage", "Fraction of the replica's KV pool held by running requests."),
+    ("num_running_reqs", "Requests in the replica's running batch."),
+    ("num_waiting_reqs", "Requests waiting in the replica's queue."),
+    ("in_flight", "Requests the router sent to the replica that have not finished."),
+    ("restarts", "Times the replica was restarted."),
+)
 
 
 class Histogram:
@@ -144,4 +154,36 @@ class ServerMetrics:
                 if isinstance(reading, (int, float)):
                     lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} {kind}"]
                     lines.append(f"{p}{name} {float(reading)}")
+        lines += _routed_lines(
+            (scheduler_info or {}).get("replicas"), (scheduler_info or {}).get("router")
+        )
         return "\n".join(lines) + "\n"
+
+
+def _routed_lines(replicas: Any, router: Any) -> list[str]:
+    """A routed server's per-replica gauges and router counters (none for a single engine)."""
+    p, lines = PREFIX, []
+    if isinstance(replicas, list):
+        for key, help_text in REPLICA_GAUGES:
+            lines += [f"# HELP {p}replica_{key} {help_text}", f"# TYPE {p}replica_{key} gauge"]
+            for row in replicas:
+                value = row.get(key)
+                if isinstance(value, (bool, int, float)):
+                    lines.append(f'{p}replica_{key}{{replica="{row["replica"]}"}} {float(value)}')
+    if isinstance(router, dict):
+        name = f"{p}router_decisions_total"
+        lines += [f"# HELP {name} Routing decisions by reason.", f"# TYPE {name} counter"]
+        for decision, count in sorted(router.get("decisions", {}).items()):
+            lines.append(f'{name}{{decision="{decision}"}} {count}')
+        name = f"{p}router_routed_total"
+        lines += [f"# HELP {name} Requests routed to each replica.", f"# TYPE {name} counter"]
+        for index, count in enumerate(router.get("routed", [])):
+            lines.append(f'{name}{{replica="{index}"}} {count}')
+        for key, help_text in (
+            ("retried_requests", "Requests re-sent to another replica after theirs died."),
+            ("failed_over_requests", "Requests lost with a replica (failed with 503)."),
+        ):
+            lines += [f"# HELP {p}router_{key}_total {help_text}"]
+            lines += [f"# TYPE {p}router_{key}_total counter"]
+            lines.append(f"{p}router_{key}_total {router.get(key, 0)}")
+    return lines

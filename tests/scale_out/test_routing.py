@@ -1,0 +1,193 @@
+"""The router's policies and its per-replica prefix trees (no Ray, no model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runtime.scale_out.prefix_tree import ApproxPrefixTree
+from runtime.scale_out.routing import ROUTING_POLICIES, Router, RouterConfig
+from runtime.server_args import ROUTING_POLICIES as FLAG_POLICIES
+
+
+def test_policy_names_match_the_flag_choices() -> None:
+    assert ROUTING_POLICIES == FLAG_POLICIES
+
+
+# ---- ApproxPrefixTree ---------------------------------------------------------------------
+
+
+def test_tree_matches_the_longest_recorded_prefix() -> None:
+    tree = ApproxPrefixTree(1000)
+    tree.insert([1, 2, 3, 4, 5])
+    tree.insert([1, 2, 3, 9])  # splits the first run after [1, 2, 3]
+    assert tree.match([1, 2, 3, 4, 5, 6]) == 5
+    assert tree.match([1, 2, 3, 9, 9]) == 4
+    assert tree.match([1, 2, 7]) == 2
+    assert tree.match([7]) == 0
+    assert tree.match([]) == 0
+    assert tree.tokens == 6  # [1, 2, 3] + [4, 5] + [9]
+
+
+def test_tree_inserting_a_recorded_prefix_adds_nothing() -> None:
+    tree = ApproxPrefixTree(1000)
+    tree.insert(list(range(10)))
+    tree.insert(list(range(4)))
+    assert tree.tokens == 10
+    assert tree.match(list(range(4))) == 4
+
+
+def test_tree_prunes_least_recently_used_first_and_stays_bounded() -> None:
+    tree = ApproxPrefixTree(100)
+    old = [1000 + i for i in range(40)]
+    new = [2000 + i for i in range(40)]
+    tree.insert(old)
+    tree.insert(new)
+    tree.match(old)  # old is now the more recently used
+    tree.insert([3000 + i for i in range(40)])  # 120 tokens: prune to 90
+    assert tree.tokens <= 90
+    assert tree.match(old) == 40
+    assert tree.match(new) < 40  # the least recently used lost (part of) its run
+    assert tree.pruned_tokens == 120 - tree.tokens
+
+
+def test_tree_random_operations_against_a_set_of_sequences() -> None:
+    """match equals the longest common prefix with any inserted sequence (no pruning)."""
+    rng = random.Random(0)
+    tree = ApproxPrefixTree(1 << 30)
+    inserted: list[list[int]] = []
+    for _ in range(300):
+        base = rng.choice(inserted) if inserted and rng.random() < 0.7 else []
+        seq = base[: rng.randint(0, len(base))] + [
+            rng.randint(0, 5) for _ in range(rng.randint(0, 6))
+        ]
+        if rng.random() < 0.5:
+            tree.insert(seq)
+            inserted.append(seq)
+        else:
+            expected = 0
+            for other in inserted:
+                n = 0
+                while n < min(len(seq), len(other)) and seq[n] == other[n]:
+                    n += 1
+                expected = max(expected, n)
+            assert tree.match(seq) == expected
+
+
+# ---- Router ---------------------------------------------------------------------------------
+
+
+def test_cache_aware_sends_a_shared_prefix_back_to_its_replica() -> None:
+    router = Router(2, RouterConfig())
+    header = list(range(100))
+    first = router.choose(header + [500, 501])
+    assert first is not None
+    other = router.choose(list(range(1000, 1100)))  # no match: the idler replica
+    assert other == 1 - first
+    router.finished(first)
+    router.finished(other)
+    for tail in range(5):
+        assert router.choose(header + [600 + tail]) == first
+    assert router.decisions["cache_hit"] == 5
+
+
+def test_cache_aware_records_outputs_for_the_next_turn() -> None:
+    router = Router(2, RouterConfig())
+    turn1 = list(range(50))
+    chosen = router.choose(turn1)
+    assert chosen is not None
+    output = list(range(900, 960))
+    router.finished(chosen, turn1 + output)
+    # The next turn re-sends the history: prompt + answer + a new user message.
+    assert router.choose(turn1 + output + [7, 8, 9]) == chosen
+    assert router.matched_tokens == 110
+
+
+def test_cache_aware_balance_overrides_affinity() -> None:
+    config = RouterConfig(balance_abs=4, balance_rel=1.5)
+    router = Router(2, config)
+    header = list(range(64))
+    chosen = router.choose(header + [1])
+    for i in range(4):  # in flight on one replica, none finished
+        assert router.choose(header + [2 + i]) == chosen
+    assert router.load[chosen] == 5
+    # 5 - 0 > 4 and 5 > 1.5 * 0: out of balance, the idle replica gets it despite the match.
+    assert router.choose(header + [99]) == 1 - chosen
+    assert router.decisions["balance"] == 1
+
+
+def test_cache_aware_below_the_threshold_goes_to_the_least_loaded() -> None:
+    router = Router(2, RouterConfig(cache_threshold=0.5))
+    a = router.choose(list(range(10)) + list(range(100, 190)))
+    assert a is not None
+    # 10 of 100 tokens match replica a: not worth it; the idle replica takes it.
+    assert router.choose(list(range(10)) + list(range(200, 290))) == 1 - a
+    assert router.decisions["cache_miss"] == 2
+
+
+def test_round_robin_shortest_queue_and_random() -> None:
+    rr = Router(3, RouterConfig(policy="round_robin"))
+    assert [rr.choose([1]) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+    rr.mark_dead(1)
+    assert [rr.choose([1]) for _ in range(4)] == [0, 2, 0, 2]
+
+    sq = Router(3, RouterConfig(policy="shortest_queue"))
+    assert [sq.choose([1]) for _ in range(3)] == [0, 1, 2]
+    sq.finished(1)
+    assert sq.choose([1]) == 1
+
+    seen = set()
+    rnd = Router(3, RouterConfig(policy="random", seed=1))
+    for _ in range(60):
+        chosen = rnd.choose([1])
+        assert chosen is not None
+        seen.add(chosen)
+    assert seen == {0, 1, 2}
+    assert rnd.trees[0].tokens == 0  # only cache_aware keeps trees
+
+
+def test_dead_replicas_are_skipped_and_forgotten() -> None:
+    router = Router(2, RouterConfig())
+    header = list(range(100))
+    chosen = router.choose(header)
+    assert chosen is not None
+    router.mark_dead(chosen)
+    assert router.trees[chosen].tokens == 0
+    assert router.choose(header + [1]) == 1 - chosen
+    assert router.choose(header, exclude=(1 - chosen,)) is None
+    router.mark_dead(1 - chosen)
+    assert router.choose(header) is None
+    router.mark_alive(chosen)
+    assert router.choose(header) == chosen
+
+
+def test_router_starts_with_no_live_replica_when_asked() -> None:
+    router = Router(2, RouterConfig(), alive=False)
+    assert router.choose([1, 2]) is None
+    router.mark_alive(1)
+    assert router.choose([1, 2]) == 1
+
+
+def test_router_memory_is_bounded_per_replica() -> None:
+    router = Router(2, RouterConfig(max_tree_tokens=500))
+    rng = random.Random(0)
+    for _ in range(200):
+        chosen = router.choose([rng.randint(0, 10_000) for _ in range(50)])
+        assert chosen is not None
+        router.finished(chosen)
+    assert all(tree.tokens <= 500 for tree in router.trees)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"policy": "nearest"},
+        {"cache_threshold": 1.5},
+        {"balance_abs": -1},
+        {"balance_rel": 0.5},
+    ],
+)
+def test_router_config_refuses_bad_values(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RouterConfig(**kwargs)  # type: ignore[arg-type]

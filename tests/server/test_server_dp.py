@@ -1,0 +1,143 @@
+"""``arbor serve --dp 2``: two replicas on a local Ray instance behind the cache-aware router.
+
+One routed server for the module (Ray and two model loads take ~15 s on two cores); its outputs
+are compared with the single-engine session server's. The last test kills a replica.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import frontend_lang as fl
+from runtime.server import ServerProcess
+from tests.server.server_process import POOL, pid_alive, sse_payloads
+
+pytest.importorskip("ray")
+
+PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,", "Hello"]
+GREEDY = {"max_new_tokens": 12, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def routed(tiny_model_path: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        tiny_model_path, *POOL, "--dp", "2", startup_timeout_s=240.0, stop_timeout_s=60.0
+    )
+    pids: list[int] = []
+    try:
+        process.wait_ready()
+        pids = [r["pid"] for r in _info(process)["replicas"]]
+        yield process
+    finally:
+        process.stop()
+    # Stopping the server stops its replicas (and the Ray instance it started).
+    deadline = time.monotonic() + 30
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(pid_alive(p) for p in pids)
+
+
+def _info(server: ServerProcess) -> dict[str, Any]:
+    response = httpx.get(f"{server.url}/get_server_info", timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def _generate(server: ServerProcess, text: str, **params: Any) -> dict[str, Any]:
+    body = {"text": text, "sampling_params": {**GREEDY, **params}}
+    response = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_greedy_outputs_equal_a_single_engine(routed: ServerProcess, server: ServerProcess) -> None:
+    for prompt in PROMPTS:
+        assert _generate(routed, prompt)["output_ids"] == _generate(server, prompt)["output_ids"]
+    info = _info(routed)
+    assert info["dp_size"] == 2
+    assert [r["replica"] for r in info["replicas"]] == [0, 1]
+    assert all(r["alive"] for r in info["replicas"])
+    assert sum(info["router"]["routed"]) >= len(PROMPTS)
+    # Summed over replicas, as the single server counts them.
+    assert info["requests_finished"] == sum(r["requests_finished"] for r in info["replicas"])
+
+
+def test_openai_chat_streaming(routed: ServerProcess, server: ServerProcess) -> None:
+    model = httpx.get(f"{routed.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": 10,
+        "temperature": 0,
+    }
+    with httpx.stream(
+        "POST", f"{routed.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        chunks = list(sse_payloads(response.iter_lines()))
+    streamed = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+    )
+    single = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert streamed == single["choices"][0]["message"]["content"]
+
+
+@fl.function
+def _branches(s: Any, topic: str) -> None:
+    s += f"A long shared introduction about {topic}, repeated so that it is worth caching. " * 4
+    forks = s.fork(3)
+    for i, branch in enumerate(forks):
+        branch += f"Idea {i + 1}:" + fl.gen("idea", max_tokens=6, temperature=0)
+    forks.join()
+
+
+def test_dsl_fork_program_lands_on_the_replica_holding_its_prefix(
+    routed: ServerProcess, server: ServerProcess
+) -> None:
+    before = _info(routed)["router"]["decisions"].get("cache_hit", 0)
+    ours = fl.RuntimeEndpoint(routed.url)
+    single = fl.RuntimeEndpoint(server.url)
+    try:
+        got = _branches.run(topic="rivers", backend=ours)
+        want = _branches.run(topic="rivers", backend=single)
+    finally:
+        ours.shutdown()
+        single.shutdown()
+    assert got["idea"] == want["idea"]
+    # The fork's prefix request went to one replica; the three branches followed it.
+    assert _info(routed)["router"]["decisions"].get("cache_hit", 0) - before >= 3
+
+
+def test_metrics_report_each_replica_and_the_router(routed: ServerProcess) -> None:
+    text = httpx.get(f"{routed.url}/metrics", timeout=30).text
+    for replica in ("0", "1"):
+        assert f'arbor_replica_alive{{replica="{replica}"}} 1.0' in text
+        assert f'arbor_replica_cache_hit_rate{{replica="{replica}"}}' in text
+    assert 'arbor_router_decisions_total{decision="cache_hit"}' in text
+
+
+def test_a_killed_replica_is_routed_around_and_comes_back(routed: ServerProcess) -> None:
+    victim = _info(routed)["replicas"][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    # Every request is answered: by the survivor, or retried there if it went to the victim.
+    for prompt in PROMPTS * 2:
+        assert _generate(routed, prompt, max_new_tokens=4)["meta_info"]["completion_tokens"] == 4
+    deadline = time.monotonic() + 120
+    row = victim
+    while time.monotonic() < deadline:
+        row = _info(routed)["replicas"][0]
+        if row["alive"] and row["pid"] != victim["pid"]:
+            break
+        time.sleep(1.0)
+    assert row["alive"] and row["restarts"] >= 1 and row["pid"] != victim["pid"]
+    assert httpx.get(f"{routed.url}/health", timeout=10).status_code == 200
+    for prompt in PROMPTS:
+        _generate(routed, prompt, max_new_tokens=2)
