@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from runtime.distributed.partition import check_tp_size
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # The names below are duplicated from the modules that implement them, so that parsing flags
@@ -45,10 +49,16 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 160
 _KV_DTYPE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _flag(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    """A field with its flag's help text and, for an enumerated value, the values it takes
-    (argparse refuses any other; so does ``ServerArgs`` itself)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _flag(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Any:
+    """A field with its flag's help text, for an enumerated value the values it takes
+    (argparse refuses any other; so does ``ServerArgs`` itself), and other spellings of the
+    flag (``aliases``)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,12 @@ class ServerArgs:
         "the attention and norm kernels (docs/kernels.md); auto: triton on CUDA, the native "
         "C++ kernels on CPU when built, else torch",
         KERNEL_BACKENDS,
+    )
+    tp_size: int = _flag(
+        1,
+        "tensor parallelism: split the model over this many ranks, one process each (gloo on "
+        "CPU, NCCL on CUDA; docs/scale-out.md); must divide the attention heads",
+        aliases=("--tp",),
     )
     context_length: int | None = _flag(
         None, "the longest prompt plus output in tokens (default: the model's)"
@@ -224,6 +240,7 @@ class ServerArgs:
             value = getattr(self, f.name)
             if choices and value not in choices and not (value is None and f.default is None):
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        self._check_tp_size()
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
@@ -242,6 +259,21 @@ class ServerArgs:
                 "schema_validation_attempts must be in [1, 16], got "
                 f"{self.schema_validation_attempts}"
             )
+
+    def _check_tp_size(self) -> None:
+        """tp_size >= 1, and one the model's heads split into (read from its config.json when
+        the folder has one: a missing folder is reported where the model loads)."""
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        config_file = Path(self.model_path) / "config.json"
+        if self.tp_size == 1 or not config_file.is_file():
+            return
+        raw = json.loads(config_file.read_text())
+        heads = raw.get("num_attention_heads")
+        if not isinstance(heads, int):
+            return  # not a model this runtime loads: ModelConfig says why
+        kv_heads = raw.get("num_key_value_heads") or heads
+        check_tp_size(self.tp_size, heads, kv_heads, raw.get("intermediate_size", 0))
 
     def _check_speculative(self) -> None:
         if not 1 <= self.speculative_num_draft_tokens <= 64:
@@ -325,20 +357,22 @@ class ServerArgs:
         its metadata. A bool field is a switch that turns its False default on."""
         hints = typing.get_type_hints(ServerArgs)
         for f in dataclasses.fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             help = f.metadata["help"]
             kind = _flag_type(hints[f.name])
             if f.default is dataclasses.MISSING:
-                parser.add_argument(flag, required=True, help=help)
+                parser.add_argument(*flags, required=True, help=help)
             elif kind is bool:
                 if f.default is not False:
                     raise TypeError(f"{f.name}: a switch must default to False")
-                parser.add_argument(flag, action="store_true", help=help)
+                parser.add_argument(*flags, action="store_true", help=help)
             else:
                 if f.default is not None:
                     help += " (default: %(default)s)"
                 choices = f.metadata.get("choices")
-                parser.add_argument(flag, type=kind, default=f.default, choices=choices, help=help)
+                parser.add_argument(
+                    *flags, type=kind, default=f.default, choices=choices, help=help
+                )
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace) -> ServerArgs:

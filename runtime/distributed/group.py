@@ -1,0 +1,136 @@
+"""A tensor-parallel group on torch.distributed: its ranks' collectives, and setting it up.
+
+Every rank of a group runs the same model forward on its shard of the weights. Activations are
+summed across ranks with ``all_reduce`` (gloo on CPU, NCCL on CUDA); rank 0, the leader, also
+broadcasts each step's batch to the others over a gloo group (Python objects travel on the CPU
+even when the model runs on CUDA) and receives the logits with ``gather_to_leader``.
+
+The group is torch.distributed's default process group, so one process takes part in one
+tensor-parallel group at a time. Rendezvous goes through a TCP store the leader opens on a free
+127.0.0.1 port.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+HOST = "127.0.0.1"
+# Collectives wait this long. A worker waits for the next step in a broadcast for as long as the
+# server idles, so the limit must outlast any idle spell; a rank that dies closes its sockets,
+# which fails the others' collectives at once instead.
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
+# The store's own operations (workers connecting to it) wait at most this long.
+STORE_TIMEOUT = datetime.timedelta(seconds=300)
+
+
+class TPGroup:
+    """Rank ``rank`` of ``size`` ranks. The collectives must be called by every rank, in the
+    same order; with ``size`` 1 they do nothing (``SINGLE`` is that group)."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        device_group: dist.ProcessGroup | None = None,
+        control_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.rank = rank
+        self.size = size
+        self._device_group = device_group
+        self._control_group = control_group
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks, in place; returns it."""
+        if self.size > 1:
+            dist.all_reduce(tensor, group=self._device_group)
+        return tensor
+
+    def gather_to_leader(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` ([..., n], the same shape on each) along the last
+        dimension on rank 0: [..., size * n] there, ``tensor`` itself on the other ranks."""
+        if self.size == 1:
+            return tensor
+        tensor = tensor.contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(self.size)] if self.is_leader else None
+        dist.gather(tensor, parts, dst=0, group=self._device_group)
+        return torch.cat(parts, dim=-1) if parts is not None else tensor
+
+    def broadcast(self, message: Any = None) -> Any:
+        """Rank 0 sends ``message`` (any picklable object); every rank returns it."""
+        if self.size == 1:
+            return message
+        if self.is_leader:
+            payload = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+            length = torch.tensor([payload.numel()], dtype=torch.int64)
+        else:
+            length = torch.zeros(1, dtype=torch.int64)
+        dist.broadcast(length, src=0, group=self._control_group)
+        if not self.is_leader:
+            payload = torch.empty(int(length), dtype=torch.uint8)
+        dist.broadcast(payload, src=0, group=self._control_group)
+        return message if self.is_leader else pickle.loads(payload.numpy().tobytes())
+
+    def min(self, value: int) -> int:
+        """The smallest ``value`` any rank passes."""
+        if self.size == 1:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._control_group)
+        return int(tensor)
+
+
+SINGLE = TPGroup(0, 1)
+
+
+def open_store(size: int) -> dist.TCPStore:
+    """The leader's rendezvous store, on a free port of 127.0.0.1 (``store.port``)."""
+    return dist.TCPStore(
+        HOST, 0, size, is_master=True, timeout=STORE_TIMEOUT, wait_for_workers=False
+    )
+
+
+def connect_store(port: int, size: int) -> dist.TCPStore:
+    """A worker's connection to the leader's store."""
+    return dist.TCPStore(HOST, port, size, is_master=False, timeout=STORE_TIMEOUT)
+
+
+def init_tp_group(store: dist.Store, rank: int, size: int, device: torch.device) -> TPGroup:
+    """Join the group as ``rank`` (every rank calls this; it returns once all have). Raises
+    RuntimeError if this process already belongs to a torch.distributed group."""
+    if dist.is_initialized():
+        raise RuntimeError(
+            "this process already belongs to a torch.distributed process group; a "
+            "tensor-parallel engine needs its own (one tensor-parallel engine per process)"
+        )
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT
+    )
+    control = None  # gloo's default group carries the CPU messages too
+    if backend != "gloo":
+        control = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    return TPGroup(rank, size, None, control)
+
+
+def destroy_tp_group() -> None:
+    """Leave the group (this process may then join another)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_device(device: str, rank: int) -> str:
+    """The device rank ``rank`` runs on: CUDA ranks take consecutive GPUs from the one named
+    (``cuda`` is ``cuda:0``); CPU ranks all run on the CPU."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return device
+    return f"cuda:{int(index or 0) + rank}"
