@@ -73,6 +73,8 @@ class TensorParallelRunner(ModelRunner):
             self._wait_for_workers()
             torch.set_num_threads(threads)
             local = torch.device(rank_device(device, 0))
+            if local.type == "cuda":
+                torch.cuda.set_device(local)
             group = init_tp_group(self._store, 0, tp_size, local)
             self._joined = True
             super().__init__(model_path, device=str(local), tp=group, **runner_kwargs)

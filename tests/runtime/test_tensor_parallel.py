@@ -4,11 +4,14 @@ worker processes (about a second each on 2 cores): keep the cases few."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from runtime import Engine
+from runtime import Engine, SchedulerDied
 from runtime.distributed.partition import HeadPartition, check_tp_size
 from runtime.test_model import cached_test_model
 from tests.runtime.helpers import random_prompts
@@ -67,6 +70,16 @@ def test_rank0_holds_its_shard_of_weights_and_kv_heads(tiny_model_path: Path) ->
         assert sizes == {"q": config.num_heads // 2 * d, "k": d, "v": d}
         assert runner.kv_pool.k_buffers[0].shape[1] == config.num_kv_heads // 2
         assert model.layers[0].mlp.down_proj.in_shard.size == config.intermediate_size // 2
+
+
+def test_a_killed_rank_fails_the_engine_with_an_error_naming_it(tiny_model_path: Path) -> None:
+    with Engine(tiny_model_path, tp_size=2, **ENGINE) as engine:
+        (worker,) = engine.get_server_info()["tp_worker_pids"]
+        os.kill(worker, signal.SIGKILL)
+        while pid_alive(worker):
+            time.sleep(0.05)
+        with pytest.raises(SchedulerDied, match="tensor-parallel rank 1 exited with code -9"):
+            engine.generate(input_ids=[1, 2, 3], sampling_params=GREEDY)
 
 
 def test_an_unsplittable_tp_size_is_refused_naming_the_head_counts(tiny_model_path: Path) -> None:
