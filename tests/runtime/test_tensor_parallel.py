@@ -58,7 +58,7 @@ def test_tp_greedy_equals_tp1_and_leaves_no_worker(preset: str, arch: str, tp_si
     assert not any(pid_alive(pid) for pid in workers)
 
 
-def test_rank0_holds_its_shard_of_weights_and_kv_heads(tiny_model_path: Path) -> None:
+def test_rank0_holds_its_shard_and_a_second_tp_engine_is_refused(tiny_model_path: Path) -> None:
     with Engine(tiny_model_path, tp_size=2, **ENGINE) as engine:
         runner = engine.scheduler.runner
         config = runner.config
@@ -70,6 +70,10 @@ def test_rank0_holds_its_shard_of_weights_and_kv_heads(tiny_model_path: Path) ->
         assert sizes == {"q": config.num_heads // 2 * d, "k": d, "v": d}
         assert runner.kv_pool.k_buffers[0].shape[1] == config.num_kv_heads // 2
         assert model.layers[0].mlp.down_proj.in_shard.size == config.intermediate_size // 2
+        # One tensor-parallel group per process: a second engine is refused, the first goes on.
+        with pytest.raises(RuntimeError, match="one tensor-parallel engine per process"):
+            Engine(tiny_model_path, tp_size=2, **ENGINE)
+        assert len(engine.generate(input_ids=[5, 6, 7], sampling_params=GREEDY)["output_ids"]) == 10
 
 
 def test_a_killed_rank_fails_the_engine_with_an_error_naming_it(tiny_model_path: Path) -> None:
