@@ -103,14 +103,19 @@ def connect_store(port: int, size: int) -> dist.TCPStore:
     return dist.TCPStore(HOST, port, size, is_master=False, timeout=STORE_TIMEOUT)
 
 
-def init_tp_group(store: dist.Store, rank: int, size: int, device: torch.device) -> TPGroup:
-    """Join the group as ``rank`` (every rank calls this; it returns once all have). Raises
-    RuntimeError if this process already belongs to a torch.distributed group."""
+def check_no_group() -> None:
+    """Raise RuntimeError if this process already belongs to a torch.distributed group."""
     if dist.is_initialized():
         raise RuntimeError(
             "this process already belongs to a torch.distributed process group; a "
             "tensor-parallel engine needs its own (one tensor-parallel engine per process)"
         )
+
+
+def init_tp_group(store: dist.Store, rank: int, size: int, device: torch.device) -> TPGroup:
+    """Join the group as ``rank`` (every rank calls this; it returns once all have). Raises
+    RuntimeError if this process already belongs to a torch.distributed group."""
+    check_no_group()
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT

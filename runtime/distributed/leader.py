@@ -24,6 +24,7 @@ import torch
 
 from runtime.distributed.group import (
     STORE_TIMEOUT,
+    check_no_group,
     destroy_tp_group,
     init_tp_group,
     open_store,
@@ -55,6 +56,7 @@ class TensorParallelRunner(ModelRunner):
     def __init__(self, tp_size: int, model_path: str, **runner_kwargs: Any) -> None:
         if tp_size < 2:
             raise ValueError(f"a tensor-parallel runner needs tp_size >= 2, got {tp_size}")
+        check_no_group()  # before starting workers that could never join
         self._threads_before = torch.get_num_threads()
         threads = max(1, self._threads_before // tp_size)
         device = runner_kwargs.pop("device", "cpu")
