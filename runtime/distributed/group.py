@@ -24,6 +24,9 @@ HOST = "127.0.0.1"
 # server idles, so the limit must outlast any idle spell; a rank that dies closes its sockets,
 # which fails the others' collectives at once instead.
 COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
+# A step message up to this size (a decode step of a few hundred requests) is broadcast in one
+# collective: on gloo each costs a fixed ~0.5 ms here whatever its size (docs/scale-out.md).
+BROADCAST_BYTES = 32 * 1024
 # The store's own operations (workers connecting to it) wait at most this long.
 STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -65,19 +68,27 @@ class TPGroup:
         return torch.cat(parts, dim=-1) if parts is not None else tensor
 
     def broadcast(self, message: Any = None) -> Any:
-        """Rank 0 sends ``message`` (any picklable object); every rank returns it."""
+        """Rank 0 sends ``message`` (any picklable object); every rank returns it. A message
+        that pickles to under ``BROADCAST_BYTES`` takes one collective, a longer one two."""
         if self.size == 1:
             return message
+        head = torch.zeros(BROADCAST_BYTES, dtype=torch.uint8)  # [8-byte length | payload]
         if self.is_leader:
-            payload = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
-            length = torch.tensor([payload.numel()], dtype=torch.int64)
-        else:
-            length = torch.zeros(1, dtype=torch.int64)
-        dist.broadcast(length, src=0, group=self._control_group)
-        if not self.is_leader:
-            payload = torch.empty(int(length), dtype=torch.uint8)
-        dist.broadcast(payload, src=0, group=self._control_group)
-        return message if self.is_leader else pickle.loads(payload.numpy().tobytes())
+            payload = pickle.dumps(message)
+            framed = len(payload).to_bytes(8, "little") + payload
+            head[: min(len(framed), BROADCAST_BYTES)] = _as_tensor(framed[:BROADCAST_BYTES])
+        dist.broadcast(head, src=0, group=self._control_group)
+        framed_len = 8 + int.from_bytes(_as_bytes(head[:8]), "little")
+        if framed_len > BROADCAST_BYTES:
+            if self.is_leader:
+                rest = _as_tensor(framed[BROADCAST_BYTES:])
+            else:
+                rest = torch.empty(framed_len - BROADCAST_BYTES, dtype=torch.uint8)
+            dist.broadcast(rest, src=0, group=self._control_group)
+            head = torch.cat([head, rest])
+        if self.is_leader:
+            return message
+        return pickle.loads(_as_bytes(head[8:framed_len]))
 
     def min(self, value: int) -> int:
         """The smallest ``value`` any rank passes."""
@@ -89,6 +100,14 @@ class TPGroup:
 
 
 SINGLE = TPGroup(0, 1)
+
+
+def _as_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _as_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.numpy().tobytes()
 
 
 def open_store(size: int) -> dist.TCPStore:

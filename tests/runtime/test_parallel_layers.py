@@ -109,11 +109,22 @@ def _lm_head(tp: TPGroup, pack: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return logits, F.linear(hidden, weight)
 
 
+def _broadcast(tp: TPGroup, pack: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank 0's messages reach every rank: a short one, and one longer than a collective."""
+    long = list(range(20_000))  # pickles to ~60 KB, over BROADCAST_BYTES
+    got = [
+        tp.broadcast((7, "x") if tp.is_leader else None),
+        tp.broadcast(long if tp.is_leader else None),
+    ]
+    return torch.tensor(got[1] + [got[0][0]]), torch.tensor(long + [7])
+
+
 CHECKS: dict[str, Callable[[TPGroup, bool], tuple[torch.Tensor, torch.Tensor]]] = {
     "column_parallel_qkv": _qkv,
     "row_parallel": _row,
     "vocab_parallel_embedding": _embedding,
     "vocab_parallel_lm_head": _lm_head,
+    "broadcast": _broadcast,
 }
 
 
