@@ -40,6 +40,7 @@ def _greedy_runs(engine: Engine) -> tuple[list[list[int]], int]:
         ("tiny", "qwen2", 2),  # q/k/v biases
         ("tiny", "qwen3", 2),  # q/k norms, head_dim != hidden / heads
         ("small", "llama", 2),
+        ("small", "qwen3", 2),
         ("tiny", "llama", 4),  # 2 KV heads on 4 ranks: each replicated on two
     ],
 )
