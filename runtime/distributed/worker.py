@@ -20,12 +20,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from runtime.distributed.group import connect_store, destroy_tp_group, init_tp_group, rank_device
 from runtime.forward_batch import BatchInputs
-
-if TYPE_CHECKING:
-    from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +72,6 @@ def run_worker(spec: WorkerSpec) -> None:
         "%(message)s",
     )
     threading.Thread(target=_exit_with_parent, args=(spec.parent_pid,), daemon=True).start()
-    import torch  # after the watch is up: importing torch takes a while
-
-    from runtime.distributed.group import (
-        connect_store,
-        destroy_tp_group,
-        init_tp_group,
-        rank_device,
-    )
-    from runtime.model_runner import ModelRunner
-
     torch.set_num_threads(spec.threads)
     kwargs = dict(spec.runner_kwargs)
     device = torch.device(rank_device(kwargs.pop("device"), spec.rank))
