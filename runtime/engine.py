@@ -31,7 +31,9 @@ Params = dict[str, Any] | list[dict[str, Any]] | None
 
 class Engine:
     """In-process inference. ``Engine(model_path, max_total_tokens=2048, page_size=4, ...)``
-    takes any ServerArgs field as a keyword argument."""
+    takes any ServerArgs field as a keyword argument. With ``tp_size=N`` this process is rank
+    0 of a tensor-parallel group and starts N - 1 worker processes, stopped by ``shutdown``
+    (docs/scale-out.md); a process runs one tensor-parallel engine at a time."""
 
     def __init__(self, model_path: str | os.PathLike[str], **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(str(model_path), **server_args)

@@ -23,6 +23,17 @@ class ForwardMode(enum.Enum):
     MIXED = "mixed"  # extends first, then one-token requests (a prefill chunk beside decodes)
 
 
+@dataclass(frozen=True)
+class BatchInputs:
+    """The arguments ``ForwardBatch.build`` packed a batch from: with the same request-to-slot
+    table, another rank packs the same batch from them."""
+
+    rows: list[int]
+    prefix_lens: list[int]
+    new_token_ids: list[list[int]]
+    logits: str | torch.Tensor  # "last", "all" or packed row indices on the CPU
+
+
 @dataclass
 class ForwardBatch:
     """Tensors on the model's device; ``*_cpu`` lists mirror them for host-side bookkeeping."""
@@ -46,6 +57,7 @@ class ForwardBatch:
     # logit_indices are exactly each request's last new token, in order; known on the host
     # (decided at build) so a CUDA graph can be chosen without reading a device tensor.
     logits_last_per_request: bool = False
+    inputs: BatchInputs | None = None  # what ``build`` packed this batch from
 
     @property
     def batch_size(self) -> int:
@@ -130,4 +142,10 @@ class ForwardBatch:
             req_to_token_pool=req_to_token_pool,
             cascade=cascade,
             logits_last_per_request=last_per_request,
+            inputs=BatchInputs(
+                rows,
+                prefix_lens,
+                new_token_ids,
+                logits.cpu() if isinstance(logits, torch.Tensor) else logits,
+            ),
         )

@@ -69,8 +69,17 @@ class ReqToTokenPool:
     slot 0, in the padding page the KV slot allocator never hands out.
     """
 
-    def __init__(self, max_requests: int, max_context_len: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_requests: int,
+        max_context_len: int,
+        device: torch.device,
+        record_writes: bool = False,
+    ) -> None:
         self.max_context_len = max_context_len
+        # With record_writes, every write is also kept here until ``take_writes``: a
+        # tensor-parallel leader replays them on its workers' copies of the table.
+        self._writes: list[tuple[int, int, list[int]]] | None = [] if record_writes else None
         self.padding_row = max_requests
         # Zero-filled so padded reads always index a real slot.
         self.req_to_token = torch.zeros(
@@ -96,3 +105,18 @@ class ReqToTokenPool:
                 f"sequence of {end} tokens exceeds context length {self.max_context_len}"
             )
         self.req_to_token[row, start:end] = slots
+        if self._writes is not None:
+            self._writes.append((row, start, slots.tolist()))
+
+    def take_writes(self) -> list[tuple[int, int, list[int]]]:
+        """The (row, start, slots) writes since the last call, oldest first (record_writes)."""
+        assert self._writes is not None, "this table does not record its writes"
+        writes, self._writes = self._writes, []
+        return writes
+
+    def replay(self, writes: list[tuple[int, int, list[int]]]) -> None:
+        """Apply another table's writes (``take_writes``) to this one."""
+        for row, start, slots in writes:
+            self.req_to_token[row, start : start + len(slots)] = torch.tensor(
+                slots, dtype=torch.int64, device=self.req_to_token.device
+            )

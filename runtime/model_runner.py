@@ -15,6 +15,8 @@ from runtime.cuda_graph_runner import (
     CudaGraphRunner,
     GraphFactory,
 )
+from runtime.distributed.group import SINGLE, TPGroup
+from runtime.distributed.partition import HeadPartition, check_tp_size
 from runtime.forward_batch import ForwardBatch
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
@@ -44,6 +46,9 @@ class ModelRunner:
     never capture. Padded graph rows write slot 0 (``PADDING_SLOT``): callers placing KV
     themselves must leave it free, as the KV allocator does. kernel_backend: the kernels'
     backend for this process (``kernels.set_kernel_backend``; None leaves it as it is).
+    tp: the tensor-parallel group this runner is one rank of (its model holds that rank's
+    shards, its KV pool that rank's KV heads; every rank must build its runner and run each
+    forward together, see runtime/distributed/); the default ``SINGLE`` runs the whole model.
     """
 
     def __init__(
@@ -62,16 +67,20 @@ class ModelRunner:
         cuda_graph_max_bs: int | None = None,
         disable_cuda_graph: bool = False,
         kernel_backend: str | None = None,
+        tp: TPGroup = SINGLE,
     ) -> None:
         if kernel_backend is not None:  # before loading: the model and graphs use the kernels
             kernels.set_kernel_backend(kernel_backend)
-        self.config = ModelConfig.from_pretrained(model_path)
+        self.config = config = ModelConfig.from_pretrained(model_path)
+        check_tp_size(tp.size, config.num_heads, config.num_kv_heads, config.intermediate_size)
+        self.tp = tp
+        self.heads = HeadPartition.of_rank(config.num_heads, config.num_kv_heads, tp.rank, tp.size)
         self.cascade_min_prefix = cascade_min_prefix
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
         torch.set_grad_enabled(False)
-        self.model = load_model(self.config, self.dtype, self.device)
+        self.model = load_model(self.config, self.dtype, self.device, tp)
         self.context_len = context_len or self.config.max_position_embeddings
         self.max_requests = max_requests
         self.page_size = page_size
@@ -79,16 +88,23 @@ class ModelRunner:
         self.kv_pool = KVPool(
             self.kv_slots,
             self.config.num_layers,
-            self.config.num_kv_heads,
+            self.heads.num_kv_heads,
             self.config.head_dim,
             self.kv_dtype,
             self.device,
         )
-        self.req_to_token_pool = ReqToTokenPool(max_requests, self.context_len, self.device)
+        # A tensor-parallel leader's writes to the table are replayed on its workers' tables.
+        self.req_to_token_pool = ReqToTokenPool(
+            max_requests, self.context_len, self.device, record_writes=tp.size > 1 and tp.is_leader
+        )
         if pack_weights:  # after sizing the KV pool, which counts the plain weights
             self.model.pack_weights()
         self.graph_runner: CudaGraphRunner | None = None
         factory = None if disable_cuda_graph else self._graph_factory()
+        if factory is not None and tp.size > 1:
+            # Capturing collectives in CUDA graphs has not been run here (no multi-GPU machine).
+            logger.warning("CUDA graphs are off under tensor parallelism")
+            factory = None
         if factory is not None:
             wanted = DEFAULT_CUDA_GRAPH_MAX_BS if cuda_graph_max_bs is None else cuda_graph_max_bs
             max_bs = min(wanted, max_requests)  # no decode batch holds more requests
@@ -100,8 +116,17 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V over all layers for one token in this rank's pool."""
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        return 2 * self.config.num_layers * self.config.num_kv_heads * self.config.head_dim * elem
+        return 2 * self.config.num_layers * self.heads.num_kv_heads * self.config.head_dim * elem
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the tensor-parallel ranks this runner started (none here)."""
+        return []
+
+    def shutdown(self) -> None:
+        """Stop what the runner started (nothing here; a tensor-parallel leader's workers)."""
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the packed batch; returns logits [N, vocab] float32 for ``batch.logit_indices``."""
@@ -143,10 +168,12 @@ class ModelRunner:
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = free * mem_fraction
         else:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            # Every rank of a CPU tensor-parallel group shares this machine's memory.
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / self.tp.size
             weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
             budget = total * mem_fraction - weights
-        slots = int(budget // self.kv_bytes_per_token)
+        # Slot indices are shared by the ranks: each pool gets the smallest rank's count.
+        slots = self.tp.min(int(budget // self.kv_bytes_per_token))
         if slots < 1024:
             raise MemoryError(
                 f"only {slots} KV slots fit in {mem_fraction:.0%} of device memory; "

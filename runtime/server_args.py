@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from runtime.distributed.partition import check_tp_size
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # The names below are duplicated from the modules that implement them, so that parsing flags
@@ -53,9 +57,9 @@ def _flag(
     choices: tuple[str, ...] | None = None,
     aliases: tuple[str, ...] = (),
 ) -> Any:
-    """A field with its flag's help text and, for an enumerated value, the values it takes
-    (argparse refuses any other; so does ``ServerArgs`` itself); ``aliases``: other spellings
-    of the flag (``--dp`` for ``--dp-size``)."""
+    """A field with its flag's help text, for an enumerated value the values it takes
+    (argparse refuses any other; so does ``ServerArgs`` itself), and other spellings of the
+    flag (``aliases``: ``--tp`` for ``--tp-size``)."""
     return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
 
 
@@ -76,6 +80,12 @@ class ServerArgs:
         "the attention and norm kernels (docs/kernels.md); auto: triton on CUDA, the native "
         "C++ kernels on CPU when built, else torch",
         KERNEL_BACKENDS,
+    )
+    tp_size: int = _flag(
+        1,
+        "tensor parallelism: split the model over this many ranks, one process each (gloo on "
+        "CPU, NCCL on CUDA; docs/scale-out.md); must divide the attention heads",
+        aliases=("--tp",),
     )
     context_length: int | None = _flag(
         None, "the longest prompt plus output in tokens (default: the model's)"
@@ -258,6 +268,7 @@ class ServerArgs:
             value = getattr(self, f.name)
             if choices and value not in choices and not (value is None and f.default is None):
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        self._check_tp_size()
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
@@ -295,6 +306,21 @@ class ServerArgs:
             )
         if self.router_max_tree_tokens < 1:
             raise ValueError("router_max_tree_tokens must be >= 1")
+
+    def _check_tp_size(self) -> None:
+        """tp_size >= 1, and one the model's heads split into (read from its config.json when
+        the folder has one: a missing folder is reported where the model loads)."""
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        config_file = Path(self.model_path) / "config.json"
+        if self.tp_size == 1 or not config_file.is_file():
+            return
+        raw = json.loads(config_file.read_text())
+        heads = raw.get("num_attention_heads")
+        if not isinstance(heads, int):
+            return  # not a model this runtime loads: ModelConfig says why
+        kv_heads = raw.get("num_key_value_heads") or heads
+        check_tp_size(self.tp_size, heads, kv_heads, raw.get("intermediate_size", 0))
 
     def _check_speculative(self) -> None:
         if not 1 <= self.speculative_num_draft_tokens <= 64:

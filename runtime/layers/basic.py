@@ -1,11 +1,15 @@
-"""Linear, embedding and RMSNorm modules whose parameters the weight loader fills in place."""
+"""Linear and RMSNorm modules whose parameters the weight loader fills in place."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import kernels
+from runtime.distributed.partition import Shard
 
 
 def onednn_packing_available(weight: torch.Tensor) -> bool:
@@ -30,24 +34,91 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+# A checkpoint tensor as the loader hands it over: a torch.Tensor, or a safetensors slice whose
+# bytes are read only when it is indexed (a tensor-parallel rank reads just its shard).
+CheckpointTensor = Any
+# A weight dimension: an int is held whole, a Shard in part (runtime/distributed/partition.py).
+Dim = int | Shard
+
+
+def checkpoint_shape(source: CheckpointTensor) -> tuple[int, ...]:
+    shape = source.get_shape() if hasattr(source, "get_shape") else source.shape
+    return tuple(int(n) for n in shape)
+
+
+def read_shard(
+    source: CheckpointTensor,
+    name: str,
+    expected: tuple[int, ...],
+    rows: Shard | None = None,
+    cols: Shard | None = None,
+) -> torch.Tensor:
+    """The part of checkpoint tensor ``name`` (whose shape must be ``expected``, else a
+    ValueError naming both) in ``rows`` of dimension 0 and ``cols`` of dimension 1 (None:
+    all); a shard running past the tensor's end gives fewer rows than its size."""
+    shape = checkpoint_shape(source)
+    if shape != expected:
+        raise ValueError(f"checkpoint tensor {name!r} has shape {shape}, expected {expected}")
+    if rows is None:
+        return source[:]
+    row_part = slice(rows.start, rows.start + rows.stored)
+    if cols is None:
+        return source[row_part]
+    return source[row_part, cols.start : cols.start + cols.stored]
+
+
+def fill(target: torch.Tensor, data: torch.Tensor) -> None:
+    """Copy ``data`` into the first rows of ``target``; zero the rest (a padded shard)."""
+    rows = data.shape[0]
+    target[:rows].copy_(data)
+    target[rows:].zero_()
+
+
+def _as_shard(dim: Dim) -> Shard:
+    return dim if isinstance(dim, Shard) else Shard.whole(dim)
+
+
 class Linear(torch.nn.Module):
-    """y = x W^T (+ b). ``out_features`` may stack several checkpoint tensors (q|k|v, gate|up),
-    whose row ranges ``shard_offsets`` names for the loader. After ``pack()`` (CPU, float32)
-    the weight lives only in oneDNN's layout and ``weight`` is an empty placeholder."""
+    """y = x W^T (+ b) over the part of W this rank holds. ``out_features`` may stack several
+    checkpoint tensors (q|k|v, gate|up), whose row ranges ``shard_offsets`` names for the
+    loader. An int dimension is held whole; a ``Shard`` dimension in part, which is how the
+    tensor-parallel layers (runtime/layers/parallel.py) split W. After ``pack()`` (CPU,
+    float32) the weight lives only in oneDNN's layout and ``weight`` is an empty placeholder."""
 
     def __init__(
-        self, in_features: int, out_sizes: dict[str, int] | int, bias: bool, dtype: torch.dtype
+        self,
+        in_features: Dim,
+        out_features: Dim | Mapping[str, Dim],
+        bias: bool,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        sizes = out_sizes if isinstance(out_sizes, dict) else {"": out_sizes}
+        pieces = out_features if isinstance(out_features, Mapping) else {"": out_features}
+        self.in_shard = _as_shard(in_features)
+        self.out_shards = {name: _as_shard(dim) for name, dim in pieces.items()}
         self.shard_offsets: dict[str, tuple[int, int]] = {}
         offset = 0
-        for name, size in sizes.items():
-            self.shard_offsets[name] = (offset, size)
-            offset += size
-        self.weight = torch.nn.Parameter(torch.empty(offset, in_features, dtype=dtype), False)
+        for name, shard in self.out_shards.items():
+            self.shard_offsets[name] = (offset, shard.size)
+            offset += shard.size
+        self.weight = torch.nn.Parameter(
+            torch.empty(offset, self.in_shard.size, dtype=dtype), False
+        )
         self.bias = torch.nn.Parameter(torch.empty(offset, dtype=dtype), False) if bias else None
         self.packed: torch.Tensor | None = None
+
+    def load(self, kind: str, piece: str, source: CheckpointTensor, name: str) -> None:
+        """Fill this rank's part of stacked piece ``piece`` of the ``weight`` or ``bias`` from
+        the whole checkpoint tensor ``source`` (named ``name`` in errors)."""
+        offset, size = self.shard_offsets[piece]
+        out = self.out_shards[piece]
+        if kind == "weight":
+            expected = (out.full, self.in_shard.full)
+            data = read_shard(source, name, expected, out, self.in_shard)
+            fill(self.weight.data[offset : offset + size], data)
+        else:
+            assert kind == "bias" and self.bias is not None
+            fill(self.bias.data[offset : offset + size], read_shard(source, name, (out.full,), out))
 
     def pack(self) -> None:
         """Move the (loaded) weight into oneDNN's layout, when that applies; frees the plain copy
@@ -60,15 +131,6 @@ class Linear(torch.nn.Module):
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
-
-
-class Embedding(torch.nn.Module):
-    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty(num_embeddings, dim, dtype=dtype), False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
 
 
 class RMSNorm(torch.nn.Module):

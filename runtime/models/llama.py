@@ -8,15 +8,25 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from runtime.distributed.group import SINGLE, TPGroup
+from runtime.distributed.partition import HeadPartition, Shard
 from runtime.forward_batch import ForwardBatch
 from runtime.layers.attention import PagedAttention
 from runtime.layers.basic import (
-    Embedding,
+    CheckpointTensor,
     Linear,
     RMSNorm,
+    fill,
     onednn_packing_available,
     pack_weight,
     packed_linear,
+    read_shard,
+)
+from runtime.layers.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    gather_logits,
 )
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.model_config import ModelConfig
@@ -42,15 +52,19 @@ class LlamaAttention(torch.nn.Module):
         o_bias: bool,
         qk_norm: bool,
         dtype: torch.dtype,
+        tp: TPGroup,
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(
-            config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, qkv_bias, dtype
+        heads = HeadPartition.of_rank(config.num_heads, config.num_kv_heads, tp.rank, tp.size)
+        self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads  # this rank's
+        self.head_dim = d = config.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        q = Shard(config.num_heads * d, heads.q_start * d, q_size)
+        kv = Shard(config.num_kv_heads * d, heads.kv_start * d, kv_size)
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, {"q": q, "k": kv, "v": kv}, qkv_bias, dtype
         )
-        self.o_proj = Linear(q_size, config.hidden_size, o_bias, dtype)
+        self.o_proj = RowParallelLinear(config.num_heads * d, config.hidden_size, o_bias, dtype, tp)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
         self.attn = PagedAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim)
@@ -71,23 +85,26 @@ class LlamaAttention(torch.nn.Module):
 
 
 class LlamaMLP(torch.nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TPGroup) -> None:
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(
-            config.hidden_size, {"gate": inter, "up": inter}, config.mlp_bias, dtype
+        part = Shard.even(inter, tp.rank, tp.size)
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, {"gate": part, "up": part}, config.mlp_bias, dtype
         )
-        self.down_proj = Linear(inter, config.hidden_size, config.mlp_bias, dtype)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, config.mlp_bias, dtype, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(torch.nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, **attn_kw: bool):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp: TPGroup, **attn_kw: bool
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, **attn_kw)
-        self.mlp = LlamaMLP(config, dtype)
+        self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, tp=tp, **attn_kw)
+        self.mlp = LlamaMLP(config, dtype, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -110,12 +127,14 @@ class LlamaDecoderLayer(torch.nn.Module):
 
 
 class LlamaModel(torch.nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, **attn_kw: bool) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, tp: TPGroup, **attn_kw: bool
+    ) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, tp)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.layers = torch.nn.ModuleList(
-            LlamaDecoderLayer(config, i, dtype, **attn_kw) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, i, dtype, tp, **attn_kw) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -132,21 +151,24 @@ class LlamaModel(torch.nn.Module):
 
 @register_model("LlamaForCausalLM", "MistralForCausalLM")
 class LlamaForCausalLM(CausalLM):
-    """Loads Hugging Face checkpoints of this family; q/k/v and gate/up are stacked on load."""
+    """Loads Hugging Face checkpoints of this family; q/k/v and gate/up are stacked on load.
+    As rank ``tp.rank`` of a tensor-parallel group, holds and loads only that rank's shards."""
 
     qk_norm = False
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp
         qkv_bias, o_bias = self.projection_biases(config)
         self.model = LlamaModel(
-            config, dtype, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm
+            config, dtype, tp, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm
         )
+        vocab = Shard.padded(config.vocab_size, tp.rank, tp.size)  # the embedding's rows too
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, False, dtype)
+            else ColumnParallelLinear(config.hidden_size, vocab, False, dtype)
         )
         self._tied_head_packed: torch.Tensor | None = None
 
@@ -156,13 +178,16 @@ class LlamaForCausalLM(CausalLM):
         return config.attention_bias, config.attention_bias
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices``."""
+        """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices`` (on ranks
+        other than 0 of a tensor-parallel group: this rank's block of the vocabulary)."""
         hidden = self.model(batch)[batch.logit_indices]
         if self.lm_head is not None:
-            return self.lm_head(hidden).float()
-        if self._tied_head_packed is not None:
-            return packed_linear(hidden, self._tied_head_packed, None).float()
-        return F.linear(hidden, self.model.embed_tokens.weight).float()
+            local = self.lm_head(hidden)
+        elif self._tied_head_packed is not None:
+            local = packed_linear(hidden, self._tied_head_packed, None)
+        else:
+            local = F.linear(hidden, self.model.embed_tokens.weight)
+        return gather_logits(self.tp, local.float(), self.config.vocab_size)
 
     def pack_weights(self) -> None:
         """Also packs the tied output projection: a packed copy of the embedding, which the
@@ -172,9 +197,10 @@ class LlamaForCausalLM(CausalLM):
         if self.lm_head is None and onednn_packing_available(embedding):
             self._tied_head_packed = pack_weight(embedding)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (Hugging Face names) into the parameters; raise naming any
-        tensor that has no parameter or parameter left unfilled."""
+    def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
+        """Fill the parameters (this rank's shards of them) from checkpoint tensors with their
+        Hugging Face names; raise naming any tensor that has no parameter or parameter left
+        unfilled."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         pending = set()
@@ -199,18 +225,11 @@ class LlamaForCausalLM(CausalLM):
                 raise ValueError(
                     f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}"
                 )
-            target = param.data
-            if shard:
-                linear = modules[module_name]
-                assert isinstance(linear, Linear)
-                offset, size = linear.shard_offsets[shard]
-                target = target[offset : offset + size]
-            if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
+            owner = modules[module_name]
+            if isinstance(owner, (Linear, VocabParallelEmbedding)):
+                owner.load(param_kind, shard, tensor, name)
+            else:  # replicated on every rank
+                fill(param.data, read_shard(tensor, name, tuple(param.shape)))
             pending.discard((param_name, shard))
         if pending:
             missing = sorted(f"{m}[{s}]" if s else m for m, s in pending)

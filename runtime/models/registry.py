@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -15,17 +15,20 @@ if TYPE_CHECKING:
 
 
 class CausalLM(torch.nn.Module, ABC):
-    """What the runner needs of a model: ``cls(config: ModelConfig, dtype)`` builds it on the
-    current default device, ``load_weights`` fills it from checkpoint tensors, ``forward`` runs
-    a packed batch."""
+    """What the runner needs of a model: ``cls(config: ModelConfig, dtype, tp: TPGroup)``
+    builds it on the current default device as rank ``tp.rank`` of a tensor-parallel group
+    (``runtime.distributed.SINGLE``: the whole model), ``load_weights`` fills it from
+    checkpoint tensors, ``forward`` runs a packed batch."""
 
     @abstractmethod
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (Hugging Face names) into the parameters."""
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names; torch tensors or safetensors slices,
+        which index alike) into the parameters, or this rank's shards of them."""
 
     @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices``."""
+        """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices`` (on the other
+        ranks of a tensor-parallel group: their own block of the vocabulary's logits)."""
 
     def pack_weights(self) -> None:
         """After loading, for serving: move projection weights into the fastest layout the

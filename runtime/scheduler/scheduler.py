@@ -35,6 +35,7 @@ from transformers import AutoTokenizer
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
+from runtime.distributed.leader import start_model_runner
 from runtime.forward_batch import ForwardBatch
 from runtime.ipc import (
     AbortRequest,
@@ -72,7 +73,9 @@ class Scheduler:
         self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
         # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
         args = args.for_device(torch.cuda.is_available())
-        self.runner = ModelRunner(
+        # With tp_size > 1, rank 0 of a tensor-parallel group: it starts the other ranks.
+        self.runner = start_model_runner(
+            args.tp_size,
             args.model_path,
             dtype=args.dtype,
             device=args.device,
@@ -88,6 +91,14 @@ class Scheduler:
             disable_cuda_graph=args.disable_cuda_graph,
             kernel_backend=args.kernel_backend,
         )
+        try:
+            self._set_up(args)
+        except BaseException:
+            self.runner.shutdown()
+            raise
+
+    def _set_up(self, args: ServerArgs) -> None:
+        """Everything but the model runner (which must be shut down if this raises)."""
         config = self.runner.config
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         self.context_len = self.runner.context_len
@@ -178,6 +189,7 @@ class Scheduler:
             if self._forward_thread is not None:
                 self._forward_thread.shutdown(wait=True)
             self.grammar.shutdown()
+            self.runner.shutdown()
 
     def stop(self) -> None:
         self._stopped = True
@@ -463,6 +475,7 @@ class Scheduler:
         return {
             **self.args.reported(),
             "vocab_size": self.runner.config.vocab_size,
+            "tp_worker_pids": self.runner.worker_pids,
             "kv_used_tokens": protected + private,
             "kv_cached_tokens": tree.total_size() if tree else 0,
             "kv_free_tokens": self.kv.allocator.available(),

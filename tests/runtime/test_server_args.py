@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -193,6 +194,26 @@ def test_an_int_flag_refuses_a_float(capsys: pytest.CaptureFixture[str]):
         main(["serve", "--model-path", "m", "--page-size", "1.5"])
     assert exit_info.value.code == 2
     assert "argument --page-size: invalid int value: '1.5'" in capsys.readouterr().err
+
+
+def test_tp_flag_and_its_alias_set_tp_size():
+    assert _parse("--tp", "2").tp_size == 2
+    assert _parse("--tp-size", "4").tp_size == 4
+    assert _parse().tp_size == 1
+
+
+def test_a_tp_size_the_model_cannot_split_is_an_argparse_error(
+    tiny_model_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    for value, message in (
+        ("0", "tp_size must be >= 1, got 0"),
+        ("3", "num_attention_heads=4, num_key_value_heads=2"),
+        ("8", "this model takes tp_size 1, 2, 4"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--model-path", str(tiny_model_path), "--tp", value])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 def test_flags_left_out_keep_the_fields_defaults():
