@@ -79,6 +79,10 @@ def launch_routed_server(args: ServerArgs) -> int:
         return uvloop.run(_serve(state, manager, inbox, context, stop))
     finally:
         replicas.shutdown()
+        for handle in replicas.handles:
+            if handle.sender is not None:
+                handle.sender.close()
+                handle.sender = None
         inbox.close()
         context.term()
 

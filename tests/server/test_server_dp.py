@@ -141,3 +141,15 @@ def test_a_killed_replica_is_routed_around_and_comes_back(routed: ServerProcess)
     assert httpx.get(f"{routed.url}/health", timeout=10).status_code == 200
     for prompt in PROMPTS:
         _generate(routed, prompt, max_new_tokens=2)
+
+
+def test_dp_and_tp_combine(tiny_model_path: Path, server: ServerProcess) -> None:
+    """Two replicas of two tensor-parallel ranks each: the same greedy tokens."""
+    with ServerProcess(
+        tiny_model_path, *POOL, "--dp", "2", "--tp", "2", startup_timeout_s=240.0,
+        stop_timeout_s=60.0,
+    ) as both:  # fmt: skip
+        info = _info(both)
+        assert info["tp_size"] == 2 and len(info["replicas"]) == 2
+        for prompt in PROMPTS[:2]:
+            assert _generate(both, prompt)["output_ids"] == _generate(server, prompt)["output_ids"]
