@@ -226,6 +226,7 @@ class RadixCache:
             leaf.parent, leaf.evicted = None, True
             freed_slots.append(leaf.slots)
             freed += leaf.key.size
+            _add_to_path(parent, -leaf.key.size)
             self._num_nodes -= 1
             if parent.is_evictable_leaf:
                 self._enqueue(parent)
@@ -245,6 +246,12 @@ class RadixCache:
     def protected_size(self) -> int:
         """Cached tokens on locked paths."""
         return self._protected
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: advanced by every ``match_prefix`` and ``insert``, read into the
+        nodes' ``last_access`` and ``created_at``; back to 0 on ``reset``."""
+        return self._clock
 
     def total_size(self) -> int:
         """All cached tokens."""
@@ -325,6 +332,7 @@ class RadixCache:
         leaf = TreeNode(key, slots.astype(KEY_DTYPE), parent)
         leaf.created_at = self._clock
         parent.children[child_key(key, self.page_size)] = leaf
+        _add_to_path(parent, key.size)
         self._num_nodes += 1
         self._evictable += key.size
         self._touch(leaf)
@@ -341,6 +349,7 @@ class RadixCache:
         head.lock_ref = node.lock_ref
         head.last_access, head.hit_count = node.last_access, node.hit_count
         head.created_at = node.created_at
+        head.subtree_tokens, node.subtree_tokens = node.subtree_tokens, node.subtree_tokens - k
         node.key, node.slots = node.key[k:].copy(), node.slots[k:].copy()
         node.parent = head
         head.children[child_key(node.key, self.page_size)] = node
@@ -360,3 +369,10 @@ class RadixCache:
                 "with page_size > 1 each page of inserted slots must be one whole KV page in "
                 "order (token i at offset i % page_size)"
             )
+
+
+def _add_to_path(node: TreeNode | None, tokens: int) -> None:
+    """Add ``tokens`` to the subtree size of ``node`` and of each of its ancestors."""
+    while node is not None:
+        node.subtree_tokens += tokens
+        node = node.parent
