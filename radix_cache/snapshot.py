@@ -36,7 +36,8 @@ class NodeView(NamedTuple):
     """One node as a snapshot saw it. A namespace root has ``parent_uid`` 0 and no tokens.
 
     ``head`` holds the ids of the run's first tokens and ``tail`` those of its last tokens when
-    the run is longer than both together (else ``tail`` is empty and ``head`` is the whole run).
+    the run is longer than both together (else ``tail`` is empty and ``head`` is the whole run);
+    int32 arrays, read-only views of the node's run (the tree never changes a run in place).
     ``folded_children`` of the node's children are not in the snapshot; their subtrees hold
     ``folded_tokens`` tokens. ``lock_ref`` is the number of running requests pinning the node.
     """
@@ -52,8 +53,8 @@ class NodeView(NamedTuple):
     children: int
     folded_children: int
     folded_tokens: int
-    head: list[int]
-    tail: list[int]
+    head: np.ndarray
+    tail: np.ndarray
 
 
 class TreeSnapshot(NamedTuple):
@@ -80,15 +81,15 @@ def snapshot_tree(
     included), chosen best-first by subtree size, so every chosen node's parent is chosen too
     and the rest of the tree is folded into the counts of the chosen nodes.
 
-    Work: at most ``scan_budget`` (default ``4 * max_nodes``) nodes are looked at besides the
-    roots. A node's children are looked at in batches of FANOUT_SCAN, most recently added
-    first; a batch not yet looked at ranks by the mean subtree size of the children left (so a
-    node with thousands of children does not use up the budget alone). Raises ValueError
-    unless ``max_nodes >= 1``.
+    Work: at most ``scan_budget`` (default ``2 * max_nodes + FANOUT_SCAN``) nodes are looked
+    at besides the roots. A node's children are looked at in batches of FANOUT_SCAN, most
+    recently added first; a batch not yet looked at ranks by the mean subtree size of the
+    children left (so a node with thousands of children does not use up the budget alone).
+    Raises ValueError unless ``max_nodes >= 1``.
     """
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
-    budget = 4 * max_nodes if scan_budget is None else scan_budget
+    budget = 2 * max_nodes + FANOUT_SCAN if scan_budget is None else scan_budget
     scanned = 0
     # Entries (-priority, order, node, prefix_len, offset, tokens_seen): offset -1 offers the
     # node itself; offset >= 0 offers its children from that one on (most recent first), whose
@@ -155,9 +156,9 @@ def _views(
         for kid in kids:
             shown_tokens += kid.subtree_tokens
         if size > head + tail:
-            head_ids, tail_ids = key[:head].tolist(), key[size - tail :].tolist() if tail else []
+            head_ids, tail_ids = key[:head], key[size - tail :] if tail else _NO_TOKENS
         else:
-            head_ids, tail_ids = key.tolist(), []
+            head_ids, tail_ids = key, _NO_TOKENS
         views.append(
             NodeView(
                 uid,
@@ -179,20 +180,61 @@ def _views(
     return views, nodes
 
 
+_NO_TOKENS = np.empty(0, dtype=KEY_DTYPE)
+
+
+def pack_views(views: list[NodeView]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """``views`` in a form that pickles fast (to send them to another process): one tuple of
+    ints per view, its ``head`` and ``tail`` replaced by their lengths, and all their token
+    ids in one array. ``unpack_views`` undoes it."""
+    rows: list[tuple[int, ...]] = [(*view[:-2], view.head.size, view.tail.size) for view in views]
+    runs = [run for view in views for run in (view.head, view.tail)]
+    token_ids: np.ndarray = np.concatenate(runs) if runs else _NO_TOKENS
+    return rows, token_ids
+
+
+def unpack_views(rows: list[tuple[int, ...]], token_ids: np.ndarray) -> list[NodeView]:
+    """The views ``pack_views`` packed."""
+    views = []
+    offset = 0
+    for row in rows:
+        head, tail = row[-2:]
+        runs = (token_ids[offset : offset + head], token_ids[offset + head : offset + head + tail])
+        views.append(NodeView._make(row[:-2] + runs))
+        offset += head + tail
+    return views
+
+
 def _heaviest_first(node: TreeNode) -> tuple[int, int]:
     return (-node.subtree_tokens, node.uid)
 
 
 def cached_path(
-    cache: RadixCache, token_ids: TokensLike, namespace: Hashable = None
+    cache: RadixCache,
+    token_ids: TokensLike,
+    namespace: Hashable = None,
+    start: TreeNode | None = None,
 ) -> tuple[list[TreeNode], int]:
     """The nodes holding the longest cached, page-aligned prefix of ``token_ids`` (root
     excluded; the last may hold tokens beyond the prefix) and the prefix's length. Read-only:
-    no split, no access recorded. O(nodes on the path)."""
+    no split, no access recorded. O(nodes on the path).
+
+    ``start``: a node known to end a prefix of ``token_ids`` in ``namespace`` (the node a
+    request locked): its path is taken by climbing to the root, without comparing tokens, and
+    the walk goes on below it. Ignored once evicted.
+    """
     key = as_token_array(token_ids)
     node = cache._roots.get(namespace)
     path: list[TreeNode] = []
     length = 0
+    if start is not None and not start.evicted:
+        node = start
+        while node.parent is not None:
+            path.append(node)
+            length += node.key.size
+            node = node.parent
+        path.reverse()
+        node = start
     page_size = cache.page_size
     while node is not None and length + page_size <= key.size:
         child = node.children.get(child_key(key[length:], page_size))

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:  # the HTTP process unpickles the records: keep this module light
+if TYPE_CHECKING:  # the HTTP process unpickles the step records: keep this module light
+    from radix_cache import TreeNode
     from runtime.scheduler.req import Req
 
 STEPS_KEPT = 120
@@ -44,6 +45,7 @@ class RequestRecord(NamedTuple):
     completion_tokens: int
     finish_reason: dict[str, Any] | None
     token_ids: np.ndarray  # prompt + output, a read-only view
+    locked_node: TreeNode | None  # the deepest node of its cached prefix, as it last locked it
 
 
 class ActivityLog:
@@ -76,7 +78,7 @@ class ActivityLog:
         )
 
     def record_finished(self, req: Req) -> None:
-        """``req`` has finished (its final output is being sent)."""
+        """``req`` has finished (its final output is being sent; its KV not released yet)."""
         reason = req.finished_reason
         self._requests.append(
             RequestRecord(
@@ -88,6 +90,7 @@ class ActivityLog:
                 len(req.output_ids),
                 reason.to_dict() if reason is not None else None,
                 req.token_array.prefix(len(req.all_ids)),
+                req.last_node,
             )
         )
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from radix_cache import RadixCache, TreeNode
-from radix_cache.snapshot import NodeView, cached_path, path_tokens, snapshot_tree
+from radix_cache.snapshot import NodeView, cached_path, pack_views, path_tokens, snapshot_tree
 from runtime.scheduler.activity_log import RequestRecord
 
 EVICTED_KEPT_S = 10.0
@@ -105,14 +105,19 @@ class CacheView:
             ages.append(self.timeline.seconds_since(view.last_access, now))
         while self._evicted and now - self._evicted[0][0] > EVICTED_KEPT_S:
             self._evicted.popleft()
+        nodes, token_ids = pack_views(snap.nodes)
+        evicted, evicted_ids = pack_views([view for _, view in self._evicted])
         return {
             "enabled": True,
-            "nodes": snap.nodes,
+            "nodes": nodes,  # packed: radix_cache.snapshot.unpack_views(nodes, token_ids)
+            "token_ids": token_ids,
             "last_access_s": ages,
             "stats": snap.stats,
             "clock": snap.clock,
             "scanned": snap.scanned,
-            "evicted": [(now - at, view) for at, view in self._evicted],
+            "evicted": evicted,
+            "evicted_token_ids": evicted_ids,
+            "evicted_s_ago": [now - at for at, _ in self._evicted],
             "requests": self._request_paths(requests),
             "snapshot_ms": 1e3 * (time.perf_counter() - started),
         }
@@ -131,7 +136,10 @@ class CacheView:
     def _note_evictions(self, now: float) -> None:
         for shown in self._shown.values():
             if shown.node.evicted:
-                self._evicted.append((now, shown.view))
+                view = shown.view  # copies of its runs: the node's own arrays can go
+                self._evicted.append(
+                    (now, view._replace(head=view.head.copy(), tail=view.tail.copy()))
+                )
 
     def _request_paths(self, requests: list[RequestRecord]) -> list[dict[str, Any]]:
         """Each request's record (without its token ids) and its path: the uids of the nodes
@@ -139,7 +147,9 @@ class CacheView:
         how many of those nodes the tree has evicted since."""
         assert self.tree is not None
         paths = {
-            r.rid: self._paths.get(r.rid) or cached_path(self.tree, r.token_ids) for r in requests
+            r.rid: self._paths.get(r.rid)
+            or cached_path(self.tree, r.token_ids, None, r.locked_node)
+            for r in requests
         }
         self._paths = paths
         listed = []

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from radix_cache.snapshot import NodeView
+from radix_cache.snapshot import NodeView, unpack_views
 from runtime.server.errors import ApiError
 from runtime.server.state import ServerState, get_state
 
@@ -93,10 +93,16 @@ async def render_cache_tree(state: ServerState, raw: dict[str, Any], max_nodes: 
     threads), requests named by their callers' rids."""
     if not raw["enabled"]:
         return {"enabled": False, "max_nodes": max_nodes, "nodes": [], "requests": []}
-    views: list[NodeView] = raw["nodes"]
-    evicted: list[tuple[float, NodeView]] = raw["evicted"]
+    views = unpack_views(raw["nodes"], raw["token_ids"])
+    evicted = list(
+        zip(
+            raw["evicted_s_ago"],
+            unpack_views(raw["evicted"], raw["evicted_token_ids"]),
+            strict=True,
+        )
+    )
     shown = views + [view for _, view in evicted]
-    runs = [view.head for view in shown] + [view.tail for view in shown]
+    runs = [view.head.tolist() for view in shown] + [view.tail.tolist() for view in shown]
     texts = await state.tokenizer_manager.run_tokenizer(lambda: _decode(state, runs), "text")
     heads, tails = texts[: len(shown)], texts[len(shown) :]
     nodes = [

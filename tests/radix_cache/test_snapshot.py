@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from radix_cache import KVSlotAllocator, RadixCache
-from radix_cache.snapshot import FANOUT_SCAN, cached_path, path_tokens, snapshot_tree
+from radix_cache.snapshot import (
+    FANOUT_SCAN,
+    cached_path,
+    pack_views,
+    path_tokens,
+    snapshot_tree,
+    unpack_views,
+)
 
 
 def make_cache(num_slots: int = 1 << 16, page_size: int = 1) -> RadixCache:
@@ -41,7 +48,7 @@ def check_consistent(cache: RadixCache, max_nodes: int) -> None:
     stats = cache.stats()
     views = snap.nodes
     assert len(views) <= max_nodes
-    assert snap.scanned <= 4 * max_nodes
+    assert snap.scanned <= 2 * max_nodes + FANOUT_SCAN
     assert snap.stats == stats and snap.clock == cache.clock
     # Shown tokens plus folded tokens are every cached token: nothing lost, nothing twice.
     assert sum(v.tokens for v in views) + sum(v.folded_tokens for v in views) == stats.cached_tokens
@@ -107,7 +114,7 @@ def test_a_wide_fanout_is_offered_in_batches_within_the_budget():
     assert system_view.tokens == 50 and system_view.children == 1000
     assert len(snap.nodes) == 100  # not stuck at the first FANOUT_SCAN children
     assert system_view.folded_children == 1000 - 98
-    assert snap.scanned <= 400
+    assert snap.scanned <= 2 * 100 + FANOUT_SCAN
     check_consistent(cache, 100)
 
 
@@ -121,12 +128,17 @@ def test_views_carry_the_run_head_tail_locks_and_hits():
     snap = snapshot_tree(cache, 10, head_tokens=8, tail_tokens=4)
     root, head, long_tail, short = snap.nodes
     assert (root.parent_uid, root.tokens, root.subtree_tokens) == (0, 0, 110)
-    assert head.head == list(range(1, 9)) and head.tail == list(range(27, 31))
+    assert head.head.tolist() == list(range(1, 9)) and head.tail.tolist() == list(range(27, 31))
     assert (head.tokens, head.prefix_len, head.children) == (30, 0, 2)
     assert long_tail.prefix_len == 30 and long_tail.tokens == 70
     assert long_tail.lock_ref == 1 and head.lock_ref == 1 and short.lock_ref == 0
-    assert short.head == list(range(500, 510)) and short.tail == []  # short runs: whole
+    assert short.head.tolist() == list(range(500, 510)) and short.tail.size == 0  # all of it
     assert long_tail.hit_count >= 2 and long_tail.last_access == cache.clock
+    rows, token_ids = pack_views(snap.nodes)
+    assert all(isinstance(x, int) for row in rows for x in row)  # pickles fast
+    for packed, view in zip(unpack_views(rows, token_ids), snap.nodes, strict=True):
+        assert packed[:-2] == view[:-2]
+        assert np.array_equal(packed.head, view.head) and np.array_equal(packed.tail, view.tail)
     cache.unlock(match.node)
 
 
@@ -161,10 +173,15 @@ def test_cached_path_and_path_tokens():
     partial, length = cached_path(cache, np.concatenate([a[:30], [7, 7]]))
     assert length == 30 and partial[-1] is path[-1]  # the last node holds more than the prefix
     assert cached_path(cache, [999])[1] == 0
+    assert cached_path(cache, a, start=path[0]) == (path, 40)  # climbs from a locked node
+    insert(cache, np.concatenate([a[:10], [5, 5]]))  # splits the start node: still the same
+    split_path, length = cached_path(cache, a)
+    assert len(split_path) == 3 and cached_path(cache, a, start=path[0]) == (split_path, 40)
     assert cached_path(cache, a, namespace="unseen") == ([], 0)
     cache.evict(cache.total_size())
     with pytest.raises(ValueError, match="evicted"):
         path_tokens(path[-1])
+    assert cached_path(cache, a, start=path[0]) == ([], 0)  # an evicted start is ignored
 
 
 def test_pages_and_bad_arguments():

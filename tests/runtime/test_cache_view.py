@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from radix_cache import KVSlotAllocator, RadixCache
+from radix_cache.snapshot import NodeView, unpack_views
 from runtime.scheduler import cache_view
 from runtime.scheduler.activity_log import ActivityLog, RequestRecord
 from runtime.scheduler.cache_view import TIMELINE_SPACING_S, CacheView, ClockTimeline
@@ -35,8 +36,19 @@ def insert(cache: RadixCache, ids: np.ndarray) -> None:
     cache.allocator.free(slots[: cache.insert(ids, slots)])
 
 
+def views(snap: dict) -> list[NodeView]:
+    """The snapshot's nodes (packed, to pickle fast) as NodeViews."""
+    return unpack_views(snap["nodes"], snap["token_ids"])
+
+
+def evicted(snap: dict) -> list[tuple[float, int]]:
+    """(seconds ago, uid) of the nodes the snapshot reports evicted lately."""
+    gone = unpack_views(snap["evicted"], snap["evicted_token_ids"])
+    return list(zip(snap["evicted_s_ago"], [v.uid for v in gone], strict=True))
+
+
 def record(rid: str, ids: np.ndarray) -> RequestRecord:
-    return RequestRecord(rid, 0.0, 0.1, ids.size - 2, 0, 2, {"type": "length"}, ids)
+    return RequestRecord(rid, 0.0, 0.1, ids.size - 2, 0, 2, {"type": "length"}, ids, None)
 
 
 def test_timeline_maps_clock_readings_to_seconds():
@@ -63,10 +75,10 @@ def test_snapshot_ages_and_plain_data(clock: FakeClock):
     view.note_clock()
     clock.now += 2.0
     snap = view.snapshot(10, [])
-    heads = [v.head[0] if v.head else 0 for v in snap["nodes"]]
+    heads = [int(v.head[0]) if v.head.size else 0 for v in views(snap)]
     ages = dict(zip(heads, snap["last_access_s"], strict=True))
     assert ages[1] == pytest.approx(32.0) and ages[100] == pytest.approx(2.0)
-    assert snap["stats"] == cache.stats() and snap["evicted"] == []
+    assert snap["stats"] == cache.stats() and evicted(snap) == []
     pickle.dumps(snap)  # crosses to the HTTP process: no tree nodes inside
     assert "tree_nodes" not in snap
 
@@ -76,15 +88,14 @@ def test_nodes_shown_then_evicted_are_reported_for_a_while(clock: FakeClock):
     view = CacheView(cache)
     insert(cache, np.arange(1, 30, dtype=np.int32))
     insert(cache, np.arange(100, 140, dtype=np.int32))
-    shown = {v.head[0]: v.uid for v in view.snapshot(10, [])["nodes"] if v.head}
+    shown = {int(v.head[0]): v.uid for v in views(view.snapshot(10, [])) if v.head.size}
     cache.evict(1)  # the least recently used leaf: the first sequence
     clock.now += 1.0
-    evicted = view.snapshot(10, [])["evicted"]
-    assert [(v.uid, round(ago, 3)) for ago, v in evicted] == [(shown[1], 0.0)]
+    assert evicted(view.snapshot(10, [])) == [(0.0, shown[1])]
     clock.now += 3.0
-    assert [v.uid for _, v in view.snapshot(10, [])["evicted"]] == [shown[1]]
+    assert evicted(view.snapshot(10, [])) == [(3.0, shown[1])]
     clock.now += cache_view.EVICTED_KEPT_S
-    assert view.snapshot(10, [])["evicted"] == []
+    assert evicted(view.snapshot(10, [])) == []
 
 
 def test_request_paths_and_prefixes(clock: FakeClock):
@@ -96,7 +107,7 @@ def test_request_paths_and_prefixes(clock: FakeClock):
     insert(cache, b)
     snap = view.snapshot(10, [record("r-a", a), record("r-b", b)])
     by_rid = {r["rid"]: r for r in snap["requests"]}
-    uids = {v.uid: v for v in snap["nodes"]}
+    uids = {v.uid: v for v in views(snap)}
     assert [uids[u].tokens for u in by_rid["r-a"]["path"]] == [20, 19]
     assert by_rid["r-b"]["path_tokens"] == 30 and by_rid["r-b"]["path_evicted"] == 0
     assert "token_ids" not in by_rid["r-a"]
