@@ -216,6 +216,9 @@ class RadixCache:
         freed_slots: list[np.ndarray] = []
         freed = 0
         emptied_root = False
+        # Tokens gone from below each surviving node, subtracted from its path once at the end
+        # (a chain evicted leaf by leaf would otherwise climb to the root once per node).
+        gone_below: dict[TreeNode, int] = {}
         while freed < num_tokens:
             leaf = self._queue.pop()
             if leaf is None:
@@ -226,11 +229,14 @@ class RadixCache:
             leaf.parent, leaf.evicted = None, True
             freed_slots.append(leaf.slots)
             freed += leaf.key.size
-            _add_to_path(parent, -leaf.key.size)
+            gone_below.pop(leaf, None)  # its subtree_tokens still counts its evicted children
+            gone_below[parent] = gone_below.get(parent, 0) + leaf.subtree_tokens
             self._num_nodes -= 1
             if parent.is_evictable_leaf:
                 self._enqueue(parent)
             emptied_root |= parent.parent is None and not parent.children
+        for node, tokens in gone_below.items():
+            _add_to_path(node, -tokens)
         if emptied_root:  # forget namespaces with nothing cached, so salts don't pile up
             self._roots = {ns: r for ns, r in self._roots.items() if r.children or ns is None}
         if freed_slots:
