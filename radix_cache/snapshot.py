@@ -73,8 +73,8 @@ class TreeSnapshot(NamedTuple):
 def snapshot_tree(
     cache: RadixCache,
     max_nodes: int,
-    head_tokens: int = 48,
-    tail_tokens: int = 16,
+    head_tokens: int = 32,
+    tail_tokens: int = 8,
     scan_budget: int | None = None,
 ) -> TreeSnapshot:
     """The top of the tree by cached tokens: at most ``max_nodes`` nodes (namespace roots

@@ -16,7 +16,7 @@ from runtime.server import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
-# Long enough that its node's text is cut in the middle (head 48 + tail 16 tokens).
+# Long enough that its node's text is cut in the middle (head 32 + tail 8 tokens).
 PROMPT = (
     "Dashboard test prompt. The radix cache keeps every prefix it has seen, so a later request "
     "that starts with the same tokens reuses their KV instead of computing it again; this "
@@ -69,9 +69,9 @@ def test_nodes_hold_the_decoded_runs_of_their_tokens(
             continue
         if node["elided_tokens"]:
             elided += 1
-            assert node["text"] == decode(tokenizer, run[:48])
-            assert node["tail_text"] == decode(tokenizer, run[-16:])
-            assert node["elided_tokens"] == len(run) - 64
+            assert node["text"] == decode(tokenizer, run[:32])
+            assert node["tail_text"] == decode(tokenizer, run[-8:])
+            assert node["elided_tokens"] == len(run) - 40
         else:
             assert node["text"] + node["tail_text"] == decode(tokenizer, run)
     assert elided >= 1  # the long prompt was cut in the middle somewhere on its path

@@ -6,7 +6,9 @@
 (() => {
   const HISTORY = 120; // chart points kept: a minute at two updates a second
   const INDENT_PX = 16;
+  const STATES = ["root", "locked", "evictable", "evicted"];
   const HOVER_DELAY_MS = 150;
+  const FRESH_MS = 800; // as long as the "fresh" animation in dashboard.css
 
   const $ = (id) => document.getElementById(id);
   const fmtInt = (n) => (n == null ? "–" : Math.round(n).toLocaleString("en-US"));
@@ -23,6 +25,8 @@
     if (s < 3600) return (s / 60).toFixed(0) + " min ago";
     return (s / 3600).toFixed(1) + " h ago";
   };
+  // A request's name: the caller's rid, or "#n" for the server's own id "<instance>-n".
+  const requestName = (r) => (r.id === r.rid ? "#" + r.rid.split("-").pop() : r.id);
   // One line of decoded text with its line breaks and tabs made visible.
   const oneLine = (text) => text.replace(/\r?\n/g, "↵").replace(/\t/g, "⇥");
 
@@ -33,6 +37,7 @@
     nodes: new Map(), // node id -> node of the latest update
     rendered: false,
     selected: null, // rid of the request whose path is highlighted
+    selectedRecord: null, // its latest record (kept after it leaves the recent requests)
     scrollToPath: false,
     requests: [],
     prefixes: new Map(), // "id:tokens" -> the /cache_tree/prefix answer
@@ -300,21 +305,26 @@
     }
   }
 
-  // Reorder the container's children to ``wanted`` (reusing elements) and drop the rest.
+  // Make the container's children ``wanted``, in order, reusing the rows it has: drop the
+  // others first, then move only the rows out of place.
   function reconcile(container, wanted) {
+    const keep = new Set(wanted);
+    for (const row of [...container.children]) if (!keep.has(row)) row.remove();
+    for (const [key, row] of view.rows) if (!keep.has(row)) view.rows.delete(key);
     wanted.forEach((row, i) => {
       if (container.children[i] !== row) container.insertBefore(row, container.children[i] || null);
     });
-    while (container.children.length > wanted.length) container.lastChild.remove();
-    const keep = new Set(wanted);
-    for (const [key, row] of view.rows) if (!keep.has(row)) view.rows.delete(key);
   }
 
   function rowFor(key, build) {
     let row = view.rows.get(key);
     if (!row) {
       row = build();
-      if (view.rendered) row.classList.add("fresh");
+      if (view.rendered) {
+        // A new node flashes once (moving the row would restart an animation left on it).
+        row.classList.add("fresh");
+        setTimeout(() => row.classList.remove("fresh"), FRESH_MS);
+      }
       view.rows.set(key, row);
     }
     return row;
@@ -333,7 +343,7 @@
     row.dataset.nodeId = String(n.id);
     row.dataset.tokens = String(n.tokens);
     row.dataset.state = n.state;
-    row.className = "node " + n.state + (row.classList.contains("fresh") ? " fresh" : "");
+    for (const state of STATES) row.classList.toggle(state, state === n.state);
     row.classList.toggle("shared", n.children >= 2);
     row.classList.toggle("on-path", onPath);
     const [tokens, lead, text, meta, bar] = row.children;
@@ -381,7 +391,9 @@
   // ancestors of the deepest of them (a split puts new nodes above a path's nodes).
   function pathHighlight() {
     const ids = new Set();
-    const request = view.requests.find((r) => r.rid === view.selected);
+    const listed = view.requests.find((r) => r.rid === view.selected);
+    if (listed) view.selectedRecord = listed;
+    const request = view.selected == null ? null : view.selectedRecord;
     const note = $("path-note");
     if (!request) {
       note.hidden = true;
@@ -395,11 +407,12 @@
     }
     const total = request.prompt_tokens + request.completion_tokens;
     let text =
-      `${request.id}: ${request.path.length} node${request.path.length === 1 ? "" : "s"} ` +
+      `${requestName(request)}: ${request.path.length} node${request.path.length === 1 ? "" : "s"} ` +
       `held ${fmtInt(request.path_tokens)} of its ${fmtInt(total)} tokens`;
     if (request.path_evicted) text += `; ${request.path_evicted} evicted since`;
     const hidden = request.path.length - shown.length - request.path_evicted;
     if (hidden > 0) text += `; ${hidden} folded out of view`;
+    if (!listed) text += " (no longer among the recent requests; its path as last listed)";
     note.textContent = text;
     note.hidden = false;
     return ids;
@@ -423,7 +436,7 @@
             ? `error ${reason.status_code}`
             : reason.type;
         const cells = [
-          r.id,
+          requestName(r),
           fmtInt(r.prompt_tokens),
           fmtInt(r.cached_tokens),
           fmtInt(r.completion_tokens),
@@ -432,7 +445,7 @@
           fmtAge(now - r.finished_at),
         ];
         for (const value of cells) row.append(el("td", null, value));
-        row.firstChild.title = r.id;
+        row.firstChild.title = r.id === r.rid ? r.rid : `${r.id} (${r.rid})`;
         return row;
       });
     body.replaceChildren(...rows);
@@ -442,6 +455,7 @@
     const row = event.target.closest("tr[data-rid]");
     if (!row) return;
     view.selected = view.selected === row.dataset.rid ? null : row.dataset.rid;
+    view.selectedRecord = null;
     view.scrollToPath = view.selected != null;
     if (view.previous) {
       renderTree(view.previous.tree);
