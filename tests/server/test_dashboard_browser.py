@@ -3,14 +3,13 @@
 A server on the tiny model runs requests sharing a prefix and a DSL fork program; the page must
 show the shared node with its token count, the fork's parent node shared by its branches, the
 hit rate of /get_server_info, a new request without a reload, the path of a clicked request,
-a hovered node's whole prefix, and no console error. On failure a screenshot is saved in the
-test's temporary directory (the failure message names it).
+a hovered node's whole prefix, the nodes a flush evicts, and no console error. On failure a
+screenshot is saved in the test's temporary directory (the failure message names it).
 
 Needs the ``playwright`` package and the Debian ``chromium`` package (``make
 install-browser``); Playwright's own browser download is never used. Without them the test is
 skipped, saying so. ``ARBOR_CHROMIUM`` names another Chromium executable;
-``ARBOR_DASHBOARD_SCREENSHOT=PATH`` saves a screenshot of the passing page there (how
-docs/dashboard.png is made).
+``ARBOR_DASHBOARD_SCREENSHOT=PATH`` saves a screenshot of the passing page there.
 """
 
 from __future__ import annotations
