@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 
 from runtime.errors import SchedulerDied
+from runtime.server.child_process import free_port
 from runtime.server.dashboard import feed as feed_module
 from runtime.server.dashboard.feed import DashboardFeed
+from runtime.server.http_app import create_app
 from runtime.server.metrics import ServerMetrics
 
 
@@ -88,3 +94,39 @@ def test_a_dead_scheduler_becomes_an_error_update(scheduler: FakeScheduler):
         await stream.aclose()
 
     asyncio.run(scenario())
+
+
+def test_closing_the_page_ends_its_watch(scheduler: FakeScheduler):
+    """Through the real ASGI server: a client that goes away stops counting as a watcher, and
+    the scheduler is no longer polled."""
+    state = SimpleNamespace(
+        args=SimpleNamespace(api_key=None, model_name="tiny"), metrics=ServerMetrics()
+    )
+    app = create_app(state)  # type: ignore[arg-type]
+    feed: DashboardFeed = app.state.dashboard_feed
+    feed.interval_s, feed.max_nodes = 0.05, 7
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{port}/dashboard/events"
+        with httpx.stream("GET", url, timeout=10) as response:
+            lines = (line for line in response.iter_lines() if line.startswith("data: "))
+            assert [json.loads(next(lines)[6:])["model"] for _ in range(3)] == ["tiny"] * 3
+        deadline = time.monotonic() + 5
+        while feed._watchers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert feed._watchers == 0
+        time.sleep(0.2)
+        polls = scheduler.calls
+        time.sleep(0.3)
+        assert scheduler.calls == polls
+    finally:
+        server.should_exit = True
+        thread.join(10)
