@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -70,16 +70,15 @@ class ClockTimeline:
         return max(now - self.times[i], 0.0)
 
 
-class _Shown(NamedTuple):
-    node: TreeNode
-    view: NodeView
-
-
 class CacheView:
     def __init__(self, tree: RadixCache | None) -> None:
         self.tree = tree
         self.timeline = ClockTimeline()
-        self._shown: dict[int, _Shown] = {}  # the last snapshot's nodes, by uid
+        # The last snapshot's nodes and views (parallel lists; few objects survive to the next
+        # snapshot, so the garbage collector has little to promote), and their uids' places.
+        self._shown_nodes: list[TreeNode] = []
+        self._shown_views: list[NodeView] = []
+        self._shown_at: dict[int, int] = {}
         self._evicted: deque[tuple[float, NodeView]] = deque(maxlen=EVICTED_MAX)
         self._paths: dict[str, tuple[list[TreeNode], int]] = {}  # by request id
 
@@ -98,11 +97,9 @@ class CacheView:
         self.note_clock()
         snap = snapshot_tree(self.tree, max_nodes)
         self._note_evictions(now)
-        self._shown = {}
-        ages = []
-        for view, node in zip(snap.nodes, snap.tree_nodes, strict=True):
-            self._shown[view.uid] = _Shown(node, view)
-            ages.append(self.timeline.seconds_since(view.last_access, now))
+        self._shown_nodes, self._shown_views = snap.tree_nodes, snap.nodes
+        self._shown_at = {view.uid: i for i, view in enumerate(snap.nodes)}
+        ages = [self.timeline.seconds_since(view.last_access, now) for view in snap.nodes]
         while self._evicted and now - self._evicted[0][0] > EVICTED_KEPT_S:
             self._evicted.popleft()
         nodes, token_ids = pack_views(snap.nodes)
@@ -126,17 +123,17 @@ class CacheView:
         """The token ids of the whole prefix node ``uid`` ends and how many of them are the
         node's own (the last ones), if the last snapshot showed it and it is still cached;
         else why not (a message)."""
-        shown = self._shown.get(uid)
-        if shown is None:
+        at = self._shown_at.get(uid)
+        if at is None:
             return f"node {uid} is not in the latest snapshot (folded, evicted or unknown)"
-        if shown.node.evicted:
+        node = self._shown_nodes[at]
+        if node.evicted:
             return f"node {uid} was evicted"
-        return path_tokens(shown.node), shown.node.key.size
+        return path_tokens(node), node.key.size
 
     def _note_evictions(self, now: float) -> None:
-        for shown in self._shown.values():
-            if shown.node.evicted:
-                view = shown.view  # copies of its runs: the node's own arrays can go
+        for node, view in zip(self._shown_nodes, self._shown_views, strict=True):
+            if node.evicted:  # copies of its runs: the node's own arrays can go
                 self._evicted.append(
                     (now, view._replace(head=view.head.copy(), tail=view.tail.copy()))
                 )
