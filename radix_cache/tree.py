@@ -229,14 +229,15 @@ class RadixCache:
             leaf.parent, leaf.evicted = None, True
             freed_slots.append(leaf.slots)
             freed += leaf.key.size
-            gone_below.pop(leaf, None)  # its subtree_tokens still counts its evicted children
+            # Its subtree_tokens still counts its children evicted before it.
             gone_below[parent] = gone_below.get(parent, 0) + leaf.subtree_tokens
             self._num_nodes -= 1
             if parent.is_evictable_leaf:
                 self._enqueue(parent)
             emptied_root |= parent.parent is None and not parent.children
         for node, tokens in gone_below.items():
-            _add_to_path(node, -tokens)
+            if not node.evicted:  # an evicted one's tokens went with it to its parent
+                _add_to_path(node, -tokens)
         if emptied_root:  # forget namespaces with nothing cached, so salts don't pile up
             self._roots = {ns: r for ns, r in self._roots.items() if r.children or ns is None}
         if freed_slots:
