@@ -27,9 +27,9 @@ from radix_cache import RadixCache, TreeNode
 from radix_cache.snapshot import NodeView, cached_path, pack_views, path_tokens, snapshot_tree
 from runtime.scheduler.activity_log import RequestRecord
 
-EVICTED_KEPT_S = 10.0
+EVICTED_KEPT_S = 5.0
 # At most this many evicted nodes are reported (the most recent).
-EVICTED_MAX = 200
+EVICTED_MAX = 100
 TIMELINE_SPACING_S = 0.25
 TIMELINE_KEPT = 8192  # at 4 entries a second, the last half hour of activity at least
 

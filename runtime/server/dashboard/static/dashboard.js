@@ -9,6 +9,7 @@
   const STATES = ["root", "locked", "evictable", "evicted"];
   const HOVER_DELAY_MS = 150;
   const FRESH_MS = 800; // as long as the "fresh" animation in dashboard.css
+  const GHOSTS_PER_NODE = 3; // just-evicted children listed under one node (the rest counted)
 
   const $ = (id) => document.getElementById(id);
   const fmtInt = (n) => (n == null ? "–" : Math.round(n).toLocaleString("en-US"));
@@ -268,28 +269,47 @@
       if (!children.has(n.parent)) children.set(n.parent, []);
       children.get(n.parent).push(n);
     }
+    // Just-evicted nodes hang under their parent when it is shown or just evicted too; the
+    // rest are counted in one line at the end.
+    const evictedIds = new Set(tree.recently_evicted.map((g) => g.id));
     const ghosts = new Map();
-    const strayGhosts = [];
+    const stray = [];
     for (const g of tree.recently_evicted) {
-      if (view.nodes.has(g.parent)) {
+      if (view.nodes.has(g.parent) || evictedIds.has(g.parent)) {
         if (!ghosts.has(g.parent)) ghosts.set(g.parent, []);
         ghosts.get(g.parent).push(g);
       } else {
-        strayGhosts.push(g);
+        stray.push(g);
       }
     }
     const highlighted = pathHighlight();
     const stats = tree.stats;
     const total = Math.max(stats.cached_tokens, 1);
     const wanted = [];
+    const visitGhosts = (parentId, depth) => {
+      const gone = ghosts.get(parentId) || [];
+      for (const g of gone.slice(0, GHOSTS_PER_NODE)) {
+        wanted.push(nodeRow(g, depth, total, false));
+        visitGhosts(g.id, depth + 1);
+      }
+      if (gone.length > GHOSTS_PER_NODE) {
+        const more = gone.slice(GHOSTS_PER_NODE);
+        wanted.push(noteRow(`evicted-more:${parentId}`, depth, evictedNote(more, "more")));
+      }
+    };
     const visit = (n, depth) => {
       wanted.push(nodeRow(n, depth, total, highlighted.has(n.id)));
       for (const c of children.get(n.id) || []) visit(c, depth + 1);
-      for (const g of ghosts.get(n.id) || []) wanted.push(nodeRow(g, depth + 1, total, false));
-      if (n.folded_children > 0) wanted.push(foldRow(n, depth + 1));
+      visitGhosts(n.id, depth + 1);
+      if (n.folded_children > 0) {
+        const more = n.folded_children === 1 ? "1 more branch" : `${n.folded_children} more branches`;
+        wanted.push(noteRow(`fold:${n.id}`, depth + 1, `+ ${more} folded · ${fmtInt(n.folded_tokens)} tokens`));
+      }
     };
     for (const n of nodes) if (n.parent == null) visit(n, 0);
-    for (const g of strayGhosts) wanted.push(nodeRow(g, 1, total, false));
+    if (stray.length) {
+      wanted.push(noteRow("evicted-elsewhere", 1, evictedNote(stray, "under nodes not shown")));
+    }
     reconcile(container, wanted);
     setText(
       "tree-summary",
@@ -373,8 +393,9 @@
     return parts;
   }
 
-  function foldRow(n, depth) {
-    const row = rowFor("fold:" + n.id, () => {
+  // A line in the tree that stands for nodes not listed (folded, or evicted too many to list).
+  function noteRow(key, depth, text) {
+    const row = rowFor(key, () => {
       const r = el("div", "fold");
       const lead = el("span", "lead");
       lead.append(el("span", "indent"));
@@ -382,9 +403,14 @@
       return r;
     });
     row.children[1].firstChild.style.width = depth * INDENT_PX + "px";
-    const more = n.folded_children === 1 ? "1 more branch" : `${n.folded_children} more branches`;
-    row.children[2].textContent = `+ ${more} folded · ${fmtInt(n.folded_tokens)} tokens`;
+    row.children[2].textContent = text;
     return row;
+  }
+
+  function evictedNote(gone, where) {
+    const tokens = gone.reduce((sum, g) => sum + g.tokens, 0);
+    const nodes = gone.length === 1 ? "1 node" : `${gone.length} nodes`;
+    return `− ${nodes} ${where} just evicted · ${fmtInt(tokens)} tokens`;
   }
 
   // Node ids to highlight for the selected request: its path's nodes still shown, and the
