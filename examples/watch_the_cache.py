@@ -72,6 +72,7 @@ def screenshot(url: str, path: Path) -> None:
         page.wait_for_function("() => Number(document.body.dataset.updates || 0) >= 20")
         page.locator("#requests tbody tr").first.click()
         page.wait_for_timeout(1200)  # an update with the path highlighted, animations done
+        page.locator("#tree").evaluate("tree => { tree.scrollTop = 0; }")  # from the root
         page.screenshot(path=str(path))
         browser.close()
 

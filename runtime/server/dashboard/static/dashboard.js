@@ -10,6 +10,7 @@
   const HOVER_DELAY_MS = 150;
   const FRESH_MS = 800; // as long as the "fresh" animation in dashboard.css
   const GHOSTS_PER_NODE = 3; // just-evicted children listed under one node (the rest counted)
+  const ELSEWHERE = -1; // stands for the parents of just-evicted nodes that are not listed
 
   const $ = (id) => document.getElementById(id);
   const fmtInt = (n) => (n == null ? "–" : Math.round(n).toLocaleString("en-US"));
@@ -269,18 +270,14 @@
       if (!children.has(n.parent)) children.set(n.parent, []);
       children.get(n.parent).push(n);
     }
-    // Just-evicted nodes hang under their parent when it is shown or just evicted too; the
-    // rest are counted in one line at the end.
+    // Just-evicted nodes hang under their parent when it is shown or just evicted too; those
+    // whose parent is neither go at the end. A few per parent are listed, the rest counted.
     const evictedIds = new Set(tree.recently_evicted.map((g) => g.id));
-    const ghosts = new Map();
-    const stray = [];
+    const ghosts = new Map([[ELSEWHERE, []]]);
     for (const g of tree.recently_evicted) {
-      if (view.nodes.has(g.parent) || evictedIds.has(g.parent)) {
-        if (!ghosts.has(g.parent)) ghosts.set(g.parent, []);
-        ghosts.get(g.parent).push(g);
-      } else {
-        stray.push(g);
-      }
+      const parent = view.nodes.has(g.parent) || evictedIds.has(g.parent) ? g.parent : ELSEWHERE;
+      if (!ghosts.has(parent)) ghosts.set(parent, []);
+      ghosts.get(parent).push(g);
     }
     const highlighted = pathHighlight();
     const stats = tree.stats;
@@ -294,7 +291,8 @@
       }
       if (gone.length > GHOSTS_PER_NODE) {
         const more = gone.slice(GHOSTS_PER_NODE);
-        wanted.push(noteRow(`evicted-more:${parentId}`, depth, evictedNote(more, "more")));
+        const where = parentId === ELSEWHERE ? "more under nodes not shown" : "more";
+        wanted.push(noteRow(`evicted-more:${parentId}`, depth, evictedNote(more, where)));
       }
     };
     const visit = (n, depth) => {
@@ -307,9 +305,7 @@
       }
     };
     for (const n of nodes) if (n.parent == null) visit(n, 0);
-    if (stray.length) {
-      wanted.push(noteRow("evicted-elsewhere", 1, evictedNote(stray, "under nodes not shown")));
-    }
+    visitGhosts(ELSEWHERE, 1);
     reconcile(container, wanted);
     setText(
       "tree-summary",
