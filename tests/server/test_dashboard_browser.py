@@ -100,8 +100,8 @@ def shared_prefix_len(tokenizer: Any) -> int:
 
 
 def test_dashboard_shows_the_tree_live(
-    server: ServerProcess, browser: Any, tiny_model_path: Path, tmp_path: Path
-):
+    browser: Any, server: ServerProcess, tiny_model_path: Path, tmp_path: Path
+):  # the browser first: without one the test skips before starting a server
     shared_len = shared_prefix_len(AutoTokenizer.from_pretrained(tiny_model_path))
     for i, question in enumerate(QUESTIONS):
         generate(server, SHARED + question, f"shared-{i}")
