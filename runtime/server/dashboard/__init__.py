@@ -1,7 +1,7 @@
 """``GET /dashboard``: a live page of the radix cache and the scheduler (docs/dashboard.md).
 
-The page is three static files of this package (``static/``: HTML, CSS and plain JavaScript,
-no build step, nothing fetched from elsewhere) and one stream of server-sent events,
+The page is static files of this package (``static/``: HTML, CSS and plain JavaScript
+modules, no build step, nothing fetched from elsewhere) and one stream of server-sent events,
 ``GET /dashboard/events``, fed by ``DashboardFeed``. The routes are not part of the API's
 OpenAPI document: ``GET /cache_tree`` is the documented way to read the same data.
 """
@@ -25,10 +25,15 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+_JS = "text/javascript; charset=utf-8"
 MEDIA_TYPES = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
-    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.js": _JS,  # the page's entry module; it imports the others
+    "charts.js": _JS,
+    "format.js": _JS,
+    "tooltip.js": _JS,
+    "tree.js": _JS,
 }
 _STATIC = resources.files(__package__) / "static"
 
