@@ -36,9 +36,9 @@ TIMELINE_KEPT = 8192  # at 4 entries a second, the last half hour of activity at
 
 class ClockTimeline:
     """When the tree's logical clock passed which values, at TIMELINE_SPACING_S resolution:
-    entry ``i`` says the clock values in ``(clocks[i-1], clocks[i]]`` were first seen at
-    ``times[i]`` (time.monotonic()), at most TIMELINE_SPACING_S plus one scheduler step after
-    they were read."""
+    entry ``i`` says the clock values in ``(clocks[i-1], clocks[i]]`` were read within
+    TIMELINE_SPACING_S plus one scheduler step of ``times[i]`` (time.monotonic()): the first of
+    them was noted then, at the start of the step after the one that read it."""
 
     def __init__(self) -> None:
         self.clocks: list[int] = []
