@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
 
-.PHONY: install demo test fuzz lint model kernels gpu-wheels clean
+.PHONY: install install-browser demo test fuzz lint model kernels gpu-wheels clean
 
 install: $(STAMP) model kernels
 
@@ -24,6 +24,23 @@ model: $(STAMP)
 # build warns and leaves the torch reference kernels in charge; it never fails the install.
 kernels: $(STAMP)
 	$(PY) -m kernels.cpu_native
+
+# Debian's chromium (apt-get) and Playwright for Python, for the dashboard's browser test
+# (tests/server/test_dashboard_browser.py drives that chromium; Playwright's own browser download
+# is never used). Where either cannot be installed this warns and succeeds: the test then skips,
+# saying what is missing.
+install-browser: $(STAMP)
+	@if command -v chromium >/dev/null 2>&1; then \
+		echo "chromium is installed: $$(command -v chromium)"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+			>/dev/null; } || echo "warning: apt-get could not install chromium;" \
+			"the dashboard browser test will be skipped"; \
+	else \
+		echo "warning: no apt-get to install chromium with; the dashboard browser test will be skipped"; \
+	fi
+	@$(PIP) install -q -c constraints.txt playwright || echo "warning: pip could not install" \
+		"playwright; the dashboard browser test will be skipped"
 
 demo: install
 	$(VENV)/bin/arbor demo

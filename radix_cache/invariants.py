@@ -10,6 +10,7 @@ from radix_cache.allocator import PADDING_PAGE, SlotsLike, as_slot_array, sorted
 from radix_cache.node import child_key
 
 if TYPE_CHECKING:
+    from radix_cache.node import TreeNode
     from radix_cache.tree import RadixCache
 
 
@@ -62,6 +63,7 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
         f"{cache.evictable_size()}, {cache.protected_size()}",
     )
     _require(len(nodes) == cache.stats().nodes, f"{len(nodes)} nodes but stats count differs")
+    _check_subtree_sizes(cache, nodes)
 
     allocator = cache.allocator
     owned = np.concatenate([n.slots for n in nodes] + [np.empty(0, dtype=np.int32)])
@@ -87,6 +89,18 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
         f"slot leak: free {free} + evictable {evictable} + protected {protected} + private "
         f"{private_count} != capacity {allocator.capacity}",
     )
+
+
+def _check_subtree_sizes(cache: RadixCache, nodes: list[TreeNode]) -> None:
+    """Every node's ``subtree_tokens`` is its own run plus its children's subtrees."""
+    # ``nodes`` lists parents before children, so the reversed order sees children first.
+    for node in [*reversed(nodes), *cache._roots.values()]:
+        expected = node.key.size + sum(c.subtree_tokens for c in node.children.values())
+        _require(
+            node.subtree_tokens == expected,
+            f"{node!r} has subtree_tokens {node.subtree_tokens}, but its run and children hold "
+            f"{expected}",
+        )
 
 
 def _private_slot_count(

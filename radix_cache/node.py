@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,6 +12,9 @@ import torch
 KEY_DTYPE = np.int32
 
 TokensLike = torch.Tensor | np.ndarray | Sequence[int]
+
+# Node ids, unique for the life of the process (snapshots name nodes by them).
+_node_uids = itertools.count(1)
 
 
 def as_token_array(token_ids: TokensLike) -> np.ndarray:
@@ -60,6 +64,9 @@ class TreeNode:
     with ``lock_ref == 0`` is evictable (and so is its whole subtree). ``last_access``,
     ``hit_count`` and ``created_at`` are logical-clock readings that eviction policies rank by.
     ``heap_stamp`` identifies the node's live entry in the eviction queue (0: none).
+    ``subtree_tokens`` is the number of tokens in this node and all its descendants (the tree
+    keeps it up to date, so snapshots can rank subtrees without walking them); ``uid`` names
+    the node for its lifetime (a split keeps it on the tail, the part that keeps the node).
     """
 
     __slots__ = (
@@ -73,6 +80,8 @@ class TreeNode:
         "created_at",
         "heap_stamp",
         "evicted",
+        "subtree_tokens",
+        "uid",
     )
 
     def __init__(self, key: np.ndarray, slots: np.ndarray, parent: TreeNode | None) -> None:
@@ -86,6 +95,8 @@ class TreeNode:
         self.created_at = 0
         self.heap_stamp = 0
         self.evicted = False
+        self.subtree_tokens = key.size
+        self.uid = next(_node_uids)
 
     @classmethod
     def new_root(cls) -> TreeNode:

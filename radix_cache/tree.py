@@ -218,6 +218,9 @@ class RadixCache:
         freed_slots: list[np.ndarray] = []
         freed = 0
         emptied_root = False
+        # Tokens gone from below each surviving node, subtracted from its path once at the end
+        # (a chain evicted leaf by leaf would otherwise climb to the root once per node).
+        gone_below: dict[TreeNode, int] = {}
         while freed < num_tokens:
             leaf = self._queue.pop()
             if leaf is None:
@@ -228,10 +231,15 @@ class RadixCache:
             leaf.parent, leaf.evicted = None, True
             freed_slots.append(leaf.slots)
             freed += leaf.key.size
+            # Its subtree_tokens still counts its children evicted before it.
+            gone_below[parent] = gone_below.get(parent, 0) + leaf.subtree_tokens
             self._num_nodes -= 1
             if parent.is_evictable_leaf:
                 self._enqueue(parent)
             emptied_root |= parent.parent is None and not parent.children
+        for node, tokens in gone_below.items():
+            if not node.evicted:  # an evicted one's tokens went with it to its parent
+                _add_to_path(node, -tokens)
         if emptied_root:  # forget namespaces with nothing cached, so salts don't pile up
             self._roots = {ns: r for ns, r in self._roots.items() if r.children or ns is None}
         if freed_slots:
@@ -247,6 +255,12 @@ class RadixCache:
     def protected_size(self) -> int:
         """Cached tokens on locked paths."""
         return self._protected
+
+    @property
+    def clock(self) -> int:
+        """The logical clock: advanced by every ``match_prefix`` and ``insert``, read into the
+        nodes' ``last_access`` and ``created_at``; back to 0 on ``reset``."""
+        return self._clock
 
     def total_size(self) -> int:
         """All cached tokens."""
@@ -327,6 +341,7 @@ class RadixCache:
         leaf = TreeNode(key, slots.astype(KEY_DTYPE), parent)
         leaf.created_at = self._clock
         parent.children[child_key(key, self.page_size)] = leaf
+        _add_to_path(parent, key.size)
         self._num_nodes += 1
         self._evictable += key.size
         self._touch(leaf)
@@ -343,6 +358,7 @@ class RadixCache:
         head.lock_ref = node.lock_ref
         head.last_access, head.hit_count = node.last_access, node.hit_count
         head.created_at = node.created_at
+        head.subtree_tokens, node.subtree_tokens = node.subtree_tokens, node.subtree_tokens - k
         node.key, node.slots = node.key[k:].copy(), node.slots[k:].copy()
         node.parent = head
         head.children[child_key(node.key, self.page_size)] = node
@@ -362,3 +378,10 @@ class RadixCache:
                 "with page_size > 1 each page of inserted slots must be one whole KV page in "
                 "order (token i at offset i % page_size)"
             )
+
+
+def _add_to_path(node: TreeNode | None, tokens: int) -> None:
+    """Add ``tokens`` to the subtree size of ``node`` and of each of its ancestors."""
+    while node is not None:
+        node.subtree_tokens += tokens
+        node = node.parent

@@ -35,11 +35,13 @@ class AbortRequest:
 
 @dataclass
 class ControlRequest:
-    """``flush_cache``, ``server_info`` or ``check_invariants``; answered by a ControlReply
-    with the same ``request_id``."""
+    """``flush_cache``, ``server_info``, ``check_invariants``, ``cache_tree`` (args:
+    ``max_nodes``), ``dashboard`` (args: ``max_nodes``) or ``node_prefix`` (args: ``node``);
+    answered by a ControlReply with the same ``request_id``."""
 
     request_id: str
     command: str
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- scheduler -> detokenizer -------------------------------------------------------------

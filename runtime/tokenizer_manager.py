@@ -20,6 +20,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ Result = TypeVar("Result")
 
 # Threads that tokenize prompts and render chat templates.
 TOKENIZE_THREADS = 2
+# Callers' rids remembered after their requests end (the dashboard lists recent requests).
+RECENT_LABELS = 256
 
 
 @dataclass
@@ -93,6 +96,8 @@ class TokenizerManager:
         self.dead: str | None = None
         self._requests: dict[str, _RequestState] = {}  # by internal id
         self._labels: dict[str, str] = {}  # caller's rid -> internal id, while it waits
+        # internal id -> caller's rid of the last requests that had one (for the dashboard)
+        self._recent_labels: OrderedDict[str, str] = OrderedDict()
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:12]
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -104,6 +109,11 @@ class TokenizerManager:
         ready; before, the tokenizer's length stands in)."""
         vocab = int(self.server_info.get("vocab_size") or len(self.tokenizer))
         return RequestLimits(vocab_size=vocab, max_n=self.max_n)
+
+    def label_of(self, internal: str) -> str:
+        """The caller's rid of a recent request known by its internal id (the internal id
+        when the caller gave none, or when it is no longer remembered)."""
+        return self._recent_labels.get(internal, internal)
 
     @property
     def serving(self) -> bool:
@@ -289,6 +299,9 @@ class TokenizerManager:
         self._requests[internal] = state
         if rid is not None:
             self._labels[rid] = internal
+            self._recent_labels[internal] = rid
+            if len(self._recent_labels) > RECENT_LABELS:
+                self._recent_labels.popitem(last=False)
         self.to_scheduler.send(
             GenerateRequest(
                 internal,
@@ -361,15 +374,18 @@ class TokenizerManager:
         if internal is not None:
             self.to_scheduler.send(AbortRequest(internal))
 
-    async def control(self, command: str, timeout: float = 60.0) -> dict[str, Any]:
-        """Ask the scheduler (flush_cache, server_info) and wait for its reply."""
+    async def control(
+        self, command: str, timeout: float = 60.0, args: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Ask the scheduler (``ControlRequest``: flush_cache, server_info, cache_tree, ...)
+        and wait for its reply."""
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         assert self.loop is not None
         request_id = uuid.uuid4().hex
         future: asyncio.Future[dict[str, Any]] = self.loop.create_future()
         self._controls[request_id] = future
-        self.to_scheduler.send(ControlRequest(request_id, command))
+        self.to_scheduler.send(ControlRequest(request_id, command, args or {}))
         try:
             return await asyncio.wait_for(future, timeout)
         finally:

@@ -340,20 +340,26 @@ class RoutedTokenizerManager(TokenizerManager):
 
     # ---- control calls ----------------------------------------------------------------------
 
-    async def control(self, command: str, timeout: float = 60.0) -> dict[str, Any]:
+    async def control(
+        self, command: str, timeout: float = 60.0, args: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Ask every live replica; merge their replies (server_info: sums and per-replica
-        rows; flush_cache and check_invariants: all must succeed)."""
+        rows; flush_cache and check_invariants: all must succeed). Other commands (the
+        dashboard's cache_tree, dashboard, node_prefix) ask the first live replica alone:
+        node ids are a replica's own."""
         assert self.loop is not None
         live = [h for h in self.replicas.handles if h.alive]
         if not live:
             raise SchedulerDied("no replica is serving")
+        if command not in ("server_info", "flush_cache", "check_invariants"):
+            live = live[:1]
         futures: dict[int, asyncio.Future[dict[str, Any]]] = {}
         request_ids = []
         for handle in live:
             request_id = uuid.uuid4().hex
             request_ids.append(request_id)
             futures[handle.index] = self._controls[request_id] = self.loop.create_future()
-            self._send(handle.index, ControlRequest(request_id, command))
+            self._send(handle.index, ControlRequest(request_id, command, args or {}))
         try:
             replies = await asyncio.wait_for(asyncio.gather(*futures.values()), timeout)
         finally:

@@ -50,6 +50,8 @@ from runtime.ipc import (
 )
 from runtime.model_runner import ModelRunner
 from runtime.sampler import SampleOutput, Sampler
+from runtime.scheduler.activity_log import ActivityLog
+from runtime.scheduler.cache_view import CacheView
 from runtime.scheduler.decode_manager import DecodeManager
 from runtime.scheduler.draft_manager import JUMP, DraftManager, SpeculationConfig
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
@@ -107,6 +109,9 @@ class Scheduler:
             None if args.disable_radix_cache else RadixCache(allocator, policy=args.eviction_policy)
         )
         self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token_pool)
+        # What observers (/cache_tree, the dashboard) see: snapshots and recent activity.
+        self.cache_view = CacheView(tree)
+        self.activity = ActivityLog()
         # The configuration as it runs, which server_info reports: what the model and the
         # memory left decided besides the device defaults.
         self.args = dataclasses.replace(
@@ -196,6 +201,7 @@ class Scheduler:
 
     def step(self) -> None:
         """One iteration: allocate decodes, admit prefill, run the forward, process results."""
+        self.cache_view.note_clock()
         if self.grammar.queue:
             compiled, failed_compiles = self.grammar.poll()
             self.waiting.extend(compiled)
@@ -217,6 +223,9 @@ class Scheduler:
                 self.stats["prompt_tokens"] += len(req.input_ids)
                 self.stats["cached_tokens"] += req.cached_tokens
         if prefill or decodes:
+            self.activity.record_step(
+                prefill, decodes, len(retracted), len(self.running), len(self.waiting)
+            )
             self._run(StepBatch.from_parts(prefill, decodes))
         else:
             self._flush_outputs()  # no forward to send them behind
@@ -345,7 +354,10 @@ class Scheduler:
     def _finish_and_emit(self, failed: list[Req]) -> None:
         done = [r for r in self.running if r.finished_reason is not None]
         outputs = self.outputs.outputs_for(self.running + failed)
+        for req in failed:
+            self.activity.record_finished(req)
         for req in done:
+            self.activity.record_finished(req)
             self.running.remove(req)
             aborted = req.aborted
             self.kv.release(req, keep_in_cache=not (req.failed or aborted))
@@ -366,6 +378,8 @@ class Scheduler:
     def _emit(self, finished: list[Req]) -> None:
         """Send the final outputs of requests that finished outside a step."""
         if finished:
+            for req in finished:
+                self.activity.record_finished(req)
             self._flush_outputs()  # keep each request's outputs in order
             self.to_detokenizer.send(TokenOutputBatch(self.outputs.outputs_for(finished)))
 
@@ -457,6 +471,23 @@ class Scheduler:
             return {"success": ok}
         if message.command == "server_info":
             return self.server_info()
+        if message.command == "cache_tree":
+            return self.cache_view.snapshot(
+                int(message.args["max_nodes"]), self.activity.requests()
+            )
+        if message.command == "dashboard":
+            return {
+                "server_info": self.server_info(),
+                "cache_tree": self.cache_view.snapshot(
+                    int(message.args["max_nodes"]), self.activity.requests()
+                ),
+                "steps": self.activity.steps(),
+            }
+        if message.command == "node_prefix":
+            prefix = self.cache_view.prefix(int(message.args["node"]))
+            if isinstance(prefix, str):
+                return {"missing": prefix}
+            return {"token_ids": prefix[0], "node_tokens": prefix[1]}
         if message.command == "check_invariants":
             try:
                 self.kv.check_invariants(self.running)

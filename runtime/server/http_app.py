@@ -9,6 +9,8 @@ Every error leaves as ``{"error": {...}}`` (see ``errors``) with its status: 400
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import logging
 from typing import Any
@@ -22,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime.errors import RequestError, SchedulerDied
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import InvalidSamplingParams
-from runtime.server import native_api, openai_api, responses_api
+from runtime.server import cache_tree, dashboard, native_api, openai_api, responses_api
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
 from runtime.server.openapi import openapi_json
 from runtime.server.state import ServerState, get_state
@@ -31,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 # Reachable without the API key: load balancers and scrapers probe these.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Read-only pages a browser opens, which also take the API key as the password of HTTP Basic
+# credentials (any user name): a browser cannot add a Bearer header to a page it navigates
+# to, but it asks for Basic credentials and sends them on by itself. GET only, so a site that
+# makes a browser send them (the browser does so for any site) can change nothing.
+BROWSER_PATH_PREFIXES = ("/dashboard", "/cache_tree")
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -44,6 +51,9 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)
+    app.include_router(cache_tree.router)
+    app.include_router(dashboard.router)
+    app.state.dashboard_feed = dashboard.DashboardFeed(state)
     app.add_api_route("/openapi.json", openapi_json, methods=["GET"], include_in_schema=False)
     return app
 
@@ -75,8 +85,9 @@ async def metrics(request: Request) -> Response:
 
 class ApiKeyMiddleware:
     """Refuse (401) every request without ``Authorization: Bearer <api_key>`` (the scheme in
-    any case, RFC 7235), except OPEN_PATHS. Plain ASGI, so streaming responses and
-    disconnects pass through untouched."""
+    any case, RFC 7235), except OPEN_PATHS; GETs of BROWSER_PATH_PREFIXES also take
+    ``Authorization: Basic`` with the key as password, and their 401 asks a browser for it.
+    Plain ASGI, so streaming responses and disconnects pass through untouched."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -84,12 +95,33 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            browser = scope["method"] == "GET" and _is_browser_path(scope["path"])
             scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
+            scheme = scheme.lower()
+            if scheme == b"basic" and browser:
+                given = _basic_password(given.strip())
+            elif scheme != b"bearer":
+                given = b""
+            if not given or not hmac.compare_digest(given.strip(), self.expected):
                 body = error_body(401, "Incorrect or missing API key", code="invalid_api_key")
-                await JSONResponse(body, status_code=401)(scope, receive, send)
+                challenge = {"WWW-Authenticate": 'Basic realm="Arbor", charset="UTF-8"'}
+                headers = challenge if browser else None
+                await JSONResponse(body, status_code=401, headers=headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _is_browser_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in BROWSER_PATH_PREFIXES)
+
+
+def _basic_password(credentials: bytes) -> bytes:
+    """The password of ``base64(user:password)``; empty if malformed."""
+    try:
+        decoded = base64.b64decode(credentials, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+    return decoded.partition(b":")[2]
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -124,7 +156,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        return error_response(ApiError(400, str(exc)))
+        # A bad query or path parameter (bodies are parsed by the handlers): name it.
+        errors = exc.errors()
+        fields = [".".join(str(part) for part in error["loc"][1:]) for error in errors]
+        message = "; ".join(f"{f}: {error['msg']}" for f, error in zip(fields, errors, strict=True))
+        return error_response(
+            ApiError(400, message or str(exc), param=fields[0] if fields else None)
+        )
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> Response:

@@ -4,8 +4,9 @@ the scheduler's gauges. No client library: counters and histograms are a few dic
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ PREFIX = "arbor_"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RECENT_SAMPLES = 2000
 
 # Scheduler gauges exported from ``server_info``: (key, metric name, help).
 SCHEDULER_GAUGES = (
@@ -95,6 +97,9 @@ class ServerMetrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        # The latest samples, for percentiles over recent traffic (the dashboard).
+        self.recent_ttft: deque[float] = deque(maxlen=RECENT_SAMPLES)
+        self.recent_itl: deque[float] = deque(maxlen=RECENT_SAMPLES)
 
     async def observe(self, stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         """Pass ``stream``'s chunks through, timing them and counting the request when it ends
@@ -111,9 +116,12 @@ class ServerMetrics:
                 if new_tokens > 0:
                     if seen_tokens == 0:
                         self.ttft.observe(now - start)
+                        self.recent_ttft.append(now - start)
                     else:  # a chunk of k tokens: k gaps of equal share
+                        gap = (now - last) / new_tokens
                         for _ in range(new_tokens):
-                            self.itl.observe((now - last) / new_tokens)
+                            self.itl.observe(gap)
+                        self.recent_itl.extend(itertools.repeat(gap, new_tokens))
                     seen_tokens, last = meta["completion_tokens"], now
                 yield chunk
             outcome = (meta.get("finish_reason") or {}).get("type", "unknown")
@@ -128,6 +136,11 @@ class ServerMetrics:
                 self.generation_tokens += meta["completion_tokens"]
             if outcome != "error":
                 self.e2e.observe(time.monotonic() - start)
+
+    def recent_percentiles(self) -> dict[str, dict[str, float] | None]:
+        """p50/p90/p99 in seconds of the last RECENT_SAMPLES time-to-first-token and
+        inter-token latency samples (None before the first sample)."""
+        return {"ttft": _percentiles(self.recent_ttft), "itl": _percentiles(self.recent_itl)}
 
     def render(self, scheduler_info: dict[str, Any] | None) -> str:
         """The exposition text; scheduler gauges are left out when ``scheduler_info`` is None."""
@@ -187,3 +200,11 @@ def _routed_lines(replicas: Any, router: Any) -> list[str]:
             lines += [f"# TYPE {p}router_{key}_total counter"]
             lines.append(f"{p}router_{key}_total {router.get(key, 0)}")
     return lines
+
+
+def _percentiles(samples: deque[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    last = len(ordered) - 1
+    return {f"p{q}": ordered[round(last * q / 100)] for q in (50, 90, 99)}

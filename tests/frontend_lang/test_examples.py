@@ -63,6 +63,15 @@ def test_batch_extraction_keeps_order_and_types(engine_backend: fl.Engine):
         assert isinstance(row["age"], int) and row["kind"] in ("person", "company", "place")
 
 
+def test_watch_the_cache_shares_histories_and_forks(engine_backend: fl.Engine):
+    states = load("watch_the_cache").main(engine_backend, rounds=1, max_tokens=3)
+    chats, review = states[:3], states[3]
+    for chat in chats:  # each turn re-sends the history, which the cache holds
+        assert chat.get_meta_info("reply_2")["cached_tokens"] > 0
+    assert len(review["verdict"]) == 3
+    assert all(meta["cached_tokens"] > 0 for meta in review.get_meta_info("verdict"))
+
+
 @pytest.mark.parametrize("name", ["multi_turn_chat"])
 def test_examples_run_as_scripts(name: str):
     result = subprocess.run(

@@ -53,6 +53,26 @@ def test_api_key_is_required(servers: tuple[ServerProcess, ServerProcess]):
         assert client.models.list().data
 
 
+def test_dashboard_and_cache_tree_need_the_key_a_browser_can_give(
+    servers: tuple[ServerProcess, ServerProcess],
+):
+    server = servers[0]
+    basic = httpx.BasicAuth("anyone", API_KEY)
+    for path in ("/dashboard", "/dashboard/static/dashboard.js", "/cache_tree"):
+        refused = httpx.get(f"{server.url}{path}", timeout=30)
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith("Basic")  # the browser asks
+        assert httpx.get(f"{server.url}{path}", headers=server.headers).status_code == 200
+        assert httpx.get(f"{server.url}{path}", auth=basic, timeout=30).status_code == 200
+        wrong = httpx.BasicAuth("anyone", "nope")
+        assert httpx.get(f"{server.url}{path}", auth=wrong, timeout=30).status_code == 401
+    # Basic credentials open the read-only pages only, never the API.
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
+    post = httpx.post(f"{server.url}/generate", json=body, auth=basic, timeout=30)
+    assert post.status_code == 401 and "www-authenticate" not in post.headers
+    assert httpx.get(f"{server.url}/get_server_info", auth=basic).status_code == 401
+
+
 def test_sigterm_stops_all_three_and_removes_the_sockets(
     servers: tuple[ServerProcess, ServerProcess],
 ):

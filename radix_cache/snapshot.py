@@ -1,0 +1,259 @@
+"""Read-only views of a RadixCache for observers (the live dashboard, ``/cache_tree``).
+
+Every function here reads the tree without changing it (no split, no access recorded) and does
+work bounded by what it returns, never by the size of the tree: ``snapshot_tree`` ranks
+subtrees by the ``subtree_tokens`` the tree keeps up to date, so a snapshot of a few hundred
+nodes costs the same on a tree of a thousand nodes or of a million.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from itertools import islice
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from radix_cache.node import (
+    KEY_DTYPE,
+    TokensLike,
+    TreeNode,
+    as_token_array,
+    child_key,
+    common_prefix_len,
+)
+
+if TYPE_CHECKING:
+    from radix_cache.tree import CacheStats, RadixCache
+
+# Children of one node looked at by a snapshot (the most recently added first); the rest are
+# folded without being touched.
+FANOUT_SCAN = 64
+
+
+class NodeView(NamedTuple):
+    """One node as a snapshot saw it. A namespace root has ``parent_uid`` 0 and no tokens.
+
+    ``head`` holds the ids of the run's first tokens and ``tail`` those of its last tokens when
+    the run is longer than both together (else ``tail`` is empty and ``head`` is the whole run);
+    int32 arrays, read-only views of the node's run (the tree never changes a run in place).
+    ``folded_children`` of the node's children are not in the snapshot; their subtrees hold
+    ``folded_tokens`` tokens. ``lock_ref`` is the number of running requests pinning the node.
+    """
+
+    uid: int
+    parent_uid: int
+    prefix_len: int  # tokens on the path above this node
+    tokens: int
+    subtree_tokens: int
+    lock_ref: int
+    hit_count: int
+    last_access: int
+    children: int
+    folded_children: int
+    folded_tokens: int
+    head: np.ndarray
+    tail: np.ndarray
+
+
+class TreeSnapshot(NamedTuple):
+    """``nodes`` in depth-first order, each node's shown children heaviest first, and
+    ``tree_nodes`` the TreeNodes they show (same order; for the tree's owner, not to be sent
+    anywhere); ``stats`` and ``clock`` read at the same moment; ``scanned`` nodes were looked
+    at to choose them."""
+
+    nodes: list[NodeView]
+    tree_nodes: list[TreeNode]
+    stats: CacheStats
+    clock: int
+    scanned: int
+
+
+def snapshot_tree(
+    cache: RadixCache,
+    max_nodes: int,
+    head_tokens: int = 32,
+    tail_tokens: int = 8,
+    scan_budget: int | None = None,
+) -> TreeSnapshot:
+    """The top of the tree by cached tokens: at most ``max_nodes`` nodes (namespace roots
+    included), chosen best-first by subtree size, so every chosen node's parent is chosen too
+    and the rest of the tree is folded into the counts of the chosen nodes.
+
+    Work: at most ``scan_budget`` (default ``2 * max_nodes + FANOUT_SCAN``) nodes are looked
+    at besides the roots. A node's children are looked at in batches of FANOUT_SCAN, most
+    recently added first; a batch not yet looked at ranks by the mean subtree size of the
+    children left (so a node with thousands of children does not use up the budget alone).
+    Raises ValueError unless ``max_nodes >= 1``.
+    """
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
+    budget = 2 * max_nodes + FANOUT_SCAN if scan_budget is None else scan_budget
+    scanned = 0
+    # Entries (-priority, order, node, prefix_len, offset, tokens_seen): offset -1 offers the
+    # node itself; offset >= 0 offers its children from that one on (most recent first), whose
+    # earlier siblings' subtrees hold tokens_seen tokens. ``order`` breaks ties, first come
+    # first.
+    heap: list[tuple[float, int, TreeNode, int, int, int]] = [
+        (-root.subtree_tokens, i, root, 0, -1, 0) for i, root in enumerate(cache._roots.values())
+    ]
+    heapq.heapify(heap)
+    order = len(heap)
+    chosen: list[tuple[TreeNode, int]] = []
+    while heap and len(chosen) < max_nodes:
+        _, _, node, prefix, offset, seen = heapq.heappop(heap)
+        if offset < 0:
+            chosen.append((node, prefix))
+            offset = 0
+        children = node.children
+        take = min(len(children) - offset, FANOUT_SCAN, budget - scanned)
+        if take <= 0:
+            continue
+        scanned += take
+        below = prefix + node.key.size
+        for child in islice(reversed(children.values()), offset, offset + take):
+            heapq.heappush(heap, (-child.subtree_tokens, order, child, below, -1, 0))
+            seen += child.subtree_tokens
+            order += 1
+        left = len(children) - offset - take
+        if left:
+            mean = (node.subtree_tokens - node.key.size - seen) / left
+            heapq.heappush(heap, (-mean, order, node, prefix, offset + take, seen))
+            order += 1
+    views, nodes = _views(chosen, head_tokens, tail_tokens)
+    return TreeSnapshot(views, nodes, cache.stats(), cache.clock, scanned)
+
+
+def _views(
+    chosen: list[tuple[TreeNode, int]], head: int, tail: int
+) -> tuple[list[NodeView], list[TreeNode]]:
+    """NodeViews of ``chosen`` (parents before children) in depth-first order, and their
+    nodes."""
+    shown: dict[int, list[TreeNode]] = {node.uid: [] for node, _ in chosen}
+    prefixes = {}
+    roots = []
+    for node, prefix in chosen:
+        prefixes[node.uid] = prefix
+        parent = node.parent
+        if parent is None:
+            roots.append(node)
+        else:
+            shown[parent.uid].append(node)
+    views: list[NodeView] = []
+    nodes: list[TreeNode] = []
+    stack = roots[::-1]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        uid = node.uid
+        kids = shown[uid]
+        kids.sort(key=_heaviest_first)
+        key = node.key
+        size = key.size
+        parent = node.parent
+        shown_tokens = 0
+        for kid in kids:
+            shown_tokens += kid.subtree_tokens
+        if size > head + tail:
+            head_ids, tail_ids = key[:head], key[size - tail :] if tail else _NO_TOKENS
+        else:
+            head_ids, tail_ids = key, _NO_TOKENS
+        views.append(
+            NodeView(
+                uid,
+                0 if parent is None else parent.uid,
+                prefixes[uid],
+                size,
+                node.subtree_tokens,
+                0 if parent is None else node.lock_ref,
+                node.hit_count,
+                node.last_access,
+                len(node.children),
+                len(node.children) - len(kids),
+                node.subtree_tokens - size - shown_tokens,
+                head_ids,
+                tail_ids,
+            )
+        )
+        stack.extend(kids[::-1])
+    return views, nodes
+
+
+_NO_TOKENS = np.empty(0, dtype=KEY_DTYPE)
+
+
+def pack_views(views: list[NodeView]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """``views`` in a form that pickles fast (to send them to another process): one tuple of
+    ints per view, its ``head`` and ``tail`` replaced by their lengths, and all their token
+    ids in one array. ``unpack_views`` undoes it."""
+    rows: list[tuple[int, ...]] = [(*view[:-2], view.head.size, view.tail.size) for view in views]
+    runs = [run for view in views for run in (view.head, view.tail)]
+    token_ids: np.ndarray = np.concatenate(runs) if runs else _NO_TOKENS
+    return rows, token_ids
+
+
+def unpack_views(rows: list[tuple[int, ...]], token_ids: np.ndarray) -> list[NodeView]:
+    """The views ``pack_views`` packed."""
+    views = []
+    offset = 0
+    for row in rows:
+        head, tail = row[-2:]
+        runs = (token_ids[offset : offset + head], token_ids[offset + head : offset + head + tail])
+        views.append(NodeView._make(row[:-2] + runs))
+        offset += head + tail
+    return views
+
+
+def _heaviest_first(node: TreeNode) -> tuple[int, int]:
+    return (-node.subtree_tokens, node.uid)
+
+
+def cached_path(
+    cache: RadixCache,
+    token_ids: TokensLike,
+    namespace: Hashable = None,
+    start: TreeNode | None = None,
+) -> tuple[list[TreeNode], int]:
+    """The nodes holding the longest cached, page-aligned prefix of ``token_ids`` (root
+    excluded; the last may hold tokens beyond the prefix) and the prefix's length. Read-only:
+    no split, no access recorded. O(nodes on the path).
+
+    ``start``: a node known to end a prefix of ``token_ids`` in ``namespace`` (the node a
+    request locked): its path is taken by climbing to the root, without comparing tokens, and
+    the walk goes on below it. Ignored once evicted.
+    """
+    key = as_token_array(token_ids)
+    node = cache._roots.get(namespace)
+    path: list[TreeNode] = []
+    length = 0
+    if start is not None and not start.evicted:
+        node = start
+        while node.parent is not None:
+            path.append(node)
+            length += node.key.size
+            node = node.parent
+        path.reverse()
+        node = start
+    page_size = cache.page_size
+    while node is not None and length + page_size <= key.size:
+        child = node.children.get(child_key(key[length:], page_size))
+        if child is None:
+            break
+        k = common_prefix_len(child.key, key[length:], page_size)
+        path.append(child)
+        length += k
+        node = child if k == child.key.size else None
+    return path, length
+
+
+def path_tokens(node: TreeNode) -> np.ndarray:
+    """The token ids from the root through ``node`` (int32): the whole prefix ``node`` ends.
+    Empty for a root; raises ValueError for an evicted node (it has no path any more)."""
+    if node.evicted:
+        raise ValueError(f"{node!r} was evicted")
+    runs = []
+    while node.parent is not None:
+        runs.append(node.key)
+        node = node.parent
+    return np.concatenate(runs[::-1]) if runs else np.empty(0, dtype=KEY_DTYPE)
