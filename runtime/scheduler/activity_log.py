@@ -89,7 +89,7 @@ class ActivityLog:
                 req.cached_tokens,
                 len(req.output_ids),
                 reason.to_dict() if reason is not None else None,
-                req.token_array.prefix(len(req.all_ids)),
+                req.token_ids.prefix(len(req.token_ids)),
                 req.last_node,
             )
         )
