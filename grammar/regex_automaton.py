@@ -53,22 +53,31 @@ class PatternUnsupported(Exception):
     """The pattern uses a construct this module does not build automata for."""
 
 
-def pattern_dfa(pattern: str, limit: int, search: bool = False, what: str = "pattern") -> Dfa:
+def pattern_dfa(
+    pattern: str, limit: int, search: bool = False, wide: bool = False, what: str = "pattern"
+) -> Dfa:
     """The minimal DFA of the strings ``pattern`` (Python syntax) fullmatches, or with
     ``search`` the strings it matches somewhere in, as JSON Schema's ``pattern`` does (a leading
-    ``^`` / trailing ``$`` anchor the match), within the subset described above. Raises
-    GrammarError for a pattern ``to_backend_regex`` refuses, AutomatonTooLarge beyond ``limit``
-    states, PatternUnsupported for constructs without an automaton here."""
+    ``^`` / trailing ``$`` anchor the match). Within the subset described above; with ``wide``,
+    a superset instead (``\\d``, ``\\w``, ``\\s`` read as any character, a final ``$`` also
+    before a trailing newline), for languages that must be kept out. Raises GrammarError for a
+    pattern ``to_backend_regex`` refuses, AutomatonTooLarge beyond ``limit`` states,
+    PatternUnsupported for constructs without an automaton here."""
     backend = to_backend_regex(pattern, what)
     if expanded_size(backend) > 4 * limit:
         raise AutomatonTooLarge(f"its repetitions expand beyond {4 * limit} positions")
-    nfa = _Nfa()
+    nfa = _Nfa(wide)
     start = nfa.new()
     if search and not pattern.startswith("^"):
         start = nfa.any_string(start)
     end = nfa.add(_sre.parse(backend), start)
     if search and not anchored_end(pattern):
         end = nfa.any_string(end)
+    elif search and wide:  # Python's $ also matches before a final newline
+        after = nfa.new()
+        nfa.epsilon[end].append(after)
+        nfa.moves[end].append((chars("\n"), after))
+        end = after
     return minimized(nfa.determinize(end, limit))
 
 
@@ -98,7 +107,8 @@ def anchored_end(pattern: str) -> bool:
 class _Nfa:
     """States with epsilon moves and character-set moves (Thompson's construction)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wide: bool) -> None:
+        self.wide = wide
         self.epsilon: list[list[int]] = []
         self.moves: list[list[tuple[CharSet, int]]] = []
 
@@ -125,7 +135,7 @@ class _Nfa:
         if op in (_sre_constants.LITERAL, _sre_constants.NOT_LITERAL, _sre_constants.ANY,
                   _sre_constants.IN):  # fmt: skip
             end = self.new()
-            self.moves[start].append((_class(op, value), end))
+            self.moves[start].append((_class(op, value, self.wide), end))
             return end
         if op == _sre_constants.SUBPATTERN:
             return self.add(value[-1], start)
@@ -184,7 +194,7 @@ def _contains(charset: CharSet, code: int) -> bool:
     return index >= 0 and charset[index][0] <= code <= charset[index][1]
 
 
-def _class(op: Any, value: Any) -> CharSet:
+def _class(op: Any, value: Any, wide: bool) -> CharSet:
     if op == _sre_constants.LITERAL:
         return ((value, value),)
     if op == _sre_constants.NOT_LITERAL:
@@ -201,7 +211,9 @@ def _class(op: Any, value: Any) -> CharSet:
         elif kind == _sre_constants.RANGE:
             ranges.append(item)
         elif kind == _sre_constants.CATEGORY and item in _CATEGORIES:
-            ranges.extend(_CATEGORIES[item])
+            # Python's classes are Unicode: their ASCII part is a subset of them, any character
+            # a superset. (Only the \S rewrite negates one, listing Unicode's spaces: exact.)
+            ranges.extend(_ANY if wide and not negated else _CATEGORIES[item])
         else:
             raise PatternUnsupported(f"class item {kind} {item}")
     charset = normalize(ranges)

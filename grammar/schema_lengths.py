@@ -135,11 +135,12 @@ def string_dfa(patterns: tuple[str, ...], low: int, high: int | None) -> Dfa:
 
 
 @functools.lru_cache(maxsize=256)
-def pattern_automaton(pattern: str, search: bool = False) -> Dfa:
+def pattern_automaton(pattern: str, search: bool = False, wide: bool = False) -> Dfa:
     """The automaton of the strings ``pattern`` fullmatches (or, with ``search``, matches as
-    JSON Schema's ``pattern`` does); StringTooComplex when it has none here."""
+    JSON Schema's ``pattern`` does; ``wide``: a superset, see ``pattern_dfa``);
+    StringTooComplex when it has none here."""
     try:
-        return pattern_dfa(pattern, MAX_STRING_STATES, search)
+        return pattern_dfa(pattern, MAX_STRING_STATES, search, wide)
     except AutomatonTooLarge:
         raise StringTooComplex(
             f"the automaton of pattern {pattern!r} exceeds {MAX_STRING_STATES} states"

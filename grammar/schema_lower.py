@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from grammar.automaton import to_ebnf
-from grammar.errors import GrammarError, UnsupportedSchemaFeature
+from grammar.errors import GrammarError
 from grammar.regex import to_json_string_regex
 from grammar.schema_formats import STANDARD_FORMATS
 from grammar.schema_lengths import StringTooComplex, string_patterns, string_rule_ebnf
@@ -72,7 +72,6 @@ def lower_schema(
         _drop_annotation_format(sub)
         _clamp_integer_bounds(pointer, sub)
         _default_array_items(sub)
-        _drop_false_properties(pointer, sub)
         if pointer in values:
             for key in set(sub) - _KEEP_WITH_VALUES:
                 if key not in ("$defs", "definitions"):
@@ -91,6 +90,7 @@ def lower_schema(
                 sub.pop(key, None)
             sub["pattern"] = string_placeholder(rules, rule)
         _lower_keys(schema, pointer, sub, rules)
+        _drop_false_properties(pointer, sub)
     return lowered, rules
 
 
@@ -236,36 +236,14 @@ def _default_array_items(sub: dict[str, Any]) -> None:
 
 def _drop_false_properties(pointer: str, sub: dict[str, Any]) -> None:
     """``properties`` entries that are ``false`` (the backend refuses them): the name may not
-    appear, which the backend's strict objects already ensure unless ``additionalProperties``
-    could produce it; a required one leaves no object."""
+    appear. Strict objects write no undeclared key, and planned keys (``_lower_keys``, before:
+    pattern keys and additional keys as a pattern entry) keep out of every declared name, so
+    leaving it out is exact; a required one leaves no object. (Best effort without a key plan
+    may then write the name as an additional key.)"""
     properties = sub.get("properties")
     if not isinstance(properties, dict):
-        properties = {}
+        return
     banned = [name for name, value in properties.items() if value is False]
-    patterns = sub.get("patternProperties")
-    if isinstance(patterns, dict) and any(v is False for v in patterns.values()):
-        # Keys matching a false pattern may not appear: drop the pattern (strict objects then
-        # never produce such keys) and every declared property it matches — unless another
-        # pattern or additionalProperties could produce them.
-        if sub.get("additionalProperties", False) is not False or not all(
-            v is False for v in patterns.values()
-        ):
-            raise UnsupportedSchemaFeature(
-                "patternProperties",
-                pointer,
-                "a false pattern is not enforced beside other patterns or additionalProperties",
-            )
-        for pattern in [k for k, v in patterns.items() if v is False]:
-            del patterns[pattern]
-            try:
-                matcher = re.compile(pattern)
-            except re.error:
-                raise UnsupportedSchemaFeature(
-                    "patternProperties", pointer, f"pattern {pattern!r} is not a valid regex"
-                ) from None
-            banned += [name for name in properties if matcher.search(name)]
-        if not patterns:
-            del sub["patternProperties"]
     if not banned:
         return
     required = set(sub.get("required") or ())
@@ -275,14 +253,7 @@ def _drop_false_properties(pointer: str, sub: dict[str, Any]) -> None:
             f"JSON schema at {pointer or '/'} admits no object: property {name!r} is required "
             "but its schema is false"
         )
-    if sub.get("additionalProperties", False) is not False or "patternProperties" in sub:
-        raise UnsupportedSchemaFeature(
-            "properties",
-            pointer,
-            "a property whose schema is false is not enforced beside additionalProperties "
-            "or patternProperties",
-        )
-    for name in dict.fromkeys(banned):
+    for name in banned:
         del properties[name]
 
 

@@ -3,13 +3,15 @@ declared property.
 
 Measured on xgrammar 0.2.8:
 
-- ``propertyNames`` beside ``additionalProperties`` gives a key grammar built as if the names
-  schema described any JSON value: objects and arrays as keys (``{[" "]:2}``, not JSON), or
-  raw control characters in length-bounded names;
+- ``propertyNames`` keys may repeat a declared property (``{"a":true,"a":1}`` for a boolean
+  ``a`` and names ``enum: [a, b]``), admit raw control characters when length-bounded, and
+  lose characters of patterns (its JSON-string regex mode); and our own split of a typeless
+  names schema by type made keys of every JSON type (``{[" "]:2}``, not JSON);
 - a ``patternProperties`` key may spell a declared property's name again (``{"ab":3,"ab":77}``
   for ``properties: {ab: {maximum: 5}}`` and pattern ``^a[a-c]$``): the last value wins, and
   it need not satisfy the declared schema. (Keys for ``additionalProperties`` do exclude the
-  declared names.)
+  declared names.) And a key written for one pattern may match another, whose schema its
+  value must satisfy too (``{"y":",#"}`` for patterns ``^[xy]$``: integer, ``^[yz]$``: string).
 
 So keys are planned here. ``propertyNames`` (a string schema: ``pattern``, a format we write as
 a pattern, lengths, ``enum``/``const``; behind ``$ref``s) becomes an automaton; each
@@ -17,6 +19,8 @@ a pattern, lengths, ``enum``/``const``; behind ``$ref``s) becomes an automaton; 
 (without patterns) becomes the one pattern entry "names: S" with ``additionalProperties:
 false``; declared properties the names reject are left out (objects hold no undeclared keys),
 and a required one leaves no object. Pattern keys exclude the declared names they could spell.
+A pattern's keys also exclude every key another pattern with a different schema matches
+(decided on a superset of Python's ``re`` language: ``\\d``, ``\\w``, ``\\s`` as any character).
 Whatever has no exact plan raises ``KeysUnsupported`` (the checker refuses it by keyword).
 """
 
@@ -92,26 +96,46 @@ def plan_keys(root: dict[str, Any], sub: dict[str, Any], pointer: str) -> KeyPla
                     )
                 plan.dropped.append(name)
     kept = [name for name in declared if name not in plan.dropped]
-    changed = has_names
+    banned = [p for p, v in patterns.items() if v is False]  # keys that may not appear
+    changed = has_names or bool(banned)
     for pattern, value in patterns.items():
+        if value is False:
+            continue  # strict objects write no key for it; the others keep out of it below
         spelled = [name for name in kept if _fullmatches(pattern, name)]
-        if names is None and not spelled:
+        # A key another pattern also matches must satisfy that pattern's schema too.
+        others = [p for p, v in patterns.items() if p != pattern and v not in (True, {}, value)]
+        if names is None and not spelled and not others:
             plan.patterns.append((pattern, value))
             continue
         changed = True
         dfa = _automaton(lambda p=pattern: pattern_automaton(p, search=True), "patternProperties")
         if names is not None:
             dfa = _automaton(lambda d=dfa: _meet(d, names), "propertyNames")
-        dfa = _without(dfa, kept, "patternProperties")
+        dfa = _without(_outside(dfa, others), kept, "patternProperties")
         if dfa.finals:  # else no key can take this pattern: it adds nothing
             plan.patterns.append((dfa, value))
     extra = sub.get("additionalProperties", False)
-    if has_names and not patterns and extra is not False:
-        dfa = _without(names if names is not None else any_string_dfa(), kept, "propertyNames")
+    unwritable = any(value is False for value in declared.values())
+    if (has_names or banned or unwritable) and len(banned) == len(patterns) and extra is not False:
+        changed = True
+        # Additional keys become one pattern entry: the names allowed, outside the banned
+        # patterns, other than the declared names, false ones included (the backend's
+        # additional keys avoid only the declared names it writes).
+        dfa = _outside(names if names is not None else any_string_dfa(), banned)
+        dfa = _without(dfa, kept, "propertyNames" if has_names else "patternProperties")
         if dfa.finals:
             plan.patterns.append((dfa, extra))
         plan.closed = True
     return plan if changed else None
+
+
+def _outside(dfa: Dfa, patterns: list[str]) -> Dfa:
+    """``dfa`` without every string in which Python's ``re`` finds one of ``patterns`` (their
+    wide automata: a superset, so nothing they match stays)."""
+    for pattern in patterns:
+        wide = _automaton(lambda p=pattern: pattern_automaton(p, True, True), "patternProperties")
+        dfa = _automaton(lambda d=dfa, w=wide: _minus(d, w), "patternProperties")
+    return dfa
 
 
 def _names_dfa(root: dict[str, Any], names: Any, hops: int) -> Dfa | None:
@@ -170,6 +194,10 @@ def _meet(a: Dfa, b: Dfa) -> Dfa:
     return intersection(a, b, MAX_STRING_STATES)
 
 
+def _minus(a: Dfa, b: Dfa) -> Dfa:
+    return difference(a, b, MAX_STRING_STATES)
+
+
 def _join(a: Dfa, b: Dfa) -> Dfa:
     return union(a, b, MAX_STRING_STATES)
 
@@ -178,7 +206,7 @@ def _without(dfa: Dfa, names: list[str], keyword: str) -> Dfa:
     if not names:
         return dfa
     spelled = _automaton(lambda: literals_dfa(names, MAX_STRING_STATES), keyword)
-    return _automaton(lambda: difference(dfa, spelled, MAX_STRING_STATES), keyword)
+    return _automaton(lambda: _minus(dfa, spelled), keyword)
 
 
 def _automaton(make: Any, keyword: str) -> Dfa:

@@ -282,6 +282,46 @@ EXACT: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "overlapping patterns",
+        {
+            "type": "object",
+            "patternProperties": {
+                "^[xy]$": {"type": "integer"},
+                "^[yz]$": {"type": "string", "maxLength": 2},
+                "^w": {},
+            },
+            "maxProperties": 2,
+        },
+    ),
+    (
+        "a declared name a pattern matches",
+        {
+            "type": "object",
+            "properties": {"xa": {"type": ["boolean", "integer"]}, "xb": {"type": "boolean"}},
+            "patternProperties": {"^x": {"type": "integer"}},
+            "maxProperties": 2,
+        },
+    ),
+    (
+        "false properties and patterns beside others",
+        {
+            "type": "object",
+            "properties": {"a": False, "bb": {"type": "null"}},
+            "patternProperties": {"^x": False, "^[a-z]$": {"type": "integer"}},
+            "maxProperties": 2,
+        },
+    ),
+    (
+        "a false property beside additionalProperties",
+        {
+            "type": "object",
+            "properties": {"a": False},
+            "additionalProperties": {"type": "integer"},
+            "propertyNames": {"maxLength": 1},
+            "maxProperties": 2,
+        },
+    ),
+    (
         "a pattern key that could spell a declared name",
         {
             "type": "object",
@@ -353,6 +393,18 @@ ACCEPTANCE: list[tuple[dict[str, Any], list[str], list[str]]] = [
         ['{"ab":3}', '{"ab":3,"ac":77}'],
         ['{"ab":3,"ab":77}', '{"ab":9}'],
     ),
+    (
+        _BY_NAME["overlapping patterns"],
+        ['{"x":1,"z":"ab"}', '{"w1":[]}'],
+        ['{"y":1}', '{"y":"a"}', '{"w":1,"x":1,"z":""}'],
+    ),
+    (_BY_NAME["a declared name a pattern matches"], ['{"xa":1}'], ['{"xa":true}', '{"xb":true}']),
+    (
+        _BY_NAME["false properties and patterns beside others"],
+        ['{"bb":null,"c":1}'],
+        ['{"a":1}', '{"x":1}', '{"bb":null,"bb":1}'],
+    ),
+    (_BY_NAME["a false property beside additionalProperties"], ['{"b":1}'], ['{"a":1}']),
     (
         _BY_NAME["propertyNames repeating a declared property"],
         ['{"a":true,"b":1}', '{"b":2}'],
