@@ -321,30 +321,71 @@ class _Rewriter:
         self, a: dict[str, Any], b: dict[str, Any], pointer: str, refs: int
     ) -> dict[str, Any] | None:
         """properties / patternProperties / additionalProperties of ``a`` and ``b`` together;
-        None when a required property can have no value."""
+        None when a required property can have no value. Patterns merge exactly when neither
+        side restricts additional keys (a key one side's patterns match would otherwise meet
+        the other side's additionalProperties, which one schema cannot say)."""
         if not any(k in a for k in _OBJECT) or not any(k in b for k in _OBJECT):
             return {k: copy.deepcopy(s[k]) for s in (a, b) for k in _OBJECT if k in s}
-        if "patternProperties" in a or "patternProperties" in b:
-            raise UnsupportedSchemaFeature(
-                "patternProperties", pointer, "it cannot be combined with another object schema"
-            )
-        props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
+        patterns_a = a.get("patternProperties") or {}
+        patterns_b = b.get("patternProperties") or {}
         extra_a: Schema = a.get("additionalProperties", True)
         extra_b: Schema = b.get("additionalProperties", True)
+        if (patterns_a or patterns_b) and not (_free(extra_a) and _free(extra_b)):
+            raise UnsupportedSchemaFeature(
+                "patternProperties",
+                pointer,
+                "it cannot be combined with an object schema that restricts additional keys",
+            )
+        props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
         properties: dict[str, Any] = {}
         for name in dict.fromkeys([*props_a, *props_b]):
             where = f"{pointer}/properties/{escape_pointer(name)}"
-            mine = props_a.get(name, extra_a)
-            theirs = props_b.get(name, extra_b)
+            mine = _value_schema(name, props_a, patterns_a, extra_a, where)
+            theirs = _value_schema(name, props_b, patterns_b, extra_b, where)
             properties[name] = self.merge(mine, theirs, where, refs)
         required = set(a.get("required") or ()) | set(b.get("required") or ())
         if any(properties.get(name) is False for name in required):
             return None
         out: dict[str, Any] = {"properties": properties} if properties else {}
+        patterns = copy.deepcopy(patterns_a)
+        for pattern, schema in patterns_b.items():
+            where = f"{pointer}/patternProperties/{escape_pointer(pattern)}"
+            patterns[pattern] = (
+                self.merge(patterns[pattern], schema, where, refs)
+                if pattern in patterns
+                else copy.deepcopy(schema)
+            )  # a key both match must satisfy both: patternProperties already say so
+        if patterns:
+            out["patternProperties"] = patterns
         extra = self.merge(extra_a, extra_b, f"{pointer}/additionalProperties", refs)
         if extra is not True:
             out["additionalProperties"] = extra
         return out
+
+
+def _free(extra: Schema) -> bool:
+    return extra is True or extra == {}
+
+
+def _value_schema(
+    name: str, declared: dict[str, Any], patterns: dict[str, Any], extra: Schema, pointer: str
+) -> Any:
+    """What one object schema asks of the value of ``name``: its declared schema, else all the
+    patterns that match the name, else its additionalProperties."""
+    if name in declared:
+        return declared[name]
+    matching = []
+    for pattern, schema in patterns.items():
+        try:
+            if re.search(pattern, name):
+                matching.append(schema)
+        except re.error:
+            raise UnsupportedSchemaFeature(
+                "patternProperties", pointer, f"pattern {pattern!r} is not a valid regex"
+            ) from None
+    if not matching:
+        return extra
+    return matching[0] if len(matching) == 1 else {"allOf": matching}
 
 
 class _Empty:

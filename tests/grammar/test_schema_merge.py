@@ -134,7 +134,12 @@ def test_old_drafts_ignore_a_references_siblings() -> None:
         ({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),
         ({"allOf": [{"format": "ipv4"}, {"format": "email"}]}, "format"),
         (
-            {"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"b": {}}}]},
+            {
+                "allOf": [
+                    {"patternProperties": {"^a": {}}},
+                    {"properties": {"b": {}}, "additionalProperties": False},
+                ]
+            },
             "patternProperties",
         ),
         ({"allOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [{}]}]}, "prefixItems"),
@@ -298,6 +303,19 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
     (
         "oneOf whose branch is itself a union",
         {"oneOf": [{"oneOf": [{"type": "boolean"}, {"type": "integer"}]}, {"type": "null"}]},
+    ),
+    (
+        "allOf of objects with patterns",
+        {
+            "allOf": [
+                {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+                {
+                    "properties": {"xa": {"maximum": 3}, "b": {"type": "null"}},
+                    "patternProperties": {"^x": {"minimum": 0}, "^y": {"type": "boolean"}},
+                },
+            ],
+            "maxProperties": 3,
+        },
     ),
     (
         "draft-07 dependencies",
