@@ -65,33 +65,61 @@ def lower_schema(
     values = _filtered_values(schema)
     lowered = copy.deepcopy(schema)
     rules = [] if rules is None else rules
-    replaced: list[str] = []  # subschemas a value rule of ours now spells, with all inside them
+    spelled: list[str] = []  # subschemas inside values that rules of ours now spell whole
     for pointer, sub in list(iter_subschemas(lowered)):
-        if any(pointer.startswith(outer + "/") for outer in replaced):
-            continue
-        _drop_annotation_format(sub)
-        _clamp_integer_bounds(pointer, sub)
-        _default_array_items(sub)
-        if pointer in values:
-            for key in set(sub) - _KEEP_WITH_VALUES:
-                if key not in ("$defs", "definitions"):
-                    del sub[key]
-            sub.pop("const", None)
-            sub["enum"] = values[pointer]
-            continue
-        if _lower_multiple_of(pointer, sub, rules) or _lower_unique_items(
-            schema, pointer, sub, rules
-        ):
-            replaced.append(pointer)
-            continue
-        rule = _string_rule(pointer, sub)
-        if rule is not None:
-            for key in _STRING_KEYWORDS:
-                sub.pop(key, None)
-            sub["pattern"] = string_placeholder(rules, rule)
-        _lower_keys(schema, pointer, sub, rules)
-        _drop_false_properties(pointer, sub)
+        if not any(pointer == outer or pointer.startswith(outer + "/") for outer in spelled):
+            try:
+                _lower_here(schema, pointer, sub, rules, values, spelled)
+            except _AdmitsNothing as exc:
+                raise GrammarError(f"JSON schema at {pointer or '/'} {exc}") from None
     return lowered, rules
+
+
+class _AdmitsNothing(Exception):
+    """A subschema admits no value of any of its types (the message says which part)."""
+
+
+def _lower_here(
+    root: dict[str, Any],
+    pointer: str,
+    sub: dict[str, Any],
+    rules: list[Rule],
+    values: dict[str, list[Any]],
+    spelled: list[str],
+) -> None:
+    """Lower one subschema in place (the walk reaches its subschemas later)."""
+    _drop_annotation_format(sub)
+    _clamp_integer_bounds(pointer, sub)
+    _default_array_items(sub)
+    if pointer in values:
+        for key in set(sub) - _KEEP_WITH_VALUES:
+            if key not in ("$defs", "definitions"):
+                del sub[key]
+        sub.pop("const", None)
+        sub["enum"] = values[pointer]
+        return
+    taken, rest = _lower_multiple_of(sub, rules)
+    if not taken:
+        taken, rest = _lower_unique_items(root, sub, rules)
+        if taken:
+            spelled += [f"{pointer}/{key}" for key in ("items", "prefixItems", "contains")]
+    if taken:
+        if rest is not None and rest is not sub:  # the value's other JSON types, as they were
+            try:
+                _lower_here(root, pointer, rest, rules, values, spelled)
+            except _AdmitsNothing:  # only ours are left
+                (only,) = [branch for branch in sub.pop("anyOf") if branch is not rest]
+                sub.update(only)
+        elif rest is sub:
+            _lower_here(root, pointer, sub, rules, values, spelled)
+        return
+    rule = _string_rule(pointer, sub)
+    if rule is not None:
+        for key in _STRING_KEYWORDS:
+            sub.pop(key, None)
+        sub["pattern"] = string_placeholder(rules, rule)
+    _lower_keys(root, pointer, sub, rules)
+    _drop_false_properties(pointer, sub)
 
 
 def _lower_keys(root: dict[str, Any], pointer: str, sub: dict[str, Any], rules: list[Rule]) -> None:
@@ -126,42 +154,42 @@ def _lower_keys(root: dict[str, Any], pointer: str, sub: dict[str, Any], rules: 
         sub["patternProperties"] = keyed
 
 
-def _lower_multiple_of(pointer: str, sub: dict[str, Any], rules: list[Rule]) -> bool:
-    """Replace a number with ``multipleOf`` by a value rule of ours (``schema_numbers``);
-    whether it did. Best effort leaves a step whose automaton is too large to the backend."""
+def _lower_multiple_of(
+    sub: dict[str, Any], rules: list[Rule]
+) -> tuple[bool, dict[str, Any] | None]:
+    """Numbers with ``multipleOf`` as a value rule of ours (``schema_numbers``): whether it
+    took them over, and the branch of ``sub``'s other types (``_take_over``). Best effort
+    leaves a step whose automaton is too large to the backend."""
     types = _declared_types(sub)
     if "multipleOf" not in sub or not types & _NUMERIC or _NOT_REPLACEABLE & set(sub):
-        return False
+        return False, None
     try:
         ebnf = multiple_of_ebnf(sub, integer="number" not in types)
     except StepTooLarge:
-        return False
+        return False, None
     except ValueError as exc:
-        _take_over(pointer, sub, _NUMERIC, None, f"admits no number: {exc}")
-        return True
-    _take_over(pointer, sub, _NUMERIC, value_placeholder(rules, ValueRule(ebnf)), "")
-    return True
+        return True, _take_over(sub, _NUMERIC, None, f"admits no number: {exc}")
+    return True, _take_over(sub, _NUMERIC, value_placeholder(rules, ValueRule(ebnf)), "")
 
 
 def _lower_unique_items(
-    root: dict[str, Any], pointer: str, sub: dict[str, Any], rules: list[Rule]
-) -> bool:
-    """Replace an array with ``uniqueItems`` over listed items by a value rule of ours
-    (``schema_unique``); whether it did."""
+    root: dict[str, Any], sub: dict[str, Any], rules: list[Rule]
+) -> tuple[bool, dict[str, Any] | None]:
+    """Arrays with ``uniqueItems`` over listed items as a value rule of ours
+    (``schema_unique``); as ``_lower_multiple_of``."""
     types = _declared_types(sub)
     if sub.get("uniqueItems") is not True or "array" not in types or _NOT_REPLACEABLE & set(sub):
-        return False
+        return False, None
     if unique_array_problem(root, sub) is not None:
-        return False
+        return False, None
     values = unique_item_values(root, sub)
     assert values is not None
+    arrays = frozenset({"array"})
     try:
         ebnf = unique_array_ebnf(values, sub)
     except ValueError as exc:
-        _take_over(pointer, sub, frozenset({"array"}), None, f"admits no array: {exc}")
-        return True
-    _take_over(pointer, sub, frozenset({"array"}), value_placeholder(rules, ValueRule(ebnf)), "")
-    return True
+        return True, _take_over(sub, arrays, None, f"admits no array: {exc}")
+    return True, _take_over(sub, arrays, value_placeholder(rules, ValueRule(ebnf)), "")
 
 
 def _declared_types(sub: dict[str, Any]) -> set[str]:
@@ -172,10 +200,11 @@ def _declared_types(sub: dict[str, Any]) -> set[str]:
 
 
 def _take_over(
-    pointer: str, sub: dict[str, Any], kinds: frozenset[str], placeholder: str | None, empty: str
-) -> None:
+    sub: dict[str, Any], kinds: frozenset[str], placeholder: str | None, empty: str
+) -> dict[str, Any] | None:
     """Rewrite ``sub`` so that values of the JSON types ``kinds`` are the placeholder's (None:
-    there are none) and values of its other types stay as they were."""
+    there are none) and values of its other types stay as they were; returns the branch of
+    those other types (None without them), which the caller still has to lower."""
     others = sorted(_declared_types(sub) - kinds)
     typed = {k for kind in kinds for k in BY_TYPE["number" if kind == "integer" else kind]}
     rest = {k: v for k, v in sub.items() if k not in typed and k not in DEFS}
@@ -186,10 +215,13 @@ def _take_over(
     if others:
         branches.append({**rest, "type": others[0] if len(others) == 1 else others})
     if not branches:
-        raise GrammarError(f"JSON schema at {pointer or '/'} {empty}")
+        raise _AdmitsNothing(empty)
     sub.clear()
     sub.update(branches[0] if len(branches) == 1 else {"anyOf": branches})
     sub.update(kept)
+    if not others:
+        return None
+    return sub if placeholder is None else sub["anyOf"][-1]  # type: ignore[no-any-return]
 
 
 def _drop_annotation_format(sub: dict[str, Any]) -> None:

@@ -210,6 +210,28 @@ EXACT: list[tuple[str, dict[str, Any]]] = [
     ("multipleOf, integer or null", {"type": ["integer", "null"], "multipleOf": 4, "maximum": 50}),
     ("multipleOf 2.5 on integers", {"type": "integer", "minimum": -50, "multipleOf": 2.5}),
     (
+        "multipleOf beside string keywords",
+        {
+            "type": ["integer", "string"],
+            "multipleOf": 3,
+            "minimum": 0,
+            "maximum": 30,
+            "pattern": "^[a-c]{2}$",
+        },
+    ),
+    (
+        "multipleOf beside a unique array that admits nothing",
+        {
+            "type": ["integer", "array"],
+            "items": {"enum": [1, 2]},
+            "uniqueItems": True,
+            "minItems": 3,
+            "multipleOf": 2,
+            "minimum": 0,
+            "maximum": 9,
+        },
+    ),
+    (
         "uniqueItems over an enum",
         {"type": "array", "items": {"enum": ["a", "b", "c", "d"]}, "uniqueItems": True},
     ),
@@ -376,6 +398,8 @@ _BY_NAME = dict(EXACT)
 ACCEPTANCE: list[tuple[dict[str, Any], list[str], list[str]]] = [
     (_BY_NAME["multipleOf, wide range"], ["0", "99999", "3", "300"], ["4", "100002", "-3", "03"]),
     (_BY_NAME["multipleOf 0.01"], ["4.6", "0.07", "5", "0", "5.00"], ["4.601", "5.01", "-0.01"]),
+    (_BY_NAME["multipleOf beside string keywords"], ["27", '"ab"'], ["28", "33", '"ad"']),
+    (_BY_NAME["multipleOf beside a unique array that admits nothing"], ["8"], ["[1,2]", "7"]),
     (
         _BY_NAME["uniqueItems over an enum"],
         ['["a","b"]', "[]", '["d","c","b","a"]'],

@@ -172,6 +172,17 @@ _LEAVES = st.sampled_from(
         {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]},
         {"type": "object", "properties": {"k": {"maximum": 1}, "m": {"type": "boolean"}}},
         {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+        # Keywords enforced by automata of ours (test_schema_automata.py), mixed in too.
+        {"type": "integer", "multipleOf": 3},
+        {"multipleOf": 0.5},
+        {"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": True},
+        {"type": "string", "pattern": "^[ab]+$", "maxLength": 3},
+        {
+            "type": "object",
+            "propertyNames": {"maxLength": 1},
+            "additionalProperties": {"type": "integer"},
+            "maxProperties": 2,
+        },
     ]
 )
 
