@@ -17,11 +17,18 @@ import xgrammar as xgr
 
 from grammar.errors import GrammarError
 from grammar.schema_check import check_schema
-from grammar.schema_lower import PLACEHOLDER, StringRule, lower_schema
+from grammar.schema_lower import lower_schema
+from grammar.schema_rules import STRING_PLACEHOLDER, VALUE_PLACEHOLDER, Rule, StringRule
+from grammar.schema_unique import WHITESPACE
 
-_PLACEHOLDER_REGEX = re.compile(rf'Regex\("\^{PLACEHOLDER}(\d+)\$", json_string=true\)')
-# Quoted literals and classes (skipped when renaming), or a rule name of a regex grammar.
-_EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\broot((?:_\d+)*)\b')
+_STRING_PLACEHOLDER = re.compile(rf'Regex\("\^{STRING_PLACEHOLDER}(\d+)\$", json_string=true\)')
+# A const string prints as an EBNF literal of its JSON text: "\"ARBORVALUE3\"".
+_VALUE_PLACEHOLDER = re.compile(rf'"\\"{VALUE_PLACEHOLDER}(\d+)\\""')
+# Quoted literals and classes (skipped when renaming), a rule name of a grammar of ours, or
+# the whitespace a value rule allows between its tokens.
+_EBNF_TOKEN = re.compile(
+    rf'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\broot((?:_\d+)*)\b|\b{WHITESPACE}\b'
+)
 _PLAIN_CHAR = '[^"\\\\\\0-\\x1f]'
 # An escaped backslash, or a \xHH escape (taken alone so "\\x41" is left as it is).
 _HEX_ESCAPE = re.compile(r"\\\\|\\x([0-9a-fA-F]{2})")
@@ -43,7 +50,7 @@ def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: 
         grammar = xgr.Grammar.from_json_schema(json.dumps(lowered), strict_mode=True, **style)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise GrammarError(f"cannot compile JSON schema: {backend_message(exc)}") from None
-    return splice_string_rules(printed_ebnf(grammar), rules)
+    return splice_rules(printed_ebnf(grammar), rules, max_whitespace)
 
 
 def printed_ebnf(grammar: xgr.Grammar) -> str:
@@ -56,19 +63,26 @@ def printed_ebnf(grammar: xgr.Grammar) -> str:
     return _HEX_ESCAPE.sub(lambda m: f"\\u00{m[1]}" if m[1] else m[0], str(grammar))
 
 
-def splice_string_rules(ebnf: str, rules: list[StringRule]) -> str:
-    """Replace the placeholders in ``ebnf`` by references to appended rules of ours."""
-    text = _PLACEHOLDER_REGEX.sub(lambda m: f"arbor_string_{m.group(1)}", ebnf)
-    if "Regex(" in text:  # a pattern we did not lower would take xgrammar's lossy path
-        raise GrammarError("internal error: an unlowered pattern reached the grammar backend")
-    extra = [_string_rule_ebnf(f"arbor_string_{i}", rule) for i, rule in enumerate(rules)]
+def splice_rules(ebnf: str, rules: list[Rule], max_whitespace: int) -> str:
+    """Replace the placeholders in ``ebnf`` by references to appended rules of ours; value rules
+    allow whitespace runs of at most ``max_whitespace`` between their tokens."""
+    text = _STRING_PLACEHOLDER.sub(lambda m: f"arbor_string_{m.group(1)}", ebnf)
+    text = _VALUE_PLACEHOLDER.sub(lambda m: f"arbor_string_{m.group(1)}", text)
+    if "Regex(" in text or VALUE_PLACEHOLDER in text:
+        # A pattern we did not lower would take xgrammar's lossy path.
+        raise GrammarError("internal error: an unlowered placeholder reached the grammar backend")
+    whitespace = f"[ \\n\\r\\t]{{0,{max_whitespace}}}" if max_whitespace > 0 else '""'
+    extra = [_rule_ebnf(f"arbor_string_{i}", rule, whitespace) for i, rule in enumerate(rules)]
     return "\n".join([text, *extra])
 
 
-def _string_rule_ebnf(name: str, rule: StringRule) -> str:
+def _rule_ebnf(name: str, rule: Rule, whitespace: str) -> str:
+    if rule.ebnf is not None:
+        return _EBNF_TOKEN.sub(lambda m: _rename(m, name, whitespace), rule.ebnf)
+    assert isinstance(rule, StringRule)
     if rule.regex is not None:
         body = printed_ebnf(xgr.Grammar.from_regex(rule.regex))
-        return _EBNF_TOKEN.sub(lambda m: _rename(m, name), body)
+        return _EBNF_TOKEN.sub(lambda m: _rename(m, name, whitespace), body)
     low, high = rule.min_length, rule.max_length
     if high is None:
         parts = ([f"{_PLAIN_CHAR}{{{low}}}"] if low else []) + [f"{_PLAIN_CHAR}*"]
@@ -76,9 +90,11 @@ def _string_rule_ebnf(name: str, rule: StringRule) -> str:
     return f"{name} ::= {_PLAIN_CHAR}{{{low},{high}}}" if high else f'{name} ::= ""'
 
 
-def _rename(match: re.Match[str], name: str) -> str:
+def _rename(match: re.Match[str], name: str, whitespace: str) -> str:
     if match.group(0).startswith(('"', "[")):
         return match.group(0)
+    if match.group(0) == WHITESPACE:
+        return whitespace
     return name + (match.group(1) or "")
 
 

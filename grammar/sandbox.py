@@ -91,7 +91,7 @@ class CompileSandbox:
         self._cache: OrderedDict[str, Prepared | GrammarError] = OrderedDict()
         self._in_flight: dict[str, Future[Prepared]] = {}
         self._threads: list[threading.Thread] = []
-        self._processes: set[_Worker] = set()
+        self._processes: set[WorkerProcess] = set()
         self._queued = 0  # jobs submitted and not yet taken by a slot
         self._busy = 0  # slots working on a job
         self._closed = False
@@ -189,7 +189,7 @@ class CompileSandbox:
         finally:
             self._replace(worker, start=False)
 
-    def _handle(self, job: _Job, worker: _Worker | None) -> _Worker | None:
+    def _handle(self, job: _Job, worker: WorkerProcess | None) -> WorkerProcess | None:
         """Run ``job`` on ``worker`` (started or replaced as needed); the worker to keep."""
         if not job.future.set_running_or_notify_cancel():
             return worker
@@ -200,16 +200,26 @@ class CompileSandbox:
                     GrammarError("the grammar worker failed to start; see the server log")
                 )
                 return None
-        outcome = worker.run(job.request, self.timeout)
-        if isinstance(outcome, BaseException):
-            if _fatal(outcome):
-                worker = self._replace(worker, start=False)
-            job.future.set_exception(outcome)
+        try:
+            status, payload = worker.run(job.request, self.timeout)
+        except WorkerOverrun:
+            logger.warning("a constraint overran %.3g s; killing its worker", self.timeout)
+            job.future.set_exception(GrammarCompileTimeout("constraint", self.timeout))
+            return self._replace(worker, start=False)
+        except WorkerDied:
+            job.future.set_exception(
+                GrammarError(
+                    "compiling the constraint crashed the compiler process; simplify the constraint"
+                )
+            )
+            return self._replace(worker, start=False)
+        if status == "ok":
+            job.future.set_result(payload)
         else:
-            job.future.set_result(outcome)
+            job.future.set_exception(GrammarError(payload))
         return worker
 
-    def _replace(self, worker: _Worker | None, start: bool = True) -> _Worker | None:
+    def _replace(self, worker: WorkerProcess | None, start: bool = True) -> WorkerProcess | None:
         """Kill ``worker`` (if any) and, with ``start``, start a new one (None if it fails)."""
         if worker is not None:
             worker.kill()
@@ -217,7 +227,7 @@ class CompileSandbox:
         if not start or self._closed:
             return None
         try:
-            worker = _Worker(self._backend_args)
+            worker = WorkerProcess([_WORKER_CODE], self._backend_args)
         except Exception:
             logger.exception("the grammar worker failed to start")
             return None
@@ -225,17 +235,27 @@ class CompileSandbox:
         return worker
 
 
-class _Worker:
-    """One worker subprocess and the two pipes to it."""
+class WorkerOverrun(Exception):
+    """A worker did not answer within the deadline (it has been killed)."""
 
-    def __init__(self, backend_args: tuple[str, Any, int, Sequence[int]]) -> None:
+
+class WorkerDied(Exception):
+    """A worker's process ended (or its pipe broke) before it answered."""
+
+
+class WorkerProcess:
+    """One worker subprocess (``python -c code *args``, the package on its path) and the two
+    pipes to it. The worker reads ``init`` first and answers ("ready", None) when it can serve;
+    then one reply per message."""
+
+    def __init__(self, argv: Sequence[str], init: Any) -> None:
         package_root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         self.killed = False
         self._kill_lock = threading.Lock()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE],
+            [sys.executable, "-c", *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -246,31 +266,32 @@ class _Worker:
         self.process.stdin.close()
         self.process.stdout.close()
         try:
-            self._to.send(backend_args)
+            self._to.send(init)
             ready = self._from.poll(STARTUP_TIMEOUT_S) and self._from.recv() == ("ready", None)
         except (EOFError, OSError):
             ready = False
         if not ready:
             self.kill()
-            raise RuntimeError(f"grammar worker {self.process.pid} did not start")
+            raise RuntimeError(f"worker process {self.process.pid} did not start")
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def run(self, request: dict[str, Any], timeout: float) -> Any:
-        """The worker's Prepared, or the GrammarError to fail the request with."""
+    def run(self, message: Any, timeout: float) -> tuple[str, Any]:
+        """The worker's reply to ``message``: ("ok", payload) or ("error", text). Raises
+        WorkerOverrun past ``timeout`` (killing the worker), WorkerDied if it died."""
         try:
-            self._to.send(request)
+            self._to.send(message)
             if not self._from.poll(timeout):
-                logger.warning("a constraint overran %.3g s; killing its worker", timeout)
-                return _Overrun(timeout)
+                self.kill()
+                raise WorkerOverrun(f"no answer within {timeout:g} s")
             status, payload = self._from.recv()
         except (EOFError, OSError) as exc:
             if not self.killed:
-                logger.error("the grammar worker %s died (%r)", self.process.pid, exc)
-            return _Crashed()
-        return payload if status == "ok" else GrammarError(payload)
+                logger.error("the worker process %s died (%r)", self.process.pid, exc)
+            raise WorkerDied(str(exc)) from None
+        return status, payload
 
     def kill(self) -> None:
         """Kill the process and close the pipes; idempotent, and safe from two threads (a
@@ -284,23 +305,6 @@ class _Worker:
         self.process.wait(timeout=5.0)
         self._to.close()
         self._from.close()
-
-
-class _Overrun(GrammarCompileTimeout):
-    def __init__(self, seconds: float) -> None:
-        super().__init__("constraint", seconds)
-
-
-class _Crashed(GrammarError):
-    def __init__(self) -> None:
-        super().__init__(
-            "compiling the constraint crashed the compiler process; simplify the constraint"
-        )
-
-
-def _fatal(error: BaseException) -> bool:
-    """Whether the worker that produced ``error`` is gone or must go."""
-    return isinstance(error, _Overrun | _Crashed)
 
 
 def _done(outcome: Prepared | GrammarError) -> Future[Prepared]:

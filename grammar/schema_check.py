@@ -16,9 +16,13 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
-from grammar.schema_formats import STANDARD_FORMATS, SUPPORTED_FORMATS
+from grammar.schema_formats import FORMAT_PATTERNS, STANDARD_FORMATS, SUPPORTED_FORMATS
+from grammar.schema_lengths import StringTooComplex, string_dfa, string_patterns
 from grammar.schema_merge import distribute_combinators
+from grammar.schema_names import KeysUnsupported, plan_keys
+from grammar.schema_numbers import StepTooLarge, multiple_of_ebnf
 from grammar.schema_rewrite import canonical
+from grammar.schema_unique import unique_array_problem
 from grammar.schema_walk import iter_subschemas, prune_unused_definitions, resolve_local_ref
 
 # Keywords the backend ignores outright, with the reason users see.
@@ -117,8 +121,10 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
     all_of = sub.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         raise reject("allOf", "several subschemas are not enforced (the value is unconstrained)")
-    if sub.get("uniqueItems") is True:
-        raise reject("uniqueItems", "item uniqueness is not enforced")
+    if sub.get("uniqueItems") is True and "array" in (_declared(sub) or {"array"}):
+        problem = unique_array_problem(root, sub)
+        if problem is not None:
+            raise reject("uniqueItems", problem)
     for keyword in ("const", "enum"):
         if keyword in sub and _has_huge_int(sub[keyword]):
             raise reject(
@@ -127,32 +133,14 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
                 "pass them as strings",
             )
     if "multipleOf" in sub:
-        value = sub["multipleOf"]
-        integral = isinstance(value, int) and not isinstance(value, bool)
-        if _types(root, sub) != {"integer"} or not integral:
-            raise reject("multipleOf", "only an integer multipleOf of an integer is enforced")
-        lower = [k for k in ("minimum", "exclusiveMinimum") if k in sub]
-        upper = [k for k in ("maximum", "exclusiveMaximum") if k in sub]
-        if bool(lower) != bool(upper):  # measured: enforced with both bounds or none
-            bound = (lower or upper)[0]
-            raise reject("multipleOf", f"'multipleOf' is dropped next to a lone '{bound}'")
-    if _no_short_decimal(sub) and "number" in (_types(root, sub) or ()):
+        _check_multiple_of(sub, reject)
+    elif _no_short_decimal(sub) and "number" in (_types(root, sub) or ()):
         raise reject(
             "minimum",
             "no number with at most 6 fraction digits (what the backend writes) lies within "
             "the bounds; widen them",
         )
-    lengths = [k for k in _LENGTHS if k in sub]
-    if lengths and ("pattern" in sub or "format" in sub):
-        raise reject(lengths[0], "string lengths are dropped next to 'pattern' or 'format'")
-    if "format" in sub:
-        if "pattern" in sub:
-            raise reject("format", "'format' is dropped next to 'pattern'")
-        if sub["format"] in STANDARD_FORMATS and sub["format"] not in SUPPORTED_FORMATS:
-            supported = ", ".join(sorted(SUPPORTED_FORMATS))
-            raise reject(
-                "format", f"format {sub['format']!r} is not enforced (enforced: {supported})"
-            )
+    _check_string(pointer, sub, reject)
     ref = sub.get("$ref")
     if isinstance(ref, str):
         if not ref.startswith("#"):
@@ -160,7 +148,7 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
         siblings = sorted(set(sub) - _ANNOTATIONS - {"$ref"})
         if siblings:
             raise reject("$ref", f"keywords next to '$ref' are ignored: {', '.join(siblings)}")
-    _check_object(root, sub, reject)
+    _check_object(root, pointer, sub, reject)
     one_of = sub.get("oneOf")
     if isinstance(one_of, list) and len(one_of) > 1:
         for i, a in enumerate(one_of):
@@ -174,7 +162,49 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
                     )
 
 
-def _check_object(root: dict[str, Any], sub: dict[str, Any], reject: Any) -> None:
+def _check_multiple_of(sub: dict[str, Any], reject: Any) -> None:
+    types = _declared(sub)
+    if types is None:
+        raise reject("multipleOf", "'multipleOf' without a 'type' is not enforced")
+    if not types & {"integer", "number"}:
+        return  # it constrains numbers only
+    try:
+        multiple_of_ebnf(sub, integer="number" not in types)
+    except StepTooLarge as exc:
+        reason = f"a step this fine over this range is not enforced: {exc}"
+        raise reject("multipleOf", reason) from None
+    except ValueError:
+        pass  # the lowering reports a number part that admits nothing
+
+
+def _check_string(pointer: str, sub: dict[str, Any], reject: Any) -> None:
+    """Lengths, a pattern and a format together: enforced when their automaton is small."""
+    fmt = sub.get("format") if sub.get("format") in STANDARD_FORMATS else None
+    if fmt is not None and fmt not in SUPPORTED_FORMATS:
+        supported = ", ".join(sorted(SUPPORTED_FORMATS))
+        raise reject("format", f"format {fmt!r} is not enforced (enforced: {supported})")
+    lengths = [k for k in _LENGTHS if k in sub]
+    pattern = sub.get("pattern")
+    if fmt is not None and fmt not in FORMAT_PATTERNS and (lengths or pattern is not None):
+        keyword = lengths[0] if lengths else "pattern"
+        raise reject(keyword, f"'{keyword}' is not enforced beside format {fmt!r}")
+    patterns = string_patterns(sub)
+    if not patterns or not (lengths or len(patterns) > 1):
+        return
+    low, high = sub.get("minLength", 0), sub.get("maxLength")
+    if high is not None and low > high:
+        return  # the lowering reports the empty range
+    try:
+        string_dfa(tuple(patterns), low, high)
+    except StringTooComplex as exc:
+        keyword = lengths[0] if lengths else "format"
+        reason = f"'{keyword}' beside a pattern is enforced by an automaton: {exc}"
+        raise reject(keyword, reason) from None
+    except GrammarError as exc:
+        raise GrammarError(f"JSON schema at {pointer or '/'} admits no string: {exc}") from None
+
+
+def _check_object(root: dict[str, Any], pointer: str, sub: dict[str, Any], reject: Any) -> None:
     declared = sub.get("properties")
     properties: dict[str, Any] = declared if isinstance(declared, dict) else {}
     required = sub.get("required")
@@ -186,15 +216,10 @@ def _check_object(root: dict[str, Any], sub: dict[str, Any], reject: Any) -> Non
                 f"required properties missing from 'properties' are never generated:"
                 f" {', '.join(map(repr, missing))}",
             )
-    names = sub.get("propertyNames")
-    if names is None:
-        return
-    if "patternProperties" in sub:
-        raise reject("propertyNames", "'propertyNames' is dropped next to 'patternProperties'")
-    validator = jsonschema.Draft202012Validator(root).evolve(schema=names)
-    bad = [name for name in properties if not validator.is_valid(name)]
-    if bad:
-        raise reject("propertyNames", f"declared properties violate it: {', '.join(bad)}")
+    try:
+        plan_keys(root, sub, pointer)
+    except KeysUnsupported as exc:
+        raise reject(exc.keyword, exc.reason) from None
 
 
 def _no_short_decimal(sub: dict[str, Any]) -> bool:
@@ -274,6 +299,14 @@ def _types(root: dict[str, Any], sub: Any, hops: int = 0) -> set[str] | None:
         return None
     types = {declared} if isinstance(declared, str) else set(declared)
     return types | {"integer"} if "number" in types else types
+
+
+def _declared(sub: dict[str, Any]) -> set[str] | None:
+    """The types ``sub`` itself declares (None: no ``type``)."""
+    declared = sub.get("type")
+    if declared is None:
+        return None
+    return {declared} if isinstance(declared, str) else set(declared)
 
 
 def _values(sub: dict[str, Any]) -> list[Any] | None:

@@ -27,7 +27,7 @@ Schema = dict[str, Any] | bool
 
 
 # Keywords that constrain one JSON type only (other types satisfy them vacuously).
-_BY_TYPE = {
+BY_TYPE = {
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains",
@@ -49,13 +49,13 @@ def split_by_type(sub: Schema) -> Schema:
         return sub
     if "$ref" in sub or any(k in sub for k in COMBINATORS):
         return sub
-    present = [t for t, keys in _BY_TYPE.items() if any(k in sub for k in keys)]
+    present = [t for t, keys in BY_TYPE.items() if any(k in sub for k in keys)]
     if not set(present) & {"number", "string", "array"}:
         return sub
-    typed = {k for keys in _BY_TYPE.values() for k in keys}
+    typed = {k for keys in BY_TYPE.values() for k in keys}
     out = {k: v for k, v in sub.items() if k not in typed}
     branches: list[Schema] = [
-        {"type": t, **{k: sub[k] for k in _BY_TYPE[t] if k in sub}} for t in present
+        {"type": t, **{k: sub[k] for k in BY_TYPE[t] if k in sub}} for t in present
     ]
     free = [t for t in _ALL_TYPES if t not in present]
     if free:

@@ -16,10 +16,11 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import GrammarError
-from grammar.json_grammar import backend_message, printed_ebnf, splice_string_rules
+from grammar.json_grammar import backend_message, printed_ebnf, splice_rules
 from grammar.options import GrammarOptions
 from grammar.schema_check import check_schema
-from grammar.schema_lower import StringRule, lower_schema
+from grammar.schema_lower import lower_schema
+from grammar.schema_rules import Rule
 
 
 def check_structural_tag(tag: dict[str, Any], options: GrammarOptions) -> None:
@@ -30,23 +31,24 @@ def check_structural_tag(tag: dict[str, Any], options: GrammarOptions) -> None:
             raise GrammarError(
                 f"structural_tag: json_schema style {fmt['style']!r} is not supported"
             )
-        check_schema(fmt["json_schema"], best_effort=options.best_effort)
-        lower_schema(fmt["json_schema"])
+        lower_schema(check_schema(fmt["json_schema"], best_effort=options.best_effort))
 
 
 def structural_tag_ebnf(tag: dict[str, Any], options: GrammarOptions) -> str:
     """EBNF text (start rule ``root``) for the structural tag."""
     tag = copy.deepcopy(tag)
-    rules: list[StringRule] = []
+    rules: list[Rule] = []
     check_structural_tag(tag, options)
+    whitespace = max(1, options.max_whitespace)
     for fmt in _schema_formats(tag):
-        fmt["json_schema"], _ = lower_schema(fmt["json_schema"], rules)
-        fmt["max_whitespace_cnt"] = max(1, options.max_whitespace)
+        checked = check_schema(fmt["json_schema"], best_effort=options.best_effort)
+        fmt["json_schema"], _ = lower_schema(checked, rules)
+        fmt["max_whitespace_cnt"] = whitespace
     try:
         grammar = xgr.Grammar.from_structural_tag(json.dumps(tag))
     except Exception as exc:  # pydantic, JSON and C++ errors alike: the tag is invalid
         raise GrammarError(f"invalid structural_tag: {backend_message(exc)}") from None
-    return splice_string_rules(printed_ebnf(grammar), rules)
+    return splice_rules(printed_ebnf(grammar), rules, whitespace)
 
 
 def _schema_formats(node: Any) -> Iterator[dict[str, Any]]:

@@ -54,6 +54,7 @@ class Engine:
             max_n=self.args.max_n,
             strict_mode=self.args.schema_strict_mode,
             validation_attempts=self.args.schema_validation_attempts,
+            validation_timeout=self.args.schema_validation_timeout,
         )
         self._loop = asyncio.new_event_loop()
         self._threads = [
@@ -193,6 +194,7 @@ class Engine:
         self._loop.call_soon_threadsafe(self._loop.stop)
         for thread in self._threads:
             thread.join(timeout=10)
+        self.tokenizer_manager.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -153,6 +153,11 @@ class ServerArgs:
     schema_validation_attempts: int = _flag(
         3, "validate: the most outputs drawn for one request (requests: validation_attempts)"
     )
+    schema_validation_timeout: float = _flag(
+        5.0,
+        "validate: seconds the check of one output may take before its request fails (checks "
+        "run in processes killed at this deadline)",
+    )
     disable_jump_forward: bool = _flag(
         False, "do not draft the tokens a constraint forces (verified in the next forward)"
     )
@@ -283,6 +288,10 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
         self._check_speculative()
         self._check_scale_out()
+        if self.schema_validation_timeout <= 0:
+            raise ValueError(
+                f"schema_validation_timeout must be > 0, got {self.schema_validation_timeout}"
+            )
         if not 1 <= self.schema_validation_attempts <= 16:
             raise ValueError(
                 "schema_validation_attempts must be in [1, 16], got "

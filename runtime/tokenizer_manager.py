@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
+import json
 import threading
 import time
 import uuid
@@ -82,14 +84,18 @@ class TokenizerManager:
         max_n: int = DEFAULT_MAX_N,
         strict_mode: str = "exact",
         validation_attempts: int = 3,
+        validation_timeout: float = 5.0,
     ) -> None:
         """strict_mode, validation_attempts: the defaults of json_schema requests that set
-        none (ServerArgs.schema_strict_mode, schema_validation_attempts)."""
+        none (ServerArgs.schema_strict_mode, schema_validation_attempts); validation_timeout:
+        the deadline of one output's check (ServerArgs.schema_validation_timeout)."""
         self.tokenizer = tokenizer
         self.to_scheduler = to_scheduler
         self.max_n = max_n
         self.strict_mode = strict_mode
         self.validation_attempts = validation_attempts
+        self.validation_timeout = validation_timeout
+        self._checker: Any = None  # grammar.validate.ValidationPool, started on first use
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()
         self.server_info: dict[str, Any] = {}
@@ -174,6 +180,11 @@ class TokenizerManager:
             if not future.done():
                 future.set_exception(SchedulerDied(f"the scheduler stopped: {error}"))
 
+    def close(self) -> None:
+        """Stop the output checkers of validate-and-retry (if any started)."""
+        if self._checker is not None:
+            self._checker.shutdown()
+
     # ---- requests ----------------------------------------------------------------------
 
     async def tokenize(self, text: str, field: str = "text") -> list[int]:
@@ -230,15 +241,20 @@ class TokenizerManager:
         returned unchecked, as in exact mode (its finish_reason says so). Greedy requests get
         one attempt: another would repeat it. Streams get the whole output in one chunk, once
         it has passed. ``meta_info["validation_attempts"]``: the outputs drawn."""
-        from grammar.validate import output_validator
+        from grammar.validate import ValidationPool, ValidationTimeout
 
         params = call.sampling_params
+        schema = params.json_schema
+        schema_text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
-            check = output_validator(params.json_schema)
+            json.loads(schema_text)
         except ValueError as exc:
             raise RequestError(
                 f"json_schema is not valid JSON: {exc}", 400, "json_schema"
             ) from None
+        if self._checker is None:
+            self._checker = ValidationPool(TOKENIZE_THREADS, self.validation_timeout)
+        check = functools.partial(self._checker.check, schema_text)
         attempts = params.validation_attempts or self.validation_attempts
         if params.is_greedy:
             attempts = 1
@@ -257,9 +273,9 @@ class TokenizerManager:
             failure = None
             if finish.get("type") != "length":
                 assert self.loop is not None
-                try:  # off the event loop: a schema's patterns may be slow to match
+                try:  # in a killable process: a schema's patterns may backtrack for ever
                     failure = await self.loop.run_in_executor(self._pool, check, final["text"])
-                except ValueError as exc:  # the validator cannot evaluate this schema
+                except (ValueError, ValidationTimeout) as exc:  # the schema's fault
                     raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
             if failure is None:
                 meta["validation_attempts"] = attempt + 1

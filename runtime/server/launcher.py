@@ -78,6 +78,7 @@ def launch_server(args: ServerArgs) -> int:
                 max_n=args.max_n,
                 strict_mode=args.schema_strict_mode,
                 validation_attempts=args.schema_validation_attempts,
+                validation_timeout=args.schema_validation_timeout,
             ),
             process_info={
                 "server_pid": os.getpid(),
@@ -159,6 +160,7 @@ class _Supervisor:
             stopper.send(None)
             await asyncio.to_thread(receiver.join, 5.0)
             stopper.close()
+            self.state.tokenizer_manager.close()
         return self.exit_code
 
     async def _watch(self, server: uvicorn.Server) -> None:

@@ -3,7 +3,8 @@
 Reusable by the end-to-end Engine tests: ``SCHEMAS`` is a list of (name, schema), and
 ``validate_output(schema, text)`` parses text strictly (no NaN, no raw control characters)
 and validates it with ``jsonschema`` with format checking on, including date-time and time,
-which this environment's ``jsonschema`` would otherwise skip. Strings are mostly length-
+which this environment's ``jsonschema`` would otherwise skip, and ``multipleOf`` decided on
+exact decimals (``grammar.validate.validator_class``). Strings are mostly length-
 bounded so that a random-weight model finishes within a few hundred tokens.
 """
 
@@ -14,6 +15,8 @@ import json
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
+
+from grammar.validate import validator_class
 
 _FORMATS = jsonschema.FormatChecker(
     formats=list(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
@@ -47,7 +50,8 @@ def _reject_constant(name: str) -> Any:
 def validate_output(schema: dict[str, Any], text: str) -> Any:
     """The parsed value; raises if text is not strict JSON or violates the schema."""
     value = json.loads(text, parse_constant=_reject_constant)
-    jsonschema.Draft202012Validator(schema, format_checker=_FORMATS).validate(value)
+    # 2020-12 with multipleOf on exact decimals (grammar.validate explains why).
+    validator_class({})(schema, format_checker=_FORMATS).validate(value)
     return value
 
 

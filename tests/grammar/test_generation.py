@@ -267,9 +267,14 @@ def test_structural_tag_content_validates(
 ) -> None:
     inner = {
         "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 6}, "n": {"enum": [1, 2]}},
-        "required": ["city", "n"],
-    }
+        "properties": {
+            "city": {"type": "string", "maxLength": 6},
+            "n": {"enum": [1, 2]},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True},
+            "k": {"type": "integer", "anyOf": [{"maximum": -1}, {"minimum": 1}]},
+        },
+        "required": ["city", "n", "tags", "k"],
+    }  # with a value rule of ours and a combinator's siblings (merged, as for json_schema)
     tag = {
         "type": "structural_tag",
         "format": {
@@ -305,8 +310,11 @@ WHITESPACE_SCHEMA = {
     "properties": {
         "xs": {"type": "array", "items": {"type": "integer", "maximum": 9}, "maxItems": 3},
         "ok": {"type": "boolean"},
+        # Value rules of ours (schema_unique, schema_numbers) follow the whitespace setting too.
+        "tags": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "uniqueItems": True},
+        "n": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100},
     },
-    "required": ["xs", "ok"],
+    "required": ["xs", "ok", "tags", "n"],
 }
 
 

@@ -134,7 +134,12 @@ def test_old_drafts_ignore_a_references_siblings() -> None:
         ({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),
         ({"allOf": [{"format": "ipv4"}, {"format": "email"}]}, "format"),
         (
-            {"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"b": {}}}]},
+            {
+                "allOf": [
+                    {"patternProperties": {"^a": {}}},
+                    {"properties": {"b": {}}, "additionalProperties": False},
+                ]
+            },
             "patternProperties",
         ),
         ({"allOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [{}]}]}, "prefixItems"),
@@ -167,6 +172,17 @@ _LEAVES = st.sampled_from(
         {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]},
         {"type": "object", "properties": {"k": {"maximum": 1}, "m": {"type": "boolean"}}},
         {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+        # Keywords enforced by automata of ours (test_schema_automata.py), mixed in too.
+        {"type": "integer", "multipleOf": 3},
+        {"multipleOf": 0.5},
+        {"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": True},
+        {"type": "string", "pattern": "^[ab]+$", "maxLength": 3},
+        {
+            "type": "object",
+            "propertyNames": {"maxLength": 1},
+            "additionalProperties": {"type": "integer"},
+            "maxProperties": 2,
+        },
     ]
 )
 
@@ -300,6 +316,19 @@ ACCEPTED_NOW: list[tuple[str, dict[str, Any]]] = [
         {"oneOf": [{"oneOf": [{"type": "boolean"}, {"type": "integer"}]}, {"type": "null"}]},
     ),
     (
+        "allOf of objects with patterns",
+        {
+            "allOf": [
+                {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+                {
+                    "properties": {"xa": {"maximum": 3}, "b": {"type": "null"}},
+                    "patternProperties": {"^x": {"minimum": 0}, "^y": {"type": "boolean"}},
+                },
+            ],
+            "maxProperties": 3,
+        },
+    ),
+    (
         "draft-07 dependencies",
         {
             "$schema": "http://json-schema.org/draft-07/schema#",
@@ -323,8 +352,6 @@ def test_satisfiable_schemas_compile_and_validate(
     [
         ({"type": "string", "format": "hostname"}, "format 'hostname' is not enforced"),
         ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "admits no object"),
-        ({"properties": {"a": False}, "additionalProperties": {}}, "false is not enforced"),
-        ({"patternProperties": {"^x": False, "^y": {}}}, "false pattern is not enforced"),
         ({"type": "integer", "minimum": 1e30}, "leaves no 64-bit integer"),
         (
             {
@@ -334,7 +361,10 @@ def test_satisfiable_schemas_compile_and_validate(
             },
             "property dependencies are not enforced",
         ),
-        ({"type": "string", "pattern": "^(ab)+$", "maxLength": 6}, "lengths are dropped"),
+        (
+            {"type": "string", "pattern": "^(ab)+$", "maxLength": 5000},
+            "maxLength' beside a pattern is enforced by an automaton",
+        ),
         (
             {
                 "oneOf": [

@@ -133,7 +133,7 @@ def test_constrained_and_free_requests_share_a_batch(engine: Engine):
     ("schema", "keyword"),
     [
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-        ({"type": "number", "multipleOf": 3}, "multipleOf"),
+        ({"type": "number", "multipleOf": 0.0123, "maximum": 1e6}, "multipleOf"),
         ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "required"),
         ({"type": "object", "properties": {"x": {"not": {"type": "string"}}}}, "not"),
         ({"type": "string", "format": "hostname"}, "format"),

@@ -5,20 +5,23 @@ that finds none in its attempts fails alone with a 422 (issue 16)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 
 from grammar import output_validator
+from grammar.validate import ValidationPool, ValidationTimeout
 from runtime import Engine
 from runtime.errors import RequestError
 
 PROMPT = "Reply in the requested format:"
-# Two to three distinct letters: the grammar enforces the shape, not the distinctness.
+# Two to three distinct letters: the grammar enforces the shape, not the distinctness (items
+# with listed values, an enum, would be enforced exactly: test_schema_automata.py).
 UNIQUE = {
     "type": "array",
-    "items": {"enum": ["a", "b", "c", "d", "e", "f"]},
+    "items": {"type": "string", "pattern": "^[a-f]$"},
     "minItems": 2,
     "maxItems": 3,
     "uniqueItems": True,
@@ -26,11 +29,13 @@ UNIQUE = {
 # Unsatisfiable: two distinct items from one value.
 IMPOSSIBLE = {
     "type": "array",
-    "items": {"const": "a"},
+    "items": {"type": "string", "pattern": "^a$"},
     "minItems": 2,
     "maxItems": 2,
     "uniqueItems": True,
 }
+# The grammar forces forty a's and "!"; checking "not" then backtracks about 2^40 steps.
+BACKTRACKS = {"type": "string", "pattern": "^a{40}!$", "not": {"pattern": "^(a+)+b"}}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +107,22 @@ def test_validate_needs_a_schema_and_bounded_attempts(engine: Engine):
         engine.generate(PROMPT, {"json_schema": UNIQUE, "strict_mode": "loose"})
 
 
+def test_a_check_that_backtracks_fails_its_request_alone_in_bounded_time(tiny_model_path: Path):
+    with Engine(
+        tiny_model_path, max_total_tokens=4096, schema_validation_timeout=1.0
+    ) as eng:  # fmt: skip
+        start = time.monotonic()
+        with pytest.raises(RequestError, match="took over 1 s") as err:
+            eng.generate(PROMPT, _params(0, json_schema=BACKTRACKS, strict_mode="validate",
+                                         max_new_tokens=64))  # fmt: skip
+        assert err.value.status_code == 400 and err.value.param == "json_schema"
+        assert time.monotonic() - start < 30
+        # The killed checker is replaced: the next validated request is checked as usual.
+        quick = {**BACKTRACKS, "pattern": "^a{3}!$"}
+        result = eng.generate(PROMPT, _params(1, json_schema=quick, strict_mode="validate"))
+        assert result["text"] == '"aaa!"' and result["meta_info"]["validation_attempts"] == 1
+
+
 def test_the_validator_names_what_breaks():
     check = output_validator(UNIQUE)
     assert check('["a", "b"]') is None
@@ -125,3 +146,28 @@ def test_a_schema_the_validator_cannot_evaluate_is_the_requests_fault():
         check("[1]")
     with pytest.raises(ValueError):  # the Engine names it: "json_schema is not valid JSON"
         output_validator("{not json")
+
+
+def test_multiple_of_is_decided_on_exact_decimals():
+    """0.07 is a multiple of 0.01 (Python's float division says 7.000000000000001)."""
+    check = output_validator({"type": "number", "multipleOf": 0.01})
+    assert check("0.07") is None and check("4.6") is None and check("3") is None
+    assert "multipleOf" in check("0.071")  # type: ignore[operator]
+    assert output_validator({"multipleOf": 3})("7.5") is not None
+
+
+def test_the_checker_pool_kills_an_overrunning_check_and_goes_on():
+    pool = ValidationPool(workers=1, timeout=1.0)
+    schema = json.dumps({"type": "string", "not": {"pattern": "^(a+)+b"}})
+    try:
+        assert "not" in pool.check(schema, json.dumps("aab"))  # type: ignore[operator]
+        start = time.monotonic()
+        with pytest.raises(ValidationTimeout, match="took over 1 s"):
+            pool.check(schema, json.dumps("a" * 40 + "!"))
+        assert time.monotonic() - start < 5
+        assert pool.check(schema, json.dumps("aa")) is None  # on a fresh worker
+        with pytest.raises(ValueError, match="cannot be checked"):
+            pool.check(json.dumps({"$ref": "https://example.com/x"}), "1")
+        assert pool.check(schema, json.dumps(7)) is not None  # that worker was kept
+    finally:
+        pool.shutdown()

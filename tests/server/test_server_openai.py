@@ -128,9 +128,10 @@ def test_response_format_json_schema(client: openai.OpenAI, model: str):
 
 
 def test_strict_mode_validate_through_the_openai_client(client: openai.OpenAI, model: str):
-    """A schema exact mode refuses (uniqueItems) is served under strict_mode "validate"; one
-    no output can satisfy ends in a 422 naming the schema, streamed or not."""
-    tags = {"type": "array", "items": {"enum": list("abcdefgh")}, "maxItems": 3}
+    """A schema exact mode refuses (uniqueItems over unlisted items) is served under
+    strict_mode "validate"; one no output can satisfy ends in a 422 naming the schema, streamed
+    or not."""
+    tags = {"type": "array", "items": {"type": "string", "pattern": "^[a-h]$"}, "maxItems": 3}
     unique = {**tags, "uniqueItems": True}
     fmt = {"type": "json_schema", "json_schema": {"name": "tags", "schema": unique}}
     with pytest.raises(openai.BadRequestError, match="uniqueItems"):
@@ -143,7 +144,8 @@ def test_strict_mode_validate_through_the_openai_client(client: openai.OpenAI, m
     )  # fmt: skip
     if response.choices[0].finish_reason == "stop":
         jsonschema.validate(json.loads(response.choices[0].message.content), unique)
-    impossible = {"type": "array", "items": {"const": "a"}, "minItems": 2, "maxItems": 2}
+    impossible = {"type": "array", "items": {"type": "string", "pattern": "^a$"}, "minItems": 2}
+    impossible["maxItems"] = 2
     impossible["uniqueItems"] = True
     bad = {"type": "json_schema", "json_schema": {"name": "none", "schema": impossible}}
     for stream in (False, True):
