@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from radix_cache.snapshot import NodeView, unpack_views
+from radix_cache.views import NodeView, unpack_views
 from runtime.server.errors import ApiError
 from runtime.server.state import ServerState, get_state
 
