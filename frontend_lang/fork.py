@@ -16,9 +16,12 @@ class ForkGroup:
     ``join()`` waits for all and sets each variable they assigned in the parent to the list of
     the branches' values (in branch order)."""
 
-    def __init__(self, parent: ProgramState, branches: list[ProgramState]) -> None:
+    def __init__(
+        self, parent: ProgramState, branches: list[ProgramState], fork_id: int | None = None
+    ) -> None:
         self.parent = parent
         self.branches = branches
+        self.fork_id = fork_id  # a compiled run's name for the fork
 
     def __len__(self) -> int:
         return len(self.branches)
@@ -39,16 +42,27 @@ class ForkGroup:
         return self
 
     def join(self) -> None:
+        compiled = self.parent._run.compiled
+        if compiled is not None:  # recorded: joined when the parent's segment runs
+            from frontend_lang.compiled import JoinRecord
+
+            compiled.record(self.parent, JoinRecord(self))
+            return
         for branch in self.branches:
             branch.sync()
+        self.parent.submit(self._gather)
+
+    def _gather_now(self) -> None:
+        """Wait for the branches and set their variables in the parent, on the parent's
+        thread (a compiled run's replay of the join)."""
+        for branch in self.branches:
+            branch.sync()
+        self._gather()
+
+    def _gather(self) -> None:
         names: list[str] = []
         for branch in self.branches:
             names.extend(n for n in branch.assigned if n not in names)
-        parent = self.parent
-
-        def gather() -> None:
-            for name in names:
-                values, metas, parsed = zip(*(b.entry(name) for b in self.branches), strict=True)
-                parent.set_var(name, list(values), list(metas), list(parsed))
-
-        parent.submit(gather)
+        for name in names:
+            values, metas, parsed = zip(*(b.entry(name) for b in self.branches), strict=True)
+            self.parent.set_var(name, list(values), list(metas), list(parsed))

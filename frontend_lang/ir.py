@@ -11,12 +11,21 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.program.select_math import (
+    CHOICES_METHODS as CHOICES_METHODS,
+)
+from runtime.program.select_math import (
+    GREEDY_TOKEN as GREEDY_TOKEN,
+)
+from runtime.program.select_math import (
+    TOKEN_LENGTH_NORMALIZED as TOKEN_LENGTH_NORMALIZED,
+)
+from runtime.program.select_math import (
+    UNCONDITIONAL_LIKELIHOOD_NORMALIZED as UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
+)
+
 ROLES = ("system", "user", "assistant")
 
-TOKEN_LENGTH_NORMALIZED = "token_length_normalized"
-GREEDY_TOKEN = "greedy_token"
-UNCONDITIONAL_LIKELIHOOD_NORMALIZED = "unconditional_likelihood_normalized"
-CHOICES_METHODS = (TOKEN_LENGTH_NORMALIZED, GREEDY_TOKEN, UNCONDITIONAL_LIKELIHOOD_NORMALIZED)
 
 # The regex a typed gen is constrained to; its text is parsed back with the type.
 DTYPE_REGEX: dict[type, str] = {

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from frontend_lang.backends.base import Backend, Prompt
+from frontend_lang.compiled import CompiledRun
 from frontend_lang.errors import ProgramError
 from frontend_lang.fork import ForkGroup
 from frontend_lang.interpreter import execute
@@ -30,9 +31,14 @@ class RunContext:
     """What every state of one run shares: the program's name, the backend, the fork branches
     to drain when the program returns, and (streaming) the program thread's outcome."""
 
-    def __init__(self, program: str, backend: Backend) -> None:
+    def __init__(
+        self, program: str, backend: Backend, compiled: bool = False, tracing: bool = False
+    ) -> None:
         self.program = program
         self.backend = backend
+        self.streaming = False  # the root state streams its text (run(..., stream=True))
+        # Compiled (or traced) runs record expressions and send them as program segments.
+        self.compiled = CompiledRun(self, tracing) if compiled or tracing else None
         self.branches: list[ProgramState] = []
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -45,7 +51,11 @@ class RunContext:
         self.program_thread = threading.get_ident()
         try:
             body()
+            if self.compiled is not None:
+                self.compiled.flush(end=True)
         finally:
+            if self.compiled is not None:
+                self.compiled.close()
             branch_error = self._drain_branches()
         if branch_error is not None:
             raise branch_error
@@ -83,11 +93,15 @@ class ProgramState:
         self._pending: Future[None] | None = None
         self._error: BaseException | None = None
         self._events: queue.Queue[Any] | None = queue.Queue() if stream else None
+        self._replay: Backend | None = None  # a compiled run's results, while replayed
 
     # ---- appending -------------------------------------------------------------------
 
     def __iadd__(self, other: Expr | str) -> ProgramState:
         expr = as_expr(other)
+        if self._run.compiled is not None:
+            self._run.compiled.record(self, expr)
+            return self
         self.submit(lambda: execute(self, expr))
         return self
 
@@ -113,6 +127,13 @@ class ProgramState:
         """
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
+        compiled = self._run.compiled
+        if compiled is not None:  # recorded: the branches copy this state when it runs
+            branches = [self._new_branch() for _ in range(n)]
+            with self._run.lock:
+                self._run.branches.extend(branches)
+            fork_id = compiled.fork(self, branches)
+            return ForkGroup(self, branches, fork_id)
         self.sync()
         if n > 1:
             try:
@@ -127,14 +148,14 @@ class ProgramState:
     # ---- reading ---------------------------------------------------------------------
 
     def __getitem__(self, name: str) -> Any:
-        self.sync()
+        self.sync(f"reads s[{name!r}]")
         if name not in self._vars:
             known = ", ".join(sorted(self._vars)) or "none"
             raise KeyError(f"program {self._run.program!r} has no variable {name!r} (has: {known})")
         return self._vars[name]
 
     def __contains__(self, name: str) -> bool:
-        self.sync()
+        self.sync(f"tests {name!r} in s")
         return name in self._vars
 
     def parsed(self, name: str) -> Any:
@@ -147,23 +168,29 @@ class ProgramState:
         """What the runtime reported for the call that set ``name``: for gen its meta info
         (prompt_tokens, completion_tokens, cached_tokens, finish_reason), for select the
         choices' scores; after a join, the list of the branches' meta infos."""
-        self.sync()
+        self.sync(f"reads the meta info of {name!r}")
         return self._meta[name]
 
     def text(self) -> str:
-        self.sync()
+        self.sync("reads the text")
         return self._text
 
     def messages(self) -> list[dict[str, str]]:
         """The role blocks so far as chat messages, the open block (if any) last."""
-        self.sync()
+        self.sync("reads the messages")
         messages = [dict(m) for m in self._messages]
         if self._open_role is not None:
             messages.append({"role": self._open_role, "content": self._text[self._open_start :]})
         return messages
 
-    def sync(self) -> None:
-        """Wait until everything appended so far has run; raise the first error."""
+    def sync(self, reason: str = "reads the state") -> None:
+        """Wait until everything appended so far has run; raise the first error. In a compiled
+        run, what is pending is sent first (a read ends the segment)."""
+        compiled = self._run.compiled
+        if compiled is not None and (
+            self._events is None or threading.get_ident() == self._run.program_thread
+        ):
+            compiled.flush(self, reason)
         if self._worker is not None and self._pending is not None:
             self._pending.result()
         elif self._events is not None and threading.get_ident() != self._run.program_thread:
@@ -198,7 +225,7 @@ class ProgramState:
 
     @property
     def backend(self) -> Backend:
-        return self._run.backend
+        return self._replay or self._run.backend
 
     @property
     def program(self) -> str:
@@ -278,7 +305,17 @@ class ProgramState:
         self._pending = self._worker.submit(guarded)
 
     def _branch(self) -> ProgramState:
+        branch = self._new_branch()
+        self._copy_into(branch)
+        return branch
+
+    def _new_branch(self) -> ProgramState:
         branch = ProgramState(self._run)
+        branch._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{self._run.program}-fork")
+        return branch
+
+    def _copy_into(self, branch: ProgramState) -> None:
+        """Make ``branch`` a copy of this state (a fork's branch, when the fork runs)."""
         branch._text = self._text
         branch._vars = dict(self._vars)
         branch._meta = dict(self._meta)
@@ -286,8 +323,6 @@ class ProgramState:
         branch._messages = [dict(m) for m in self._messages]
         branch._open_role, branch._open_start = self._open_role, self._open_start
         branch._began = self._began
-        branch._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{self._run.program}-fork")
-        return branch
 
     def _close_worker(self) -> None:
         if self._worker is not None:

@@ -100,7 +100,50 @@ class RadixCache:
         self._clock += 1
         # An unseen namespace gets a throwaway root: only insert creates namespaces.
         node = self._roots.get(namespace) or TreeNode.new_root()
-        length, path_slots = 0, []
+        return self._match_below(node, 0, [], key)
+
+    def match_from(
+        self, node: TreeNode, length: int, token_ids: TokensLike, namespace: Hashable = None
+    ) -> MatchResult:
+        """``match_prefix(token_ids)`` for a caller that knows ``token_ids[:length]`` is the path
+        to ``node`` (a node it holds locked, ``length`` tokens deep): that part is taken as
+        cached without comparing it (its slots are read off the path), the rest is matched
+        below ``node``. ``length`` may be less than the node's depth: the match then starts at
+        the deepest ancestor no deeper than ``length``. Costs O(depth) plus the new part. A
+        ``node`` that is not in ``namespace``'s tree (the throwaway root a match in an empty
+        namespace returns) is no help: the whole key is matched from the root."""
+        if node.evicted:
+            raise ValueError(f"match_from an evicted {node!r}")
+        path: list[TreeNode] = []
+        cursor: TreeNode | None = node
+        while cursor is not None and cursor.parent is not None:
+            path.append(cursor)
+            cursor = cursor.parent
+        if cursor is not self._roots.get(namespace):
+            return self.match_prefix(token_ids, namespace)
+        key = as_token_array(token_ids)
+        self._clock += 1
+        path.reverse()
+        depth, kept = 0, []
+        for step in path:
+            if depth + step.key.size > min(length, key.size):
+                break
+            kept.append(step)
+            depth += step.key.size
+        start = kept[-1] if kept else cursor
+        assert start is not None
+        for step in kept:
+            self._touch(step)
+        self._hit_tokens += depth
+        self._queried_tokens += depth
+        return self._match_below(start, depth, [step.slots for step in kept], key)
+
+    def _match_below(
+        self, node: TreeNode, length: int, path_slots: list[np.ndarray], key: np.ndarray
+    ) -> MatchResult:
+        """Walk down from ``node`` (``key[:length]`` deep, its path's slots in ``path_slots``)
+        along ``key``; the match ends where the tree or the key does."""
+        start = length
         while length + self.page_size <= key.size:
             rest = key[length:]
             child = node.children.get(child_key(rest, self.page_size))
@@ -112,8 +155,8 @@ class RadixCache:
             self._touch(child)
             path_slots.append(child.slots)
             node, length = child, length + k
-        self._hit_tokens += length
-        self._queried_tokens += key.size
+        self._hit_tokens += length - start
+        self._queried_tokens += key.size - start
         slots = np.concatenate(path_slots, dtype=np.int64) if path_slots else np.empty(0, np.int64)
         return MatchResult(torch.from_numpy(slots), length, node)
 

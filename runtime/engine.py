@@ -55,6 +55,7 @@ class Engine:
             strict_mode=self.args.schema_strict_mode,
             validation_attempts=self.args.schema_validation_attempts,
             validation_timeout=self.args.schema_validation_timeout,
+            program_pin_timeout_s=self.args.program_pin_timeout_s,
         )
         self._loop = asyncio.new_event_loop()
         self._threads = [
@@ -162,6 +163,31 @@ class Engine:
             raise ValueError("stream=True takes a single prompt with n=1")
         async for chunk in subs[0].run(self.tokenizer_manager, stream=True):
             yield chunk
+
+    # ---- compiled programs ----------------------------------------------------------------
+
+    def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Run one segment of a compiled DSL program (``runtime/program/spec.py`` has the
+        request's shape, ``runtime/program/executor.py`` the events): an iterator of its
+        events, the same as ``POST /program`` streams. A bad request raises RequestError when
+        iterated; stopping early ends the program."""
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            from runtime.program.spec import parse_program
+
+            parsed = parse_program(request, self.tokenizer_manager.limits)
+            async for event in self.tokenizer_manager.programs.run(parsed):
+                yield event
+
+        return self._iterate(events())
+
+    def end_program(self, program_id: str) -> bool:
+        """Forget a compiled program and unpin its KV; False if it is not known."""
+
+        async def end() -> bool:
+            return bool(self.tokenizer_manager.programs.end(program_id))
+
+        return bool(self._call(end()))
 
     # ---- control ------------------------------------------------------------------------
 

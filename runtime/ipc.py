@@ -15,6 +15,34 @@ from runtime.sampling_params import SamplingParams
 # ---- tokenizer manager -> scheduler -------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ProgramStep:
+    """A request that is one step of a compiled DSL program (``runtime/program``).
+
+    ``continue_from``: the branch whose pinned KV this request's prompt extends; its first
+    ``reuse_len`` tokens are that branch's tokens, so admission starts from the pinned node
+    instead of matching the prompt from the root (fewer when token healing re-encoded the
+    branch's last tokens). ``keep_as``: when the request finishes, pin the KV of its prompt and
+    output under this branch (replacing the branch's pin). ``group``: requests of one fork,
+    admitted together. Keys are branch names within ``program``.
+    """
+
+    program: str
+    continue_from: str | None = None
+    reuse_len: int = 0
+    keep_as: str | None = None
+    group: str | None = None
+
+
+@dataclass
+class ProgramRelease:
+    """Unpin the KV of ``branches`` of ``program`` (all of its branches when None): the
+    program joined those branches or ended."""
+
+    program: str
+    branches: list[str] | None = None
+
+
 @dataclass
 class GenerateRequest:
     """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs."""
@@ -26,6 +54,7 @@ class GenerateRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
+    program: ProgramStep | None = None
 
 
 @dataclass

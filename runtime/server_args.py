@@ -127,6 +127,16 @@ class ServerArgs:
         10.0, "a request waiting this many seconds is admitted before any other"
     )
     lpm_max_queue: int = _flag(128, "queues longer than this are admitted fcfs instead of lpm")
+    program_pin_timeout_s: float = _flag(
+        600.0,
+        "a compiled DSL program's pinned KV is released after this many idle seconds "
+        "(a client that went away without ending it)",
+    )
+    disable_program_scheduling: bool = _flag(
+        False,
+        "schedule compiled programs' requests like any other (no fork groups admitted "
+        "together, no preference for running programs under memory pressure)",
+    )
     disable_radix_cache: bool = _flag(False, "do not reuse the KV of shared prompt prefixes")
     eviction_policy: str = _flag(
         "lru", "which cached prefixes are evicted first when KV runs out", EVICTION_POLICIES
@@ -246,9 +256,7 @@ class ServerArgs:
     ray_address: str | None = _flag(
         None, "the Ray cluster to place replicas on (default: a local Ray instance started here)"
     )
-    dp_max_restarts: int = _flag(
-        -1, "times Ray restarts a replica that died (-1: without limit)"
-    )
+    dp_max_restarts: int = _flag(-1, "times Ray restarts a replica that died (-1: without limit)")
     router_policy: str = _flag(
         "cache_aware", "how the router picks a replica for a request", ROUTING_POLICIES
     )
@@ -288,6 +296,8 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
         self._check_speculative()
         self._check_scale_out()
+        if self.program_pin_timeout_s <= 0:
+            raise ValueError(f"program_pin_timeout_s must be > 0, got {self.program_pin_timeout_s}")
         if self.schema_validation_timeout <= 0:
             raise ValueError(
                 f"schema_validation_timeout must be > 0, got {self.schema_validation_timeout}"

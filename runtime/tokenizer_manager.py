@@ -35,6 +35,8 @@ from runtime.ipc import (
     ControlReply,
     ControlRequest,
     GenerateRequest,
+    ProgramRelease,
+    ProgramStep,
     SchedulerFailed,
     SchedulerReady,
     TextOutput,
@@ -74,6 +76,7 @@ class _Call:
     logprob_start_len: int
     top_logprobs_num: int
     stream: bool
+    program: ProgramStep | None = None
 
 
 class TokenizerManager:
@@ -85,10 +88,13 @@ class TokenizerManager:
         strict_mode: str = "exact",
         validation_attempts: int = 3,
         validation_timeout: float = 5.0,
+        program_pin_timeout_s: float = 600.0,
     ) -> None:
         """strict_mode, validation_attempts: the defaults of json_schema requests that set
         none (ServerArgs.schema_strict_mode, schema_validation_attempts); validation_timeout:
-        the deadline of one output's check (ServerArgs.schema_validation_timeout)."""
+        the deadline of one output's check (ServerArgs.schema_validation_timeout);
+        program_pin_timeout_s: how long a compiled program may sit idle (its session here and
+        its pins in the scheduler are then dropped)."""
         self.tokenizer = tokenizer
         self.to_scheduler = to_scheduler
         self.max_n = max_n
@@ -108,6 +114,22 @@ class TokenizerManager:
         self._prefix = uuid.uuid4().hex[:12]
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+        self._programs: Any = None  # runtime.program.executor.ProgramRunner, made on first use
+        self.program_pin_timeout_s = program_pin_timeout_s  # compiled programs' idle limit
+
+    @property
+    def programs(self) -> Any:
+        """The runner of compiled DSL programs (``runtime.program.executor.ProgramRunner``)."""
+        if self._programs is None:
+            from runtime.program.executor import ProgramRunner
+
+            self._programs = ProgramRunner(self, self.program_pin_timeout_s)
+        return self._programs
+
+    def release_program(self, release: ProgramRelease) -> None:
+        """Unpin a compiled program's KV in the scheduler (its branches joined, or it ended)."""
+        if not self.dead:
+            self.to_scheduler.send(release)
 
     @property
     def limits(self) -> RequestLimits:
@@ -216,8 +238,10 @@ class TokenizerManager:
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
         stream: bool = False,
+        program: ProgramStep | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Yield result dicts: with ``stream`` one per output chunk, else one at the end.
+        ``program``: the request is a step of a compiled program (``runtime.program``).
 
         A request refused or failed by the runtime raises RequestError (status_code 4xx/5xx).
         If the consumer stops early (client disconnect), the request is aborted. A json_schema
@@ -225,7 +249,7 @@ class TokenizerManager:
         """
         call = _Call(
             input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-            top_logprobs_num, stream,
+            top_logprobs_num, stream, program,
         )  # fmt: skip
         mode = sampling_params.strict_mode or self.strict_mode
         validate = sampling_params.json_schema is not None and mode == "validate"
@@ -327,6 +351,7 @@ class TokenizerManager:
                 call.logprob_start_len,
                 call.top_logprobs_num,
                 stream,
+                call.program,
             )
         )
         finished = False

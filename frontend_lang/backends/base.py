@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from frontend_lang.chat import ChatTemplate
-
-# How many prefix tokens select re-scores so token healing can move the prefix/choice boundary.
-HEAL_WINDOW = 8
+from runtime.program.select_math import HEAL_WINDOW as HEAL_WINDOW
 
 
 class BackendError(RuntimeError):
     """The backend refused or failed a call; the message is the server's (or the client's)."""
+
+
+class ProgramsUnsupported(BackendError):
+    """The server cannot run compiled programs (an older server, another engine): the
+    program goes on interpreted."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,20 @@ class Backend(ABC):
     @abstractmethod
     def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
         """Logprobs of each choice's tokens with no prefix (after BOS where the model has one)."""
+
+    @property
+    def supports_programs(self) -> bool:
+        """Whether ``run_program`` works: programs then run compiled by default."""
+        return False
+
+    def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Run a segment of a compiled program next to the runtime's KV cache: the request and
+        the events are ``runtime/program``'s (``POST /program``). Raises BackendError, or
+        ProgramsUnsupported where the server has no compiled execution."""
+        raise ProgramsUnsupported(f"{type(self).__name__} does not run compiled programs")
+
+    def end_program(self, program_id: str) -> None:  # noqa: B027 - optional hook
+        """Release what a compiled program holds in the runtime (its pinned KV)."""
 
     def cache_prefix(self, prompt: Prompt) -> None:  # noqa: B027 - optional hook
         """Prefill ``prompt`` so that calls continuing it (fork branches) hit the cache."""

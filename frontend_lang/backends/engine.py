@@ -38,6 +38,15 @@ class Engine(NativeBackend):
         except (ValueError, runtime.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
+    def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        try:
+            yield from self.engine.run_program(request)
+        except (ValueError, runtime.SchedulerDied) as exc:
+            raise BackendError(str(exc)) from exc
+
+    def end_program(self, program_id: str) -> None:
+        self.engine.end_program(program_id)
+
     def _prompt_tokens(self, text: str) -> int:
         # The engine's own tokenizer, in this process: no round trip. The scoring batch then
         # prefills the prefix once (the runtime holds back requests that share it one round).

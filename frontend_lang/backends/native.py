@@ -37,6 +37,14 @@ class NativeBackend(Backend):
         """One streamed native request: result dicts whose ``text`` is cumulative."""
 
     @abstractmethod
+    def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """One segment of a compiled program: the runtime's events (``runtime/program``)."""
+
+    @property
+    def supports_programs(self) -> bool:
+        return True
+
+    @abstractmethod
     def _load_chat_template(self) -> ChatTemplate:
         """The model's template; raise ChatTemplateError when it cannot be had."""
 
@@ -55,7 +63,7 @@ class NativeBackend(Backend):
         payload = {"text": prompt.text, "sampling_params": sampling_params}
         if on_delta is None:
             result = self._call(payload)
-            return GenOutput(result["text"], result["meta_info"])
+            return GenOutput(result["text"], _interpreted(result["meta_info"]))
         text, meta = "", {}
         for chunk in self._stream(payload):
             new_text = chunk["text"]
@@ -63,7 +71,7 @@ class NativeBackend(Backend):
                 on_delta(new_text[len(text) :])
                 text = new_text
             meta = chunk["meta_info"]
-        return GenOutput(text, meta)
+        return GenOutput(text, _interpreted(meta))
 
     def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> ChoiceLogprobs:
         """The prefix's token count (a call that also caches it, unless the backend can count
@@ -114,6 +122,14 @@ class NativeBackend(Backend):
     def cache_prefix(self, prompt: Prompt) -> None:
         if prompt.text:
             self._call({"text": prompt.text, "sampling_params": SCORE_ONLY})
+
+
+def _interpreted(meta: dict[str, Any]) -> dict[str, Any]:
+    """An interpreted call sends the whole text: every prompt token is encoded again."""
+    meta = dict(meta)
+    meta.setdefault("reused_tokens", 0)
+    meta.setdefault("reencoded_tokens", int(meta.get("prompt_tokens") or 0))
+    return meta
 
 
 def _score_meta(meta: dict[str, Any]) -> dict[str, Any]:

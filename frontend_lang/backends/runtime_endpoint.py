@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from frontend_lang.backends.base import BackendError
+from frontend_lang.backends.base import BackendError, ProgramsUnsupported
 from frontend_lang.backends.native import NativeBackend, template_or_error
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
 
@@ -45,23 +45,44 @@ class RuntimeEndpoint(NativeBackend):
         return response.json()
 
     def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield from self._sse("/generate", {**payload, "stream": True})
+
+    def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """``POST /program``, streamed. A server without it (404/405) raises
+        ProgramsUnsupported, and the program goes on interpreted."""
+        yield from self._sse("/program", {**request, "stream": True}, programs=True)
+
+    def _sse(
+        self, path: str, body: dict[str, Any], programs: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """The JSON events of a streamed POST (up to ``data: [DONE]``); an error event or
+        status raises BackendError with the server's message."""
         try:
-            with self.client.stream("POST", "/generate", json={**payload, "stream": True}) as resp:
+            with self.client.stream("POST", path, json=body) as resp:
+                if programs and resp.status_code in (404, 405):
+                    raise ProgramsUnsupported(f"{self.url} has no {path} endpoint")
                 if resp.status_code >= 400:
-                    body = resp.read().decode(errors="replace")
-                    raise BackendError(_error_message(self.url, resp.status_code, body))
+                    text = resp.read().decode(errors="replace")
+                    raise BackendError(_error_message(self.url, resp.status_code, text))
                 for line in resp.iter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[len("data:") :].strip()
                     if data == "[DONE]":
                         return
-                    chunk = json.loads(data)
-                    if "error" in chunk:
+                    event = json.loads(data)
+                    # (program events of type "error" are one branch's, handled by the caller)
+                    if "error" in event and "type" not in event:
                         raise BackendError(_error_message(self.url, 500, data))
-                    yield chunk
+                    yield event
         except httpx.HTTPError as exc:
-            raise BackendError(f"{self.url}/generate: {type(exc).__name__}: {exc}") from exc
+            raise BackendError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from exc
+
+    def end_program(self, program_id: str) -> None:
+        try:
+            self.client.delete(f"/program/{program_id}")
+        except httpx.HTTPError:
+            pass  # the server drops idle programs itself
 
     def _load_chat_template(self) -> ChatTemplate:
         def load() -> ChatTemplate:

@@ -29,7 +29,13 @@ import zmq
 
 from runtime.channels import ZmqSender
 from runtime.errors import RequestError, SchedulerDied
-from runtime.ipc import AbortRequest, ControlRequest, GenerateRequest, TextOutputBatch
+from runtime.ipc import (
+    AbortRequest,
+    ControlRequest,
+    GenerateRequest,
+    ProgramRelease,
+    TextOutputBatch,
+)
 from runtime.scale_out.reaper import mark_and_watch
 from runtime.scale_out.replica import Replica, ReplicaFailed, ReplicaReady
 from runtime.scale_out.routing import Router
@@ -194,6 +200,8 @@ class RoutedTokenizerManager(TokenizerManager):
         self.retried_requests = 0
         self.failed_over_requests = 0
         self.replica_info: dict[int, dict[str, Any]] = {}
+        # Compiled programs stay on one replica (their pinned KV is there).
+        self.program_replicas: dict[str, int] = {}
 
     @property
     def serving(self) -> bool:
@@ -208,11 +216,25 @@ class RoutedTokenizerManager(TokenizerManager):
             entry = self.inflight.get(message.rid)
             if entry is not None:
                 self._send(entry.replica, message)
+        elif isinstance(message, ProgramRelease):
+            replica = self.program_replicas.get(message.program)
+            if message.branches is None:
+                self.program_replicas.pop(message.program, None)
+            if replica is not None and self.replicas.handles[replica].alive:
+                self._send(replica, message)
         else:
             raise TypeError(f"a routed server does not route {type(message).__name__}")
 
     def _send_generate(self, entry: _InFlight, exclude: tuple[int, ...]) -> bool:
-        chosen = self.router.choose(entry.message.input_ids, exclude=exclude)
+        step = entry.message.program
+        chosen = self.program_replicas.get(step.program) if step is not None else None
+        if chosen is None or chosen in exclude or not self.replicas.handles[chosen].alive:
+            # (a program moved off a dead replica starts over from the new one's cache)
+            chosen = self.router.choose(entry.message.input_ids, exclude=exclude)
+            if step is not None and chosen is not None:
+                self.program_replicas[step.program] = chosen
+        else:
+            self.router.assign(chosen, entry.message.input_ids, "program")
         if chosen is None:
             self._fail_request(entry.message.rid, "no replica is serving; retry later")
             return False

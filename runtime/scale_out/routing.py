@@ -100,6 +100,16 @@ class Router:
             self.trees[chosen].insert(ids)
         return chosen
 
+    def assign(self, replica: int, ids: Sequence[int], reason: str) -> None:
+        """Count a request the caller placed on ``replica`` itself (a compiled program's next
+        step goes where its pinned KV is) as ``choose`` counts its own choices."""
+        self.decisions[reason] += 1
+        self.routed[replica] += 1
+        self.load[replica] += 1
+        self.prompt_tokens += len(ids)
+        if self.config.policy == "cache_aware":
+            self.trees[replica].insert(ids)
+
     def finished(self, replica: int, ids: Sequence[int] | None = None) -> None:
         """A request routed to ``replica`` ended; ``ids``: its prompt and output, to record."""
         self.load[replica] = max(0, self.load[replica] - 1)

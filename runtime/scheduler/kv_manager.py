@@ -12,7 +12,9 @@ from collections.abc import Callable
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
+from radix_cache.tree import MatchResult
 from runtime.memory_pool import ReqToTokenPool
+from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 
 
@@ -22,6 +24,7 @@ class KVCacheManager:
         allocator: KVSlotAllocator,
         tree: RadixCache | None,
         req_to_token_pool: ReqToTokenPool,
+        program_pin_ttl_s: float = 600.0,
     ) -> None:
         self.allocator = allocator
         self.tree = tree
@@ -30,6 +33,8 @@ class KVCacheManager:
         # Called as hook(req, keep_in_cache) whenever a request gives its KV back (the draft
         # model's KV follows the target's).
         self.release_hooks: list[Callable[[Req, bool], None]] = []
+        # KV pinned between the steps of compiled DSL programs.
+        self.pins = ProgramPins(tree, program_pin_ttl_s)
 
     @property
     def capacity(self) -> int:
@@ -44,7 +49,19 @@ class KVCacheManager:
         """Length of the cached prefix a request would reuse (touches the tree's LRU clock)."""
         if self.tree is None:
             return 0
-        return self.tree.match_prefix(req.token_ids.prefix(req.match_limit)).length
+        return self.cached_prefix(req).length
+
+    def cached_prefix(self, req: Req) -> MatchResult:
+        """The cached prefix of ``req``: from its program branch's pinned node when it continues
+        one (no comparison of the pinned part), else matched from the root."""
+        assert self.tree is not None
+        key = req.token_ids.prefix(req.match_limit)
+        step = req.program
+        if step is not None:
+            pin = self.pins.get(step.program, step.continue_from)
+            if pin is not None:
+                return self.tree.match_from(pin.node, min(pin.length, step.reuse_len), key)
+        return self.tree.match_prefix(key)
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a table row and its cached prefix, locked. False if no row is free."""
@@ -53,7 +70,7 @@ class KVCacheManager:
             return False
         req.row = row
         if self.tree is not None:
-            match = self.tree.match_prefix(req.token_ids.prefix(req.match_limit))
+            match = self.cached_prefix(req)
             self.tree.lock(match.node)
             req.last_node = match.node
             req.cached_len = req.kv_len = match.length
@@ -99,17 +116,21 @@ class KVCacheManager:
             return
         assert req.row is not None and req.last_node is not None, "cache_prefix needs admission"
         self._insert(req)
-        match = self.tree.match_prefix(req.token_ids.prefix(req.kv_len))
+        match = self.tree.match_from(
+            req.last_node, req.cached_len, req.token_ids.prefix(req.kv_len)
+        )
         self.req_to_token_pool.write(req.row, 0, match.slots)
         self.tree.lock(match.node)
         self.tree.unlock(req.last_node)
         req.last_node, req.cached_len = match.node, match.length
 
-    def release(self, req: Req, keep_in_cache: bool) -> None:
+    def release(self, req: Req, keep_in_cache: bool, finished: bool = False) -> None:
         """Give back everything ``req`` holds: its lock, its private slots and its row.
 
         keep_in_cache: insert the computed positions into the tree first (finished and
         retracted requests), so later requests reuse them; aborted requests just free.
+        finished: the request is done (not retracted); a compiled program's step then pins
+        what it computed under its branch (``ProgramStep.keep_as``).
         """
         if req.row is None:
             return
@@ -121,6 +142,13 @@ class KVCacheManager:
             self._insert(req)
             aligned = req.kv_len - req.kv_len % self.page_size
             self._free_range(req, aligned, req.kv_len)
+            step = req.program
+            if finished and step is not None and step.keep_as is not None:
+                assert req.last_node is not None
+                match = self.tree.match_from(
+                    req.last_node, req.cached_len, req.token_ids.prefix(aligned)
+                )
+                self.pins.pin(step.program, step.keep_as, match.node, match.length)
         else:
             self._free_range(req, req.cached_len, req.kv_len)
         if self.tree is not None and req.last_node is not None:
@@ -168,6 +196,6 @@ class KVCacheManager:
         if self.tree is None:
             return True
         if self.tree.protected_size():
-            return False
+            return False  # running requests, or programs' pins
         self.tree.reset()
         return True

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from grammar import GrammarMatcher, StopRegex
 from radix_cache import TreeNode
-from runtime.ipc import FinishReason, GenerateRequest
+from runtime.ipc import FinishReason, GenerateRequest, ProgramStep
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.draft_manager import DraftState
 from runtime.scheduler.token_array import TokenArray
@@ -43,6 +43,8 @@ class Req:
         self.logprob_start_len = msg.logprob_start_len
         self.top_logprobs_num = msg.top_logprobs_num
         self.stream = msg.stream
+        # A step of a compiled DSL program: where its KV continues from and is pinned to.
+        self.program: ProgramStep | None = msg.program
         self.seed = seed
         self.token_ids = TokenArray(msg.input_ids)
         self.output_ids: list[int] = []

@@ -43,6 +43,7 @@ from runtime.ipc import (
     ControlRequest,
     FinishReason,
     GenerateRequest,
+    ProgramRelease,
     SchedulerFailed,
     SchedulerReady,
     TokenOutput,
@@ -59,7 +60,7 @@ from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
 from runtime.scheduler.req import Req
-from runtime.scheduler.schedule_policy import make_policy, with_starved_first
+from runtime.scheduler.schedule_policy import make_policy, program_aware, with_starved_first
 from runtime.scheduler.step_batch import StepBatch
 from runtime.scheduler.stop_checker import StopChecker
 from runtime.scheduler.token_ratio import NewTokenRatio
@@ -108,7 +109,9 @@ class Scheduler:
         tree = (
             None if args.disable_radix_cache else RadixCache(allocator, policy=args.eviction_policy)
         )
-        self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token_pool)
+        self.kv = KVCacheManager(
+            allocator, tree, self.runner.req_to_token_pool, args.program_pin_timeout_s
+        )
         # What observers (/cache_tree, the dashboard) see: snapshots and recent activity.
         self.cache_view = CacheView(tree)
         self.activity = ActivityLog()
@@ -119,8 +122,9 @@ class Scheduler:
         )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.policy = make_policy(args.schedule_policy, args.lpm_max_queue)
+        self.program_scheduling = not args.disable_program_scheduling
         self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
-        self.decodes = DecodeManager(self.kv, self.ratio)
+        self.decodes = DecodeManager(self.kv, self.ratio, not args.disable_program_scheduling)
         self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
         self.sampler = Sampler(
             config.vocab_size,
@@ -159,6 +163,7 @@ class Scheduler:
             "spec_accepted_tokens": 0,
             "spec_verify_steps": 0,
             "emit_steps": 0,  # a request's forward steps that gave it tokens, summed
+            "program_pins_shed": 0,  # programs unpinned because their KV blocked admission
         }
         self._started = time.monotonic()
         self._stopped = False
@@ -202,6 +207,8 @@ class Scheduler:
     def step(self) -> None:
         """One iteration: allocate decodes, admit prefill, run the forward, process results."""
         self.cache_view.note_clock()
+        for program in self.kv.pins.expire():
+            logger.warning("program %s was idle too long: its pinned KV is released", program)
         if self.grammar.queue:
             compiled, failed_compiles = self.grammar.poll()
             self.waiting.extend(compiled)
@@ -212,10 +219,12 @@ class Scheduler:
         for req in retracted + failed:
             self.running.remove(req)
         self.waiting.extend(retracted)
-        ordered = with_starved_first(
-            self.policy.order(self.waiting, self.kv), self.args.starvation_timeout_s
-        )
+        ordered = self.policy.order(self.waiting, self.kv)
+        if self.program_scheduling:
+            ordered = program_aware(ordered, self.kv)
+        ordered = with_starved_first(ordered, self.args.starvation_timeout_s)
         prefill, admitted = self.admission.schedule(self.running, ordered)
+        self._shed_pins_if_blocking()
         for req in admitted:
             self.waiting.remove(req)
             self.running.append(req)
@@ -229,7 +238,11 @@ class Scheduler:
             self._run(StepBatch.from_parts(prefill, decodes))
         else:
             self._flush_outputs()  # no forward to send them behind
-            if len(self.running) > 1:
+            if self.waiting and not self.running and self.kv.pins.shed_lru() is not None:
+                # Nothing runs and nothing fits: programs' pinned KV holds the pool. Unpin
+                # the least recently used program (its next step matches from the root).
+                self.stats["program_pins_shed"] += 1
+            elif len(self.running) > 1:
                 # Nothing could run: partial prefills hold the memory each other needs.
                 # Admission budgets make this unlikely; if it happens, free the cheapest one.
                 victim = self.decodes.retract_cheapest(self.running)
@@ -242,6 +255,17 @@ class Scheduler:
         if self.args.debug_invariants:
             self.kv.check_invariants(self.running)
             self.drafts.check_invariants()
+
+    def _shed_pins_if_blocking(self) -> None:
+        """Unpin the least recently used program when even the smallest waiting request does
+        not fit in the KV left (free and evictable, after the running decodes' reserve) and
+        programs hold pins: pinned KV only saves recomputing a program's prefix, so it yields
+        to requests that cannot start without it."""
+        if not self.waiting or not self.kv.pins.num_programs:
+            return
+        room = self.kv.available_tokens() - sum(self.ratio.reserve(r) for r in self.running)
+        if room < min(r.pending_len for r in self.waiting) and self.kv.pins.shed_lru():
+            self.stats["program_pins_shed"] += 1
 
     def _run(self, step: StepBatch) -> None:
         batch = step.to_forward_batch(self.runner)
@@ -360,7 +384,7 @@ class Scheduler:
             self.activity.record_finished(req)
             self.running.remove(req)
             aborted = req.aborted
-            self.kv.release(req, keep_in_cache=not (req.failed or aborted))
+            self.kv.release(req, keep_in_cache=not (req.failed or aborted), finished=True)
             if not aborted:
                 self.stats["requests_finished"] += 1
         if not outputs:
@@ -390,6 +414,8 @@ class Scheduler:
             self._add_request(message)
         elif isinstance(message, AbortRequest):
             self._abort(message.rid)
+        elif isinstance(message, ProgramRelease):
+            self.kv.pins.release(message.program, message.branches)
         elif isinstance(message, ControlRequest):
             try:
                 reply = self._control(message)
@@ -516,6 +542,9 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting),
             "num_grammar_queue_reqs": len(self.grammar.queue),
             "num_retracted_reqs": self.decodes.num_retracted,
+            "num_pinned_programs": self.kv.pins.num_programs,
+            "num_program_pins": self.kv.pins.num_pins,
+            "num_program_pins_shed": self.stats["program_pins_shed"] + self.decodes.num_pins_shed,
             "new_token_ratio": self.ratio.value,
             "gen_throughput": self.stats["generated_tokens"] / elapsed,
             # Mean tokens a request gets from one forward (1.0 without drafts).

@@ -24,7 +24,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime.errors import RequestError, SchedulerDied
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import InvalidSamplingParams
-from runtime.server import cache_tree, dashboard, native_api, openai_api, responses_api
+from runtime.server import (
+    cache_tree,
+    dashboard,
+    native_api,
+    openai_api,
+    program_api,
+    responses_api,
+)
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
 from runtime.server.openapi import openapi_json
 from runtime.server.state import ServerState, get_state
@@ -49,6 +56,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(native_api.router)
+    app.include_router(program_api.router)
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)
     app.include_router(cache_tree.router)

@@ -79,6 +79,7 @@ def launch_server(args: ServerArgs) -> int:
                 strict_mode=args.schema_strict_mode,
                 validation_attempts=args.schema_validation_attempts,
                 validation_timeout=args.schema_validation_timeout,
+                program_pin_timeout_s=args.program_pin_timeout_s,
             ),
             process_info={
                 "server_pid": os.getpid(),

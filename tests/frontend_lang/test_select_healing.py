@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import frontend_lang as fl
-from frontend_lang.scoring import greedy_token_index, heal_boundary
+from runtime.program.select_math import greedy_token_index, heal_boundary
 
 
 def test_heal_boundary_is_the_first_departure_over_all_choices():

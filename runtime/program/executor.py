@@ -1,0 +1,508 @@
+"""Runs compiled DSL programs next to the KV cache, on the tokenizer manager's event loop.
+
+A program is a set of branches (the root state ``""`` and its fork branches), each a token
+sequence that only grows. Text a program appends is kept as text until a ``gen`` or ``select``
+needs it, then tokenized once, at the boundary: the last few tokens of the branch are decoded
+and re-encoded together with the new text (token healing), so the new text tokenizes as it
+would in the whole prompt, and only those tokens are re-encoded. Generated tokens are kept as
+the model produced them (never re-tokenized), except what a stop string or EOS cut from the
+text.
+
+Each step is a request to the scheduler that continues the branch's pinned KV
+(``ProgramStep``): admitted from the pinned node, its result pinned in turn. Fork branches
+start from their parent's pin, so they share its slots; ``select`` scores every choice on the
+live KV in one batch. A session (a program's branches, their tokens and pins) lives across the
+program's segments (its Python code runs between them) until the program ends, or is idle for
+the pin timeout.
+
+Results go out as events, in order per branch::
+
+    {"type": "program", "program_id": ...}                   # first
+    {"type": "delta", "branch": key, "text": ...}            # stream: a gen's new text
+    {"type": "gen", "branch": key, "name": ..., "text": ..., "meta_info": {...}}
+    {"type": "select", "branch": key, "name": ..., "choice": ..., "prefix_tokens": [...],
+     "choice_tokens": [[...]], "choice_logprobs": [[...]], "meta": [...],
+     "unconditional": [[...]] | null}
+    {"type": "error", "branch": key, "name": ..., "status": 400, "message": ...}
+    {"type": "done", "program_id": ..., "meta_info": {...}}   # last
+
+A failed op stops its branch (later ops of that branch are skipped, as the interpreter's
+branch stops at its first error); the other branches go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import RequestError, SchedulerDied
+from runtime.ipc import ProgramRelease, ProgramStep
+from runtime.program.select_math import (
+    HEAL_WINDOW,
+    UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
+    heal_boundary,
+    pick,
+)
+from runtime.program.spec import (
+    ForkOp,
+    GenOp,
+    InvalidGen,
+    JoinOp,
+    Op,
+    ProgramRequest,
+    SelectOp,
+    TextOp,
+    branch_key,
+)
+from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+# Tokens decoded and re-encoded with new text at a boundary (token healing).
+BOUNDARY_TOKENS = 4
+# Most sessions kept at once; beyond, the longest idle is ended.
+MAX_SESSIONS = 4096
+SCORE_ONLY = SamplingParams(max_new_tokens=0)
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class Branch:
+    """One branch's sequence: ``ids`` tokenized, then ``pending`` text not yet tokenized.
+
+    ``pin_key`` names the pin its next step continues (its own once a step of it finished,
+    its parent's before); the first ``reuse_len`` of ``ids`` are that pinned sequence's.
+    """
+
+    key: str
+    ids: list[int] = field(default_factory=list)
+    pending: str = ""
+    pin_key: str | None = None
+    reuse_len: int = 0
+    group: str | None = None  # the fork group of its first step
+    failed: bool = False
+    task: asyncio.Task[None] | None = None
+
+    def child(self, key: str, group: str) -> Branch:
+        return Branch(key, list(self.ids), self.pending, self.pin_key, self.reuse_len, group)
+
+
+@dataclass
+class Session:
+    program_id: str
+    branches: dict[str, Branch]
+    forks: dict[int, list[str]] = field(default_factory=dict)
+    used: float = field(default_factory=time.monotonic)
+    busy: bool = False
+    stats: dict[str, int] = field(
+        default_factory=lambda: {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "reused_tokens": 0,
+            "reencoded_tokens": 0,
+            "cached_tokens": 0,
+            "completion_tokens": 0,
+        }
+    )
+
+
+class ProgramRunner:
+    """The compiled programs of one tokenizer manager."""
+
+    def __init__(self, tm: TokenizerManager, ttl_s: float) -> None:
+        self.tm = tm
+        self.ttl_s = ttl_s
+        self.sessions: dict[str, Session] = {}
+
+    # ---- sessions ----------------------------------------------------------------------
+
+    def _session(self, program_id: str | None) -> Session:
+        self._expire()
+        if program_id is None:
+            program_id = uuid.uuid4().hex
+        session = self.sessions.get(program_id)
+        if session is None:
+            if len(self.sessions) >= MAX_SESSIONS:
+                idle = min((s for s in self.sessions.values() if not s.busy), key=lambda s: s.used)
+                self.end(idle.program_id)
+            session = Session(program_id, {"": Branch("")})
+            self.sessions[program_id] = session
+        if session.busy:
+            raise RequestError(f"program {program_id!r} is running a segment already", 409)
+        return session
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if not session.busy and now - session.used > self.ttl_s:
+                self.end(session.program_id)
+
+    def end(self, program_id: str) -> bool:
+        """Forget a program and unpin its KV; False if it is unknown."""
+        session = self.sessions.pop(program_id, None)
+        if session is None:
+            return False
+        for branch in session.branches.values():
+            if branch.task is not None and not branch.task.done():
+                branch.task.cancel()
+        self.tm.release_program(ProgramRelease(program_id))
+        return True
+
+    # ---- running -----------------------------------------------------------------------
+
+    async def run(self, request: ProgramRequest) -> AsyncIterator[dict[str, Any]]:
+        """Run one segment; yield its events (see the module doc). Unknown branches and a
+        busy program raise RequestError before anything runs."""
+        session = self._session(request.program_id)
+        for key in request.branches:
+            if key not in session.branches:
+                raise RequestError(f"branches: the program has no branch {key!r}")
+        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        async def emit(event: dict[str, Any]) -> None:
+            events.put_nowait(event)
+
+        session.busy = True
+        finished = False
+        work: asyncio.Future[None] | None = None
+        try:
+            yield {"type": "program", "program_id": session.program_id}
+            segment = _Segment(self, session, request.stream, emit)
+            work = asyncio.ensure_future(segment.run(request.branches))
+            work.add_done_callback(lambda _: events.put_nowait(None))
+            while (event := await events.get()) is not None:
+                yield event
+            await work  # raises what the segment itself could not handle
+            finished = True
+            yield {
+                "type": "done",
+                "program_id": session.program_id,
+                "meta_info": dict(session.stats),
+            }
+        finally:
+            session.busy = False
+            session.used = time.monotonic()
+            if not finished:  # the caller went away mid-segment: the program cannot go on
+                if work is not None and not work.done():
+                    work.cancel()
+                self.end(session.program_id)
+            elif request.end:
+                self.end(session.program_id)
+
+
+class _Segment:
+    """One request's ops, run against a session."""
+
+    def __init__(self, runner: ProgramRunner, session: Session, stream: bool, emit: Emit) -> None:
+        self.runner = runner
+        self.tm = runner.tm
+        self.tokenizer = runner.tm.tokenizer
+        self.session = session
+        self.stream = stream
+        self.emit = emit
+
+    async def run(self, branches: dict[str, tuple[Op, ...]]) -> None:
+        tasks = [
+            self._start(self.session.branches[key], ops) for key, ops in branches.items() if ops
+        ]
+        await self._wait(tasks)
+        # Branches forked in this segment and never joined finish before it ends (and the
+        # forks they made in turn).
+        while running := [
+            b.task
+            for b in self.session.branches.values()
+            if b.task is not None and not b.task.done()
+        ]:
+            await self._wait(running)
+
+    def _start(self, branch: Branch, ops: tuple[Op, ...]) -> asyncio.Task[None]:
+        previous = branch.task
+
+        async def body() -> None:
+            if previous is not None and not previous.done():
+                await asyncio.shield(previous)
+            await self._run_ops(branch, ops)
+
+        branch.task = asyncio.ensure_future(body())
+        return branch.task
+
+    @staticmethod
+    async def _wait(tasks: list[asyncio.Task[None]]) -> None:
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _run_ops(self, branch: Branch, ops: tuple[Op, ...]) -> None:
+        for op in ops:
+            if branch.failed:
+                return
+            name = getattr(op, "name", None)
+            try:
+                await self._op(branch, op)
+            except asyncio.CancelledError:
+                raise
+            except (RequestError, SchedulerDied, ValueError) as exc:
+                await self._fail(branch, name, getattr(exc, "status_code", 500), str(exc))
+            except Exception:
+                logger.exception("program %s failed", self.session.program_id)
+                await self._fail(
+                    branch, name, 500, "internal error while running the program; see the log"
+                )
+
+    async def _fail(self, branch: Branch, name: str | None, status: int, message: str) -> None:
+        branch.failed = True
+        if isinstance(status, int) and status < 400:
+            status = 500
+        await self.emit(
+            {"type": "error", "branch": branch.key, "name": name, "status": status,
+             "message": message}
+        )  # fmt: skip
+
+    async def _op(self, branch: Branch, op: Op) -> None:
+        if isinstance(op, TextOp):
+            branch.pending += op.text
+        elif isinstance(op, GenOp):
+            await self._gen(branch, op)
+        elif isinstance(op, SelectOp):
+            await self._select(branch, op)
+        elif isinstance(op, ForkOp):
+            await self._fork(branch, op)
+        elif isinstance(op, JoinOp):
+            await self._join(op)
+        elif isinstance(op, InvalidGen):
+            raise RequestError(op.message)
+
+    # ---- tokens ------------------------------------------------------------------------
+
+    async def _encode(self, branch: Branch) -> tuple[int, int]:
+        """Tokenize the branch's pending text onto its ids; (tokens re-used, tokens encoded)."""
+        if not branch.pending:
+            return len(branch.ids), 0
+        pending, branch.pending = branch.pending, ""
+        if not branch.ids:
+            ids = await self.tm.tokenize(pending)
+            branch.ids = list(ids)
+            return 0, len(ids)
+        ids = branch.ids
+        start = _boundary_start(self.tokenizer, ids)
+        context = ids[start - 1 : start] if start > 0 else []
+        tail = ids[start:]
+
+        def encode() -> list[int]:
+            text = _decode_after(self.tokenizer, context, tail) + pending
+            return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+        new = await self.tm.run_tokenizer(encode, "text")
+        same = 0
+        for a, b in zip(tail, new, strict=False):
+            if a != b:
+                break
+            same += 1
+        kept = start + same
+        branch.ids = ids[:kept] + new[same:]
+        branch.reuse_len = min(branch.reuse_len, kept)
+        return kept, len(new) - same
+
+    def _step(self, branch: Branch, keep: bool, reuse_len: int | None = None) -> ProgramStep:
+        group, branch.group = branch.group, None
+        return ProgramStep(
+            self.session.program_id,
+            continue_from=branch.pin_key,
+            reuse_len=branch.reuse_len if reuse_len is None else reuse_len,
+            keep_as=branch.key if keep else None,
+            group=group,
+        )
+
+    def _count(self, meta: dict[str, Any], reused: int, encoded: int) -> None:
+        stats = self.session.stats
+        stats["requests"] += 1
+        stats["prompt_tokens"] += int(meta.get("prompt_tokens") or 0)
+        stats["cached_tokens"] += int(meta.get("cached_tokens") or 0)
+        stats["completion_tokens"] += int(meta.get("completion_tokens") or 0)
+        stats["reused_tokens"] += reused
+        stats["reencoded_tokens"] += encoded
+
+    # ---- ops ---------------------------------------------------------------------------
+
+    async def _gen(self, branch: Branch, op: GenOp) -> None:
+        reused, encoded = await self._encode(branch)
+        if not branch.ids:
+            raise RequestError("the prompt is empty: a program's first gen needs text before it")
+        prompt = list(branch.ids)
+        step = self._step(branch, keep=True)
+        final: dict[str, Any] = {}
+        async for chunk in self.tm.generate(prompt, op.params, stream=self.stream, program=step):
+            final = chunk
+            if self.stream and chunk.get("delta"):
+                await self.emit({"type": "delta", "branch": branch.key, "text": chunk["delta"]})
+        text, output_ids = final["text"], list(final["output_ids"])
+        kept, rest = _kept_output(self.tokenizer, prompt, output_ids, text)
+        branch.ids = prompt + kept
+        branch.pending = rest
+        branch.pin_key = branch.key
+        branch.reuse_len = len(prompt) + len(kept)
+        meta = dict(final["meta_info"])
+        meta["reused_tokens"], meta["reencoded_tokens"] = reused, encoded
+        self._count(meta, reused, encoded)
+        await self.emit(
+            {"type": "gen", "branch": branch.key, "name": op.name, "text": text,
+             "meta_info": meta}
+        )  # fmt: skip
+
+    async def _select(self, branch: Branch, op: SelectOp) -> None:
+        reused, encoded = await self._encode(branch)
+        ids = branch.ids
+        if not ids:
+            ids = branch.ids = list(await self.tm.tokenize(""))
+            if not ids:
+                raise RequestError("select needs text before it (the model has no BOS token)")
+        start = max(1, len(ids) - HEAL_WINDOW)
+        window = _decode_after(self.tokenizer, ids[start - 1 : start], ids[start:])
+
+        def encode_choices() -> list[list[int]]:
+            return [
+                list(self.tokenizer(window + c, add_special_tokens=False).input_ids)
+                for c in op.choices
+            ]
+
+        tails = await self.tm.run_tokenizer(encode_choices, "choices")
+        reuse = min(branch.reuse_len, start)
+        calls: list[Awaitable[dict[str, Any]]] = []
+        # The prefix itself first when it has tokens no pin covers: it is prefilled once (the
+        # choices wait for it, sharing it) and pinned for the branch's next step.
+        prefill = len(ids) > branch.reuse_len
+        if prefill:
+            calls.append(self._score(ids, start, self._step(branch, keep=True)))
+        calls += [
+            self._score(ids[:start] + tail, start, self._step(branch, keep=False, reuse_len=reuse))
+            for tail in tails
+        ]
+        unconditional_calls: list[Awaitable[dict[str, Any]]] = []
+        if op.method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED:
+            for choice in op.choices:
+                choice_ids = await self.tm.tokenize(choice, "choices")
+                unconditional_calls.append(self._score(choice_ids, 0, None))
+        results = await asyncio.gather(*calls, *unconditional_calls)
+        scored = results[int(prefill) : int(prefill) + len(tails)]
+        if prefill:
+            branch.pin_key, branch.reuse_len = branch.key, len(ids)
+        entries = [r["meta_info"]["input_token_logprobs"] for r in scored]
+        prefix_tokens = ids[start:]
+        choice_tokens = [[e[1] for e in row] for row in entries]
+        choice_logprobs = [[e[0] for e in row] for row in entries]
+        unconditional = None
+        if unconditional_calls:
+            unconditional = [
+                [e[0] for e in r["meta_info"]["input_token_logprobs"] if e[0] is not None]
+                for r in results[int(prefill) + len(tails) :]
+            ]
+        boundary = heal_boundary(prefix_tokens, choice_tokens)
+        index, _ = pick(op.method, [row[boundary:] for row in choice_logprobs], unconditional)
+        branch.pending += op.choices[index]
+        metas = [{k: r["meta_info"][k] for k in ("prompt_tokens", "cached_tokens")} for r in scored]
+        for i, r in enumerate(results[: int(prefill) + len(tails)]):
+            self._count(r["meta_info"], reused if i == 0 else 0, encoded if i == 0 else 0)
+        await self.emit(
+            {
+                "type": "select",
+                "branch": branch.key,
+                "name": op.name,
+                "choice": op.choices[index],
+                "prefix_tokens": prefix_tokens,
+                "choice_tokens": choice_tokens,
+                "choice_logprobs": choice_logprobs,
+                "meta": metas,
+                "unconditional": unconditional,
+                "reused_tokens": reused,
+                "reencoded_tokens": encoded,
+            }
+        )
+
+    async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> dict[str, Any]:
+        final: dict[str, Any] = {}
+        async for chunk in self.tm.generate(
+            ids, SCORE_ONLY, return_logprob=start >= 0, logprob_start_len=start, program=step
+        ):
+            final = chunk
+        return final
+
+    async def _fork(self, branch: Branch, op: ForkOp) -> None:
+        session = self.session
+        if op.id in session.forks:
+            raise RequestError(f"fork id {op.id} is used already in this program")
+        if len(op.branches) > 1 and (branch.pending or len(branch.ids) > branch.reuse_len):
+            # Prefill the shared prefix once, pinned, so every branch starts from its KV.
+            reused, encoded = await self._encode(branch)
+            if branch.ids:
+                result = await self._score(branch.ids, -1, self._step(branch, keep=True))
+                self._count(result["meta_info"], reused, encoded)
+                branch.pin_key, branch.reuse_len = branch.key, len(branch.ids)
+        group = f"{session.program_id}:{op.id}"
+        keys = [branch_key(branch.key, op.id, i) for i in range(len(op.branches))]
+        session.forks[op.id] = keys
+        for key, ops in zip(keys, op.branches, strict=True):
+            child = branch.child(key, group)
+            session.branches[key] = child
+            self._start(child, ops)
+
+    async def _join(self, op: JoinOp) -> None:
+        keys = self.session.forks.get(op.id, [])
+        branches = [self.session.branches[k] for k in keys if k in self.session.branches]
+        await self._wait([b.task for b in branches if b.task is not None])
+        # Joined branches keep their tokens (a program may still read them) but not their pins.
+        self.tm.release_program(ProgramRelease(self.session.program_id, keys))
+        for b in branches:
+            if b.pin_key == b.key:
+                b.pin_key, b.reuse_len = None, 0
+
+
+def _boundary_start(tokenizer: Any, ids: list[int]) -> int:
+    """Where the re-encoded boundary begins: ``BOUNDARY_TOKENS`` from the end, moved back (up to
+    twice as far) to a token that starts with whitespace, so that re-encoding starts where a
+    tokenizer's pre-tokenizer would split the whole text too."""
+    start = max(1, len(ids) - BOUNDARY_TOKENS)
+    for position in range(start, max(0, len(ids) - 2 * BOUNDARY_TOKENS) - 1, -1):
+        if position <= 0:
+            break
+        piece = tokenizer.convert_ids_to_tokens(ids[position])
+        if isinstance(piece, str) and piece[:1] in ("Ġ", "▁", " ", "Ċ", "\n"):
+            return position
+    return start
+
+
+def _decode_after(tokenizer: Any, context: list[int], ids: list[int]) -> str:
+    """The text of ``ids`` as it reads after ``context`` (decoding them alone may drop a
+    leading space, or split a character)."""
+    if not ids:
+        return ""
+    if not context:
+        return str(tokenizer.decode(ids, skip_special_tokens=False))
+    both = tokenizer.decode(context + ids, skip_special_tokens=False)
+    before = tokenizer.decode(context, skip_special_tokens=False)
+    return (
+        str(both[len(before) :])
+        if both.startswith(before)
+        else str(tokenizer.decode(ids, skip_special_tokens=False))
+    )
+
+
+def _kept_output(
+    tokenizer: Any, prompt: list[int], output_ids: list[int], text: str
+) -> tuple[list[int], str]:
+    """The generated tokens that make up ``text`` (the output as returned: a stop string, EOS
+    and special tokens cut), and whatever of ``text`` they do not cover (re-encoded later).
+    Usually every token is kept; a stop cuts the last few."""
+    context = prompt[-1:]
+    for keep in range(len(output_ids), max(-1, len(output_ids) - 17), -1):
+        decoded = _decode_after(tokenizer, context, output_ids[:keep])
+        if decoded == text or (text.startswith(decoded) and not decoded.endswith("\ufffd")):
+            return output_ids[:keep], text[len(decoded) :]
+    return [], text

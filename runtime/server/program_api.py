@@ -1,0 +1,60 @@
+"""``POST /program``: run a segment of a compiled DSL program next to the KV cache
+(``runtime/program``; the request's shape is in ``runtime/program/spec.py``).
+
+Answers server-sent events (``"stream": true``, or ``Accept: text/event-stream``), one per
+program event, then ``data: [DONE]``; otherwise one JSON object ``{"program_id", "events"}``.
+``DELETE /program/{program_id}`` ends a program (unpins its KV) without running anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from runtime.program.spec import parse_program
+from runtime.server.errors import ApiError
+from runtime.server.state import get_state
+from runtime.server.streams import guarded_sse, sse_event
+
+router = APIRouter()
+
+
+@router.post("/program")
+async def run_program(request: Request) -> Response:
+    state = get_state(request)
+    state.require_ready()
+    body = await state.read_body(request)
+    manager = state.tokenizer_manager
+    parsed = parse_program(body, manager.limits)
+    events = manager.programs.run(parsed)
+    first = await events.__anext__()  # refusals (unknown branch, busy program) raise here
+    wants_sse = parsed.stream or "text/event-stream" in request.headers.get("accept", "")
+    if wants_sse:
+        return StreamingResponse(guarded_sse(_sse(first, events)), media_type="text/event-stream")
+    collected = [first]
+    try:
+        async for event in events:
+            collected.append(event)
+    finally:
+        await events.aclose()
+    return JSONResponse({"program_id": first["program_id"], "events": collected})
+
+
+async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    try:
+        yield sse_event(first)
+        async for event in rest:
+            yield sse_event(event)
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+@router.delete("/program/{program_id}")
+async def end_program(program_id: str, request: Request) -> Response:
+    state = get_state(request)
+    if not state.tokenizer_manager.programs.end(program_id):
+        raise ApiError(404, f"no program {program_id!r} is running")
+    return JSONResponse({"success": True})
