@@ -62,6 +62,25 @@ def test_trace_of_a_fork_program_has_its_graph(tmp_path: Path):
     assert "fork x3" in str(graph)
 
 
+@pytest.mark.parametrize(
+    ("example", "program", "args", "kinds"),
+    [
+        ("batch_extraction", "extract", {"record": "Ann, 31, cat"}, {"gen", "select"}),
+        ("multi_turn_chat", "chat", {"turns": ["hi", "and?"]}, {"gen", "role"}),
+        ("rag", "rag", {"question": "what is evicted?"}, {"gen", "role"}),
+        ("react_agent", "react_agent", {"question": "q"}, {"gen", "select", "dynamic"}),
+        ("tree_of_thought", "tree_of_thought", {"problem": "p"}, {"fork", "gen", "dynamic"}),
+        ("watch_the_cache", "review", {"diff": "- a\n+ b"}, {"fork", "gen"}),
+    ],
+)
+def test_every_example_program_traces(example: str, program: str, args: dict, kinds: set[str]):
+    graph = getattr(load(example), program).trace(**args)
+    assert kinds <= {n.kind for n in graph.nodes}, str(graph)
+    # Every node but the first continues another one.
+    assert {dst for _, dst, _ in graph.edges} == {n.id for n in graph.nodes[1:]}
+    assert graph.to_dot().count(" -> ") == len(graph.edges)
+
+
 def test_trace_stops_at_the_first_read_and_marks_it_dynamic():
     agent = load("react_agent")
     graph = agent.react_agent.trace(question="q", max_steps=2, max_tokens=4)

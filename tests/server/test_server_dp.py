@@ -102,18 +102,23 @@ def _branches(s: Any, topic: str) -> None:
 def test_dsl_fork_program_lands_on_the_replica_holding_its_prefix(
     routed: ServerProcess, server: ServerProcess
 ) -> None:
-    before = _info(routed)["router"]["decisions"].get("cache_hit", 0)
+    decisions = lambda: _info(routed)["router"]["decisions"]  # noqa: E731
+    before = decisions()
     ours = fl.RuntimeEndpoint(routed.url)
     single = fl.RuntimeEndpoint(server.url)
     try:
-        got = _branches.run(topic="rivers", backend=ours)
+        compiled = _branches.run(topic="rivers", backend=ours)
+        after_compiled = decisions()
+        interpreted = _branches.run(topic="rivers", backend=ours, compile=False)
         want = _branches.run(topic="rivers", backend=single)
     finally:
         ours.shutdown()
         single.shutdown()
-    assert got["idea"] == want["idea"]
-    # The fork's prefix request went to one replica; the three branches followed it.
-    assert _info(routed)["router"]["decisions"].get("cache_hit", 0) - before >= 3
+    assert compiled["idea"] == interpreted["idea"] == want["idea"]
+    # Compiled: the program's steps (fork prefill, three branches) stay on its replica.
+    assert after_compiled.get("program", 0) - before.get("program", 0) >= 3
+    # Interpreted: the fork's prefix request went to one replica; the branches followed it.
+    assert decisions().get("cache_hit", 0) - after_compiled.get("cache_hit", 0) >= 3
 
 
 def test_metrics_report_each_replica_and_the_router(routed: ServerProcess) -> None:
