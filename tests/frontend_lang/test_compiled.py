@@ -396,3 +396,15 @@ def test_nested_forks_run_and_equal_the_interpreter(engine_backend: fl.Engine):
     assert sorted(leaves(compiled)) == sorted(leaves(interpreted))
     assert len(leaves(compiled)) == 4
     engine_backend.engine.check_invariants()
+
+
+def test_a_server_without_programs_falls_back_to_the_interpreter(engine_backend: fl.Engine):
+    class Old(Counting):
+        def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            self.segments.append(request)
+            raise fl.backends.base.ProgramsUnsupported("no /program here")
+
+    old = Old(engine_backend)
+    state = _primitives.run(backend=old, topic="caches")
+    assert len(old.segments) == 1 and old.calls > 0  # tried once, then interpreted
+    assert state.text() == _primitives.run(backend=engine_backend, topic="caches").text()
