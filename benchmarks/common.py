@@ -25,6 +25,20 @@ def best_time(fn: Callable[[], Any], repeat: int = 3) -> float:
     return min(times)
 
 
+def timed_into(fn: Callable[..., Any], clock: list[float]) -> Callable[..., Any]:
+    """``fn``, adding the wall time of each call to ``clock[0]`` (to time one kind of op
+    inside a larger run: attention, collectives)."""
+
+    def timed(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            clock[0] += time.perf_counter() - start
+
+    return timed
+
+
 def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),

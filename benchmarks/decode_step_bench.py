@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 import kernels
-from benchmarks.common import print_table, write_json
+from benchmarks.common import print_table, timed_into, write_json
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.model_runner import ModelRunner
 from runtime.test_model import cached_test_model
@@ -40,18 +40,8 @@ def _timed_attention(clock: list[float]) -> Iterator[None]:
     """Accumulate the wall time of every attention op call into clock[0]."""
     originals = {name: getattr(kernels, name) for name in ATTENTION_OPS}
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                clock[0] += time.perf_counter() - start
-
-        return timed
-
     for name, fn in originals.items():
-        setattr(kernels, name, wrap(fn))
+        setattr(kernels, name, timed_into(fn, clock))
     try:
         yield
     finally:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from benchmarks.common import machine, print_table, write_json
+from benchmarks.common import machine, print_table, timed_into, write_json
 from runtime.distributed import start_model_runner
 from runtime.model_runner import ModelRunner
 from runtime.test_model import cached_test_model
@@ -30,18 +29,8 @@ def _time_collectives(runner: ModelRunner, clock: list[float]) -> None:
     """Add the wall time of every collective rank 0 calls to clock[0]."""
     group = runner.tp
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                clock[0] += time.perf_counter() - start
-
-        return timed
-
     for name in ("all_reduce", "gather_to_leader", "broadcast"):
-        setattr(group, name, wrap(getattr(group, name)))
+        setattr(group, name, timed_into(getattr(group, name), clock))
 
 
 def _rows(runner: ModelRunner, batch: int, context: int, first_slot: int) -> list[int]:

@@ -243,46 +243,56 @@ class CompiledRun:
         dispatcher = threading.Thread(target=dispatch, name=f"{self.run.program}-events")
         dispatcher.start()
 
-        def source(key: str) -> _Source:
-            return _Source(queue_of(key))
+        def replay_backend(state: ProgramState) -> Backend:
+            return _ReplayBackend(self.run.backend, _Source(queue_of(self.key(state))))
 
-        root_items: tuple[ProgramState, list[Item]] | None = None
-        jobs: list[ProgramState] = []
-        for state_id, (state, items) in pending.items():
-            if state_id in fresh:
-                continue  # started by its fork's replay
-            if state._worker is None:
-                root_items = (state, items)
-            else:
-                state.submit(self._replayer(state, items, pending, source))
-                jobs.append(state)
-        error: BaseException | None = None
         try:
-            if root_items is not None:
-                self._replayer(root_items[0], root_items[1], pending, source)()
-        except BaseException as exc:  # noqa: BLE001 - raised once the segment is drained
-            error = exc
+            self._play(pending, fresh, replay_backend)
         finally:
-            dispatcher.join()
-        if error is not None:
-            raise error
+            dispatcher.join()  # the segment is drained before any error is raised
 
-    def _replayer(
+    def _interpret(
+        self, pending: dict[int, tuple[ProgramState, list[Item]]], fresh: set[int]
+    ) -> None:
+        """The server cannot run programs: interpret what was recorded (forks prefill their
+        prefix and start their branches where they were recorded)."""
+        self._play(pending, fresh, None)
+
+    def _play(
+        self,
+        pending: dict[int, tuple[ProgramState, list[Item]]],
+        fresh: set[int],
+        backend_for: Callable[[ProgramState], Backend] | None,
+    ) -> None:
+        """Execute the recorded items of every state: the root's on this thread, each branch's
+        on its worker (a branch forked in this segment starts when its fork is reached).
+        ``backend_for`` gives a state the backend that hands out the runtime's results (None:
+        the real backend, interpreting)."""
+        for state_id, (state, items) in pending.items():
+            if state_id not in fresh and state._worker is not None:
+                state.submit(self._player(state, items, pending, backend_for))
+        for state_id, (state, items) in pending.items():
+            if state_id not in fresh and state._worker is None:
+                self._player(state, items, pending, backend_for)()
+
+    def _player(
         self,
         state: ProgramState,
         items: list[Item],
         pending: dict[int, tuple[ProgramState, list[Item]]],
-        source: Callable[[str], _Source],
+        backend_for: Callable[[ProgramState], Backend] | None,
     ) -> Callable[[], None]:
-        def replay() -> None:
-            state._replay = _ReplayBackend(self.run.backend, source(self.key(state)))
+        def play() -> None:
+            state._replay = backend_for(state) if backend_for is not None else None
             try:
                 for item in items:
                     if isinstance(item, ForkRecord):
+                        if backend_for is None and len(item.branches) > 1:
+                            self._cache_prefix(state)  # as the interpreter's fork does
                         for branch in item.branches:
                             state._copy_into(branch)
                             branch_items = pending.get(id(branch), (branch, []))[1]
-                            branch.submit(self._replayer(branch, branch_items, pending, source))
+                            branch.submit(self._player(branch, branch_items, pending, backend_for))
                     elif isinstance(item, JoinRecord):
                         item.group._gather_now()
                     else:
@@ -290,48 +300,13 @@ class CompiledRun:
             finally:
                 state._replay = None
 
-        return replay
+        return play
 
-    def _interpret(
-        self, pending: dict[int, tuple[ProgramState, list[Item]]], fresh: set[int]
-    ) -> None:
-        """The server cannot run programs: interpret what was recorded (forks prefill their
-        prefix and start their branches where they were recorded)."""
-        root: tuple[ProgramState, list[Item]] | None = None
-        for state_id, (state, items) in pending.items():
-            if state_id in fresh:
-                continue
-            if state._worker is None:
-                root = (state, items)
-            else:
-                state.submit(self._interpreter(state, items, pending))
-        if root is not None:
-            self._interpreter(root[0], root[1], pending)()
-
-    def _interpreter(
-        self,
-        state: ProgramState,
-        items: list[Item],
-        pending: dict[int, tuple[ProgramState, list[Item]]],
-    ) -> Callable[[], None]:
-        def interpret() -> None:
-            for item in items:
-                if isinstance(item, ForkRecord):
-                    if len(item.branches) > 1:
-                        try:
-                            self.run.backend.cache_prefix(state.prompt())
-                        except Exception as exc:
-                            raise ProgramError(self.run.program, None, exc) from exc
-                    for branch in item.branches:
-                        state._copy_into(branch)
-                        branch_items = pending.get(id(branch), (branch, []))[1]
-                        branch.submit(self._interpreter(branch, branch_items, pending))
-                elif isinstance(item, JoinRecord):
-                    item.group._gather_now()
-                else:
-                    execute(state, item)
-
-        return interpret
+    def _cache_prefix(self, state: ProgramState) -> None:
+        try:
+            self.run.backend.cache_prefix(state.prompt())
+        except Exception as exc:
+            raise ProgramError(self.run.program, None, exc) from exc
 
 
 @dataclass

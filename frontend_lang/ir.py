@@ -11,18 +11,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.program.select_math import (
-    CHOICES_METHODS as CHOICES_METHODS,
-)
-from runtime.program.select_math import (
-    GREEDY_TOKEN as GREEDY_TOKEN,
-)
-from runtime.program.select_math import (
-    TOKEN_LENGTH_NORMALIZED as TOKEN_LENGTH_NORMALIZED,
-)
-from runtime.program.select_math import (
-    UNCONDITIONAL_LIKELIHOOD_NORMALIZED as UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
-)
+from runtime.program import select_math
+
+# select's methods (the runtime's compiled select scores with the same code).
+TOKEN_LENGTH_NORMALIZED = select_math.TOKEN_LENGTH_NORMALIZED
+GREEDY_TOKEN = select_math.GREEDY_TOKEN
+UNCONDITIONAL_LIKELIHOOD_NORMALIZED = select_math.UNCONDITIONAL_LIKELIHOOD_NORMALIZED
+CHOICES_METHODS = select_math.CHOICES_METHODS
 
 ROLES = ("system", "user", "assistant")
 

@@ -132,8 +132,12 @@ class ProgramRunner:
         session = self.sessions.get(program_id)
         if session is None:
             if len(self.sessions) >= MAX_SESSIONS:
-                idle = min((s for s in self.sessions.values() if not s.busy), key=lambda s: s.used)
-                self.end(idle.program_id)
+                idle = [s for s in self.sessions.values() if not s.busy]
+                if not idle:
+                    raise RequestError(
+                        f"{MAX_SESSIONS} programs are running; retry when one ends", 503
+                    )
+                self.end(min(idle, key=lambda s: s.used).program_id)
             session = Session(program_id, {"": Branch("")})
             self.sessions[program_id] = session
         if session.busy:
@@ -344,7 +348,9 @@ class _Segment:
             if self.stream and chunk.get("delta"):
                 await self.emit({"type": "delta", "branch": branch.key, "text": chunk["delta"]})
         text, output_ids = final["text"], list(final["output_ids"])
-        kept, rest = _kept_output(self.tokenizer, prompt, output_ids, text)
+        kept, rest = await self.tm.run_tokenizer(  # decoding: off the event loop
+            lambda: _kept_output(self.tokenizer, prompt, output_ids, text), "text"
+        )
         branch.ids = prompt + kept
         branch.pending = rest
         branch.pin_key = branch.key

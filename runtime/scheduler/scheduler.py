@@ -224,13 +224,13 @@ class Scheduler:
             ordered = program_aware(ordered, self.kv)
         ordered = with_starved_first(ordered, self.args.starvation_timeout_s)
         prefill, admitted = self.admission.schedule(self.running, ordered)
-        self._shed_pins_if_blocking()
         for req in admitted:
             self.waiting.remove(req)
             self.running.append(req)
             if req.retractions == 0:
                 self.stats["prompt_tokens"] += len(req.input_ids)
                 self.stats["cached_tokens"] += req.cached_tokens
+        self._shed_pins_if_blocking()
         if prefill or decodes:
             self.activity.record_step(
                 prefill, decodes, len(retracted), len(self.running), len(self.waiting)
