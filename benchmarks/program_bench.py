@@ -13,12 +13,17 @@ scheduler processed and prompt tokens tokenized again by the runtime, and how ma
 produced the same text in both modes (greedy). Targets: compiled >= 1.5x interpreted
 throughput on tree-of-thought and >= 1.3x on agent.
 
-    python -m benchmarks.program_bench [--model small] [--quick] [--rounds 2]
+With ``--server`` the programs run against ``arbor serve`` (started on a free loopback port)
+through ``fl.RuntimeEndpoint``, as a deployed client would: every interpreted call and every
+compiled segment is then an HTTP request, and tokenization happens in the server's process.
+
+    python -m benchmarks.program_bench [--model small] [--quick] [--rounds 2] [--server]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import threading
 import time
@@ -26,23 +31,23 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
+
 import frontend_lang as fl
 from benchmarks.common import print_table, write_json
 from benchmarks.suite.systems.arbor import warm_up
 from benchmarks.suite.workloads.agent import Agent, react_agent
 from benchmarks.suite.workloads.tree_of_thought import TreeOfThought, tree_of_thought
 from runtime import Engine
+from runtime.server import ServerProcess
 from runtime.test_model import cached_test_model
 
 
-class CountingEngine(fl.Engine):
-    """``fl.Engine`` over a shared ``runtime.Engine`` that counts its calls (round trips)."""
+class _Counting(fl.Backend):
+    """Counts a native backend's round trips: native requests and program segments."""
 
-    def __init__(self, engine: Engine) -> None:
-        super(fl.Engine, self).__init__(None)  # share ``engine``: no second runtime
-        self.engine = engine
-        self.calls = 0
-        self._lock = threading.Lock()
+    calls: int
+    _lock: threading.Lock
 
     def _counted(self) -> None:
         with self._lock:
@@ -50,18 +55,70 @@ class CountingEngine(fl.Engine):
 
     def _call(self, payload: dict[str, Any]) -> Any:
         self._counted()
-        return super()._call(payload)
+        return super()._call(payload)  # type: ignore[misc]
 
     def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         self._counted()
-        yield from super()._stream(payload)
+        yield from super()._stream(payload)  # type: ignore[misc]
 
     def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         self._counted()
         yield from super().run_program(request)
 
 
-WORKLOADS = {
+class CountingEngine(_Counting, fl.Engine):
+    """``fl.Engine`` over a shared ``runtime.Engine``, counting its round trips."""
+
+    def __init__(self, engine: Engine) -> None:
+        super(fl.Engine, self).__init__(None)  # share ``engine``: no second runtime
+        self.engine = engine
+        self.calls = 0
+        self._lock = threading.Lock()
+
+
+class CountingEndpoint(_Counting, fl.RuntimeEndpoint):
+    """``fl.RuntimeEndpoint`` counting its HTTP round trips."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+
+class InProcess:
+    """The programs' runtime: an in-process ``runtime.Engine``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def fresh(self) -> CountingEngine:
+        warm_up(self.engine)  # first-call costs out of the numbers, then an empty cache
+        return CountingEngine(self.engine)
+
+    def info(self) -> dict[str, Any]:
+        return self.engine.get_server_info()
+
+
+class OverHttp:
+    """The programs' runtime: ``arbor serve``, reached over HTTP."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.url = server.url
+
+    def fresh(self) -> CountingEndpoint:
+        for sampling in ({"max_new_tokens": 2}, {"max_new_tokens": 2, "regex": "a+"}):
+            body = {"input_ids": [10, 11, 12, 13], "sampling_params": sampling}
+            httpx.post(f"{self.url}/generate", json=body, timeout=120).raise_for_status()
+        httpx.post(f"{self.url}/flush_cache", timeout=60).raise_for_status()
+        return CountingEndpoint(self.url)
+
+    def info(self) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/get_server_info", timeout=60)
+        response.raise_for_status()
+        return dict(response.json())
+
+
+WORKLOADS: dict[str, tuple[fl.Function, type[TreeOfThought] | type[Agent]]] = {
     "tree-of-thought": (tree_of_thought, TreeOfThought),
     "agent": (react_agent, Agent),
 }
@@ -69,11 +126,13 @@ TARGETS = {"tree-of-thought": 1.5, "agent": 1.3}
 
 
 def run_mode(
-    engine: Engine, program: fl.Function, arguments: list[dict[str, Any]], compiled: bool
+    runtime: InProcess | OverHttp,
+    program: fl.Function,
+    arguments: list[dict[str, Any]],
+    compiled: bool,
 ) -> dict[str, Any]:
-    warm_up(engine)
-    backend = CountingEngine(engine)
-    before = engine.get_server_info()
+    backend = runtime.fresh()
+    before = runtime.info()
     latencies: list[float] = []
     texts: list[str] = []
     reencoded = 0
@@ -87,7 +146,9 @@ def run_mode(
     with ThreadPoolExecutor(max(1, min(len(arguments), 64))) as pool:
         results = list(pool.map(one, arguments))
     wall = time.perf_counter() - started
-    after = engine.get_server_info()
+    after = runtime.info()
+    if isinstance(backend, CountingEndpoint):
+        backend.shutdown()  # its HTTP client (a CountingEngine shares the runtime: kept)
     for latency, state in results:
         latencies.append(latency)
         texts.append(state.text())
@@ -125,13 +186,27 @@ def main() -> None:
         help="the runtime schedules program steps like other requests (to measure the policy)",
     )
     parser.add_argument("--modes", default="interpreted,compiled")
+    parser.add_argument(
+        "--server", action="store_true", help="run against arbor serve over HTTP (RuntimeEndpoint)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    engine = Engine(
-        cached_test_model(args.model, "llama"),
-        max_total_tokens=args.max_total_tokens,
-        disable_program_scheduling=args.disable_program_scheduling,
-    )
+    stack = contextlib.ExitStack()
+    model = cached_test_model(args.model, "llama")
+    runtime: InProcess | OverHttp
+    if args.server:
+        flags = ["--max-total-tokens", str(args.max_total_tokens)]
+        if args.disable_program_scheduling:
+            flags.append("--disable-program-scheduling")
+        runtime = OverHttp(stack.enter_context(ServerProcess(model, *flags)))
+    else:
+        engine = Engine(
+            model,
+            max_total_tokens=args.max_total_tokens,
+            disable_program_scheduling=args.disable_program_scheduling,
+        )
+        stack.callback(engine.shutdown)
+        runtime = InProcess(engine)
     modes = [mode == "compiled" for mode in args.modes.split(",")]
     rows: list[list[Any]] = []
     report: dict[str, Any] = {
@@ -139,6 +214,7 @@ def main() -> None:
         "quick": args.quick,
         "max_total_tokens": args.max_total_tokens,
         "program_scheduling": not args.disable_program_scheduling,
+        "runtime": "arbor serve over HTTP" if args.server else "in-process Engine",
         "workloads": {},
     }
     try:
@@ -148,7 +224,7 @@ def main() -> None:
             best: dict[str, dict[str, Any]] = {}
             for _ in range(args.rounds):
                 for compiled in modes:
-                    result = run_mode(engine, program, arguments, compiled)
+                    result = run_mode(runtime, program, arguments, compiled)
                     mode = result["mode"]
                     if mode not in best or result["wall_s"] < best[mode]["wall_s"]:
                         best[mode] = result
@@ -202,13 +278,13 @@ def main() -> None:
                     ]
                 )
     finally:
-        engine.shutdown()
+        stack.close()
     print_table(
         ["workload", "mode", "wall s", "tok/s", "p50 s", "p99 s", "trips/prog", "prompt tok",
          "re-tokenized", "hit", "speedup", "same text"],
         rows,
     )  # fmt: skip
-    write_json("program_bench", report, args.out)
+    write_json("program_bench-http" if args.server else "program_bench", report, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from benchmarks.common import write_json
-from benchmarks.suite import report
+from benchmarks.suite import contention, report
 from benchmarks.suite.contention import measured
 from benchmarks.suite.metrics import optimal_hit_rate, output_agreement, summarize
 from benchmarks.suite.systems.llama_server_build import BIN_ENV
@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="baselines to run (repeatable; default: all)",
         )
         offline.add_argument("--hf-batch", type=int, default=16, help="transformers batch size")
+        offline.add_argument(
+            "--compiled",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="DSL-program workloads: also run Arbor with compiled execution (the "
+            "arbor-compiled row; the baselines replay the interpreted run's calls)",
+        )
         offline.add_argument(
             "--gguf", help="llama.cpp, llama-server: use this GGUF instead of converting"
         )
@@ -100,6 +107,12 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
     load_before = os.getloadavg()
     ours = run_arbor(workload, model_path, args.max_total_tokens)
     runs: list[SystemRun] = [ours]
+    compiled = None
+    if args.compiled:
+        compiled = run_arbor_compiled(workload, model_path, args.max_total_tokens)
+    replays_from = 1 if compiled is None else 2
+    if compiled is not None:
+        runs.append(compiled)
     unavailable: dict[str, str] = {}
     checks: dict[str, Any] = {}
     note = _replay_note(ours)
@@ -131,8 +144,13 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
     load_after = os.getloadavg()
     summaries = [summarize(run) for run in runs]
     optimal = optimal_hit_rate(ours.calls)
-    ratios = report.ratio_lines(summaries)
-    agreement = {run.system: output_agreement(ours, run) for run in runs[1:]}
+    ratios = report.ratio_lines(summaries[:1] + summaries[replays_from:])
+    agreement = {run.system: output_agreement(ours, run) for run in runs[replays_from:]}
+    compiled_speedup = None
+    if compiled is not None:
+        compiled_speedup = summaries[1]["output_tokens_per_s"] / max(
+            summaries[0]["output_tokens_per_s"], 1e-9
+        )
     print(f"\n{workload.name}: {model_path}")
     print(
         f"load average before {report.format_load(load_before)}, after "
@@ -145,6 +163,8 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
         same = agreement[system]
         agree = "" if same is None else f"; identical greedy outputs on {same:.0%} of calls"
         print(f"arbor / {system}: {ratio:.2f}x output tokens/s{agree}")
+    if compiled_speedup is not None:
+        print(f"arbor-compiled / arbor (interpreted): {compiled_speedup:.2f}x output tokens/s")
     payload = {
         "command": ["arbor", "bench", *argv],
         "model_path": model_path,
@@ -153,6 +173,7 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
         "optimal_hit_rate": optimal,
         "systems": summaries,
         "ratios": ratios,
+        "compiled_speedup": compiled_speedup,
         "output_agreement": agreement,
         "unavailable": unavailable,
         "checks": checks,
@@ -170,6 +191,23 @@ def run_arbor(workload: Workload, model_path: str, max_total_tokens: int) -> Sys
 
     with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
         return measured(lambda: workload.run_arbor(engine))
+
+
+def run_arbor_compiled(
+    workload: Workload, model_path: str, max_total_tokens: int
+) -> SystemRun | None:
+    """The workload's DSL programs with compiled execution, on a fresh Engine configured as
+    ``run_arbor``'s; None (no engine started) when the workload has no programs."""
+    from runtime import Engine
+
+    if type(workload).run_arbor_compiled is Workload.run_arbor_compiled:
+        return None
+    with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
+        start = contention.sample()
+        run = workload.run_arbor_compiled(engine)
+        if run is not None:
+            run.other_cpu_share = contention.others_share(start, contention.sample())
+        return run
 
 
 def _replay_note(ours: SystemRun) -> str:

@@ -18,7 +18,8 @@ the pin timeout.
 Results go out as events, in order per branch::
 
     {"type": "program", "program_id": ...}                   # first
-    {"type": "delta", "branch": key, "text": ...}            # stream: a gen's new text
+    {"type": "delta", "branch": key, "text": ..., "completion_tokens": n}  # stream: a
+                                          # gen's new text; n: its output tokens so far
     {"type": "gen", "branch": key, "name": ..., "text": ..., "meta_info": {...}}
     {"type": "select", "branch": key, "name": ..., "choice": ..., "prefix_tokens": [...],
      "choice_tokens": [[...]], "choice_logprobs": [[...]], "meta": [...],
@@ -346,7 +347,10 @@ class _Segment:
         async for chunk in self.tm.generate(prompt, op.params, stream=self.stream, program=step):
             final = chunk
             if self.stream and chunk.get("delta"):
-                await self.emit({"type": "delta", "branch": branch.key, "text": chunk["delta"]})
+                await self.emit(
+                    {"type": "delta", "branch": branch.key, "text": chunk["delta"],
+                     "completion_tokens": len(chunk["output_ids"])}
+                )  # fmt: skip
         text, output_ids = final["text"], list(final["output_ids"])
         kept, rest = await self.tm.run_tokenizer(  # decoding: off the event loop
             lambda: _kept_output(self.tokenizer, prompt, output_ids, text), "text"

@@ -65,3 +65,22 @@ def _importable(module: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_program_workloads_add_a_compiled_row(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "result.json"
+    argv = ["bench", "tree-of-thought", "--quick", "--requests", "1", "--model-path",
+            str(tiny_model_path), "--baseline", "none", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "arbor-compiled / arbor (interpreted):" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    interpreted, compiled = result["systems"]
+    assert (interpreted["system"], compiled["system"]) == ("arbor", "arbor-compiled")
+    assert result["ratios"] == {} and result["output_agreement"] == {}
+    assert result["compiled_speedup"] == pytest.approx(
+        compiled["output_tokens_per_s"] / interpreted["output_tokens_per_s"]
+    )
+    assert main([*argv, "--no-compiled"]) == 0
+    assert [s["system"] for s in json.loads(out.read_text())["systems"]] == ["arbor"]

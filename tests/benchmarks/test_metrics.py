@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.suite.contention import CpuSample, others_share, sample
+from benchmarks.suite.contention import CpuSample, _descendants, others_share, sample
 from benchmarks.suite.metrics import (
     inter_token_latencies,
     optimal_hit_rate,
@@ -17,6 +22,7 @@ from benchmarks.suite.metrics import (
     percentile,
     ttfts,
 )
+from benchmarks.suite.systems.arbor_programs import _ready_at
 from benchmarks.suite.trace import Call, SystemRun, Timing, assign_waves, replay_arrival
 
 
@@ -132,3 +138,28 @@ def test_others_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
     before = sample()
     sum(i * i for i in range(300_000))
     assert sample().process_s > before.process_s
+
+
+def test_ready_at_follows_branches_and_joins() -> None:
+    ready = {"": 1.0, "/0.0": 3.0, "/0.1": 2.0, "/0.1/1.0": 5.0}
+    assert _ready_at({}, "/0.0") == 0.0
+    assert _ready_at(ready, "/0.0") == 3.0  # its own last op
+    assert _ready_at(ready, "/0.0/2.1") == 3.0  # a new child: after its parent
+    assert _ready_at(ready, "/0.1") == 5.0  # after its joined branch
+    assert _ready_at(ready, "") == 5.0  # the root after the join of everything
+
+
+def test_descendants_count_as_ours() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while len(found := _descendants()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.pid in found and len(found) >= 2  # the child and its own child
+    finally:
+        for pid in _descendants():
+            os.kill(pid, signal.SIGKILL)
+        child.wait()

@@ -120,3 +120,41 @@ def test_transformers_replays_the_same_work(
         ]
         assert timing.arrival == max(earlier, default=0.0)  # sent once its history exists
         assert timing.token_times[0] > timing.arrival
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(engine: Engine) -> dict[str, SystemRun]:
+    programs = ("tree-of-thought", "agent")
+    runs = {name: TINY[name].run_arbor_compiled(engine) for name in programs}
+    return {name: run for name, run in runs.items() if run is not None}
+
+
+def test_only_program_workloads_run_compiled(engine: Engine) -> None:
+    assert TINY["random"].run_arbor_compiled(engine) is None
+
+
+@pytest.mark.parametrize("name", ["tree-of-thought", "agent"])
+def test_compiled_runs_are_traced_per_op(
+    runs: dict[str, SystemRun], compiled_runs: dict[str, SystemRun], name: str
+) -> None:
+    run = compiled_runs[name]
+    assert run.system == "arbor-compiled" and "program requests per program" in run.note
+    for call, timing in zip(run.calls, run.timings, strict=True):
+        assert len(timing.token_times) == call.output_len
+        assert all(timing.arrival <= t <= timing.finish for t in timing.token_times)
+    summary = summarize(run)
+    assert summary["output_tokens"] > 0 and summary["ttft_p50_s"] > 0
+    assert {c.group for c in run.calls} == {c.group for c in runs[name].calls}
+    assert run.cache_hit_rate is not None and run.cache_hit_rate > 0.3
+
+
+def test_compiled_tree_of_thought_makes_the_same_gens_in_fewer_calls(
+    runs: dict[str, SystemRun], compiled_runs: dict[str, SystemRun]
+) -> None:
+    interpreted, compiled = runs["tree-of-thought"], compiled_runs["tree-of-thought"]
+    gens = [sum(c.output_len > 0 for c in r.calls) for r in (interpreted, compiled)]
+    assert gens[0] == gens[1] == 2 + 4 + 1  # width 2, depth 2, then the answer
+    assert len(compiled.calls) < len(interpreted.calls)  # no fork or select prefix requests
+    assert "2.0 program requests per program" in compiled.note  # the leaves' scores are read
+    waves = [(c.group, c.wave) for c in compiled.calls if c.output_len]
+    assert any(waves.count(w) >= 2 for w in waves)  # branches generate side by side

@@ -219,6 +219,23 @@ def test_streamed_compiled_run_yields_the_same_text(engine_backend: fl.Engine):
     assert again.text() == state.text()
 
 
+def test_streamed_deltas_count_the_gens_tokens(engine_backend: fl.Engine):
+    events = list(
+        engine_backend.engine.run_program(
+            {"branches": {"": [
+                {"type": "text", "text": "Count:"},
+                {"type": "gen", "name": "g", "sampling_params": {
+                    "max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}},
+            ]}, "stream": True, "end": True}
+        )
+    )  # fmt: skip
+    deltas = [e for e in events if e["type"] == "delta"]
+    (gen,) = [e for e in events if e["type"] == "gen"]
+    counts = [e["completion_tokens"] for e in deltas]
+    assert counts == sorted(counts) and counts[-1] == gen["meta_info"]["completion_tokens"] == 6
+    assert "".join(e["text"] for e in deltas) == gen["text"]
+
+
 def test_a_failing_branch_raises_at_join_and_the_rest_runs(engine_backend: fl.Engine):
     @fl.function
     def bad(s: fl.ProgramState) -> None:

@@ -1,5 +1,10 @@
 """Arbor running DSL programs: every native call a program makes is traced (prompt tokens,
-output tokens, timing) so that baselines can replay the same calls."""
+output tokens, timing) so that baselines can replay the same calls.
+
+Interpreted (the baselines replay these calls) or compiled (``compile=True``: each program
+segment is one program request; its gens and selects are traced from the runtime's events,
+with token counts but not token ids, so they are reported, not replayed).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ class TracingEngine(fl.Engine):
         self.engine = engine
         self.clock = clock
         self.traced: list[Traced] = []
+        self.segments = 0  # compiled program requests sent
+        self._ready: dict[int, dict[str, float]] = {}  # group -> branch -> its last op's end
         self.current_group = threading.local()
         self._lock = threading.Lock()
 
@@ -64,6 +71,45 @@ class TracingEngine(fl.Engine):
         timing.finish = self.clock()
         self._record(payload["text"], chunk, payload.get("sampling_params") or {}, timing)
 
+    def traced_program(self, request: dict[str, Any], group: int) -> Iterator[dict[str, Any]]:
+        """A compiled program segment, streamed so that each gen's tokens are timed as they
+        arrive. Each gen is traced as a call whose arrival is when its branch could start it
+        (the segment was sent, or the branch's previous op, or its parent's, or, after a
+        join, its branches' last op ended); each select choice as a prefill-only call."""
+        with self._lock:
+            self.segments += 1
+            ready = self._ready.setdefault(group, {})
+        sent = self.clock()
+        tokens: dict[str, list[float]] = {}
+        for event in super().run_program({**request, "stream": True}):
+            now = self.clock()
+            kind, key = event.get("type"), str(event.get("branch"))
+            if kind == "delta":
+                times = tokens.setdefault(key, [])
+                times.extend([now] * (event["completion_tokens"] - len(times)))
+                if not request.get("stream"):
+                    continue  # streamed for the timing only
+            elif kind in ("gen", "select"):
+                arrival = max(sent, _ready_at(ready, key))
+                ready[key] = now
+                self._record_op(event, group, Timing(arrival, tokens.pop(key, []), now))
+            yield event
+
+    def _record_op(self, event: dict[str, Any], group: int, timing: Timing) -> None:
+        if event["type"] == "gen":
+            meta = event["meta_info"]
+            count = meta["completion_tokens"]
+            timing.token_times = timing.token_times[:count]
+            timing.token_times += [timing.finish] * (count - len(timing.token_times))
+            ops = [(meta["prompt_tokens"], count, meta["cached_tokens"])]
+        else:
+            ops = [(m["prompt_tokens"], 0, m.get("cached_tokens", 0)) for m in event["meta"]]
+        with self._lock:
+            for prompt, output, cached in ops:
+                # Token counts only: the runtime tokenized the text (nothing replays it).
+                call = Call((0,) * prompt, (0,) * output, group)
+                self.traced.append(Traced(call, timing, cached))
+
     def _record(
         self, text: str, result: dict[str, Any], params: dict[str, Any], timing: Timing
     ) -> None:
@@ -80,11 +126,24 @@ class TracingEngine(fl.Engine):
 class ProgramBackend(fl.Backend):
     """One program instance's view of a shared TracingEngine: marks the calling thread with
     the instance's group before each call (the DSL calls the backend on the thread that runs
-    the expression, and the traced native request is made on that same thread)."""
+    the expression, and the traced native request is made on that same thread). With
+    ``compiled`` it runs program segments (their events are read on another thread, so the
+    group is passed along instead)."""
 
-    def __init__(self, tracer: TracingEngine, group: int) -> None:
+    def __init__(self, tracer: TracingEngine, group: int, compiled: bool = False) -> None:
         self.tracer = tracer
         self.group = group
+        self.compiled = compiled
+
+    @property
+    def supports_programs(self) -> bool:
+        return self.compiled
+
+    def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        return self.tracer.traced_program(request, self.group)
+
+    def end_program(self, program_id: str) -> None:
+        self.tracer.end_program(program_id)
 
     @property
     def chat_template(self) -> fl.ChatTemplate:
@@ -113,10 +172,15 @@ class ProgramBackend(fl.Backend):
 
 
 def run_programs(
-    engine: Engine, program: fl.Function, arguments: list[dict[str, Any]], note: str = ""
+    engine: Engine,
+    program: fl.Function,
+    arguments: list[dict[str, Any]],
+    note: str = "",
+    compiled: bool = False,
 ) -> SystemRun:
     """Run ``program`` once per argument dict, all at once (one thread per program, as
-    ``run_batch`` does), on a fresh cache; every native call is traced and given its wave."""
+    ``run_batch`` does), on a fresh cache; every call is traced and given its wave. With
+    ``compiled`` the run is the ``arbor-compiled`` system (its calls are not for replay)."""
     warm_up(engine)
     before = engine.get_server_info()
     clock = Clock()
@@ -126,13 +190,33 @@ def run_programs(
         tqdm(total=len(arguments), desc="arbor", unit="program", leave=False) as bar,
     ):
         futures = [
-            pool.submit(program.run, backend=ProgramBackend(tracer, i), **args)
+            pool.submit(
+                program.run, backend=ProgramBackend(tracer, i, compiled), compile=compiled, **args
+            )
             for i, args in enumerate(arguments)
         ]
         for future in as_completed(futures):
             future.result()
             bar.update(1)
     wall = clock()
+    if compiled:
+        trips = tracer.segments / max(len(arguments), 1)
+        note = "; ".join(filter(None, [note, f"{trips:.1f} program requests per program"]))
     run = finish_run(engine, tracer.traced, wall, before, note)
     run.calls = assign_waves(run.calls, run.timings)
+    if compiled:
+        run.system = "arbor-compiled"
     return run
+
+
+def _ready_at(ready: dict[str, float], key: str) -> float:
+    """When branch ``key`` could start its next op: after its own and its branches' (joined)
+    last ops, else after its nearest ancestor's; 0 when none has run."""
+    own = [t for k, t in ready.items() if k == key or k.startswith(key + "/")]
+    if own:
+        return max(own)
+    while "/" in key:
+        key = key.rsplit("/", 1)[0]
+        if key in ready:
+            return ready[key]
+    return 0.0

@@ -58,6 +58,9 @@ def react_agent(
             s += f"\nObservation: {tool(s[f'input_{step}'])}\n"
 
 
+NOTE = "tool inputs constrained by regex"
+
+
 @dataclass(frozen=True)
 class Agent(Workload):
     """``tasks`` ReAct programs of ``min_steps``..``max_steps`` steps: a greedy thought of
@@ -93,5 +96,7 @@ class Agent(Workload):
         ]
 
     def run_arbor(self, engine: Engine) -> SystemRun:
-        note = "tool inputs constrained by regex"
-        return run_programs(engine, react_agent, self.arguments(), note)
+        return run_programs(engine, react_agent, self.arguments(), NOTE)
+
+    def run_arbor_compiled(self, engine: Engine) -> SystemRun:
+        return run_programs(engine, react_agent, self.arguments(), NOTE, compiled=True)

@@ -36,6 +36,11 @@ class Workload(ABC):
     def run_arbor(self, engine: Engine) -> SystemRun:
         """Run on ``engine`` (cache flushed first) and trace every call in sending order."""
 
+    def run_arbor_compiled(self, engine: Engine) -> SystemRun | None:
+        """A DSL-program workload run with compiled execution (the ``arbor-compiled`` row);
+        None for a workload that is not a DSL program."""
+        return None
+
     def describe(self) -> dict[str, object]:
         """The sizes, for the JSON result."""
         return {"workload": self.name, **dataclasses.asdict(self)}

@@ -84,3 +84,6 @@ class TreeOfThought(Workload):
 
     def run_arbor(self, engine: Engine) -> SystemRun:
         return run_programs(engine, tree_of_thought, self.arguments())
+
+    def run_arbor_compiled(self, engine: Engine) -> SystemRun:
+        return run_programs(engine, tree_of_thought, self.arguments(), compiled=True)
