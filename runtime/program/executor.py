@@ -69,6 +69,11 @@ logger = logging.getLogger(__name__)
 
 # Tokens decoded and re-encoded with new text at a boundary (token healing).
 BOUNDARY_TOKENS = 4
+# A fork prefills its branches' shared prefix once, before starting them, when at least this
+# many of its tokens are not pinned yet; a shorter tail (the text after a gen) each branch
+# prefills itself, in the same step as its siblings, instead of waiting a step for it (the
+# scheduler's in-batch sharing threshold, runtime/scheduler/prefill_admission.py, is the same).
+FORK_PREFILL_MIN_TOKENS = 32
 # Most sessions kept at once; beyond, the longest idle is ended.
 MAX_SESSIONS = 4096
 SCORE_ONLY = SamplingParams(max_new_tokens=0)
@@ -449,12 +454,16 @@ class _Segment:
         if op.id in session.forks:
             raise RequestError(f"fork id {op.id} is used already in this program")
         if len(op.branches) > 1 and (branch.pending or len(branch.ids) > branch.reuse_len):
-            # Prefill the shared prefix once, pinned, so every branch starts from its KV.
+            # Prefill a long shared prefix once, pinned, so every branch starts from its KV.
             reused, encoded = await self._encode(branch)
-            if branch.ids:
+            if len(branch.ids) - branch.reuse_len >= FORK_PREFILL_MIN_TOKENS or (
+                branch.ids and branch.pin_key is None
+            ):
                 result = await self._score(branch.ids, -1, self._step(branch, keep=True))
                 self._count(result["meta_info"], reused, encoded)
                 branch.pin_key, branch.reuse_len = branch.key, len(branch.ids)
+            else:  # the branches prefill the short tail themselves, together
+                self.session.stats["reencoded_tokens"] += encoded
         group = f"{session.program_id}:{op.id}"
         keys = [branch_key(branch.key, op.id, i) for i in range(len(op.branches))]
         session.forks[op.id] = keys

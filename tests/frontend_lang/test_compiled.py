@@ -280,6 +280,32 @@ def test_fork_branches_share_the_parents_kv_slots(engine_backend: fl.Engine):
     engine.check_invariants()
 
 
+def test_a_fork_after_a_gen_starts_its_branches_at_once(engine_backend: fl.Engine):
+    """The few tokens after a gen are prefilled by each branch, not by a request of their own
+    that the branches would wait a step for; the gen's KV is still shared."""
+    engine = engine_backend.engine
+
+    @fl.function
+    def step_then_fan(s: fl.ProgramState) -> None:
+        s += "Think first, then branch out. " * 8 + fl.gen("first", max_tokens=4, **GREEDY)
+        s += "\n"
+        forks = s.fork(3)
+        for i, branch in enumerate(forks):
+            branch += f"Option {i}:" + fl.gen("x", max_tokens=3, **GREEDY)
+        forks.join()
+
+    assert engine.flush_cache()
+    before = engine.get_server_info()["requests_finished"]
+    state = step_then_fan.run(backend=engine_backend)
+    assert engine.get_server_info()["requests_finished"] - before == 1 + 3  # no prefix request
+    tree = engine.scheduler.kv.tree
+    first = state.get_meta_info("first")
+    shared = first["prompt_tokens"] + first["completion_tokens"]
+    assert tree.total_size() < shared + 3 * 16  # the gen's KV once, three short tails
+    assert engine.get_server_info()["num_program_pins"] == 0
+    engine.check_invariants()
+
+
 def test_pins_hold_between_segments_and_go_when_the_program_ends(engine_backend: fl.Engine):
     engine = engine_backend.engine
     pinned: list[int] = []
