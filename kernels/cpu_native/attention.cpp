@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -23,7 +24,7 @@ using arbor_cpu::exp_nonpositive;
 using arbor_cpu::to_float;
 
 constexpr int64_t kKeyBlock = 64;      // keys scored per step
-constexpr int64_t kQueryBlock = 16;    // extend: query tokens per work item
+constexpr int64_t kQueryBlock = 64;    // extend: query tokens per work item
 constexpr int64_t kMinSplitKeys = 256; // decode: fewest keys worth a split of their own
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -36,6 +37,92 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// Query rows scored together against a block of keys: enough to reuse each loaded key vector
+// several times, few enough that their accumulators stay in vector registers.
+#ifdef __AVX512F__
+constexpr int64_t kScoreRows = 4;
+#else
+constexpr int64_t kScoreRows = 2;
+#endif
+
+// scores[r * kKeyBlock + j] = q[r] . keys[j] for `rows` queries (rows >= kScoreRows) and n <=
+// kKeyBlock keys. The keys are transposed into kt ([dim][kKeyBlock], zero past n) once, so each
+// query's scores accumulate across keys in vector lanes (no horizontal sums per pair), and
+// kScoreRows queries share every load of kt.
+inline void score_block(const float* __restrict q, int64_t rows, int64_t dim,
+                        const float* const* keys, int64_t n, float* __restrict kt,
+                        float* __restrict scores) {
+  for (int64_t i = 0; i < dim; ++i) {
+    float* row = kt + i * kKeyBlock;
+    for (int64_t j = 0; j < n; ++j) row[j] = keys[j][i];
+    for (int64_t j = n; j < kKeyBlock; ++j) row[j] = 0.f;
+  }
+  auto pass = [&](int64_t r0, auto count) {
+    constexpr int64_t m = decltype(count)::value;
+    float acc[m][kKeyBlock] = {};
+    for (int64_t i = 0; i < dim; ++i) {
+      const float* k = kt + i * kKeyBlock;
+      for (int64_t a = 0; a < m; ++a) {
+        const float x = q[(r0 + a) * dim + i];
+#pragma omp simd
+        for (int64_t j = 0; j < kKeyBlock; ++j) acc[a][j] += x * k[j];
+      }
+    }
+    for (int64_t a = 0; a < m; ++a)
+      std::memcpy(scores + (r0 + a) * kKeyBlock, acc[a], sizeof(float) * kKeyBlock);
+  };
+  int64_t r = 0;
+  for (; r + kScoreRows <= rows; r += kScoreRows)
+    pass(r, std::integral_constant<int64_t, kScoreRows>{});
+  for (; r < rows; ++r) pass(r, std::integral_constant<int64_t, 1>{});
+}
+
+// Value columns accumulated at a time: kScoreRows rows of them stay in vector registers.
+#ifdef __AVX512F__
+constexpr int64_t kValueChunk = 64;
+#else
+constexpr int64_t kValueChunk = 32;
+#endif
+
+// acc[r] += sum_j p[r * kKeyBlock + j] * values[j] for `rows` rows and n keys (acc: [rows, dv]).
+// kScoreRows rows at a time (the leftover rows together) and kValueChunk columns are held in
+// registers across the keys and share each load of a value vector; leftover columns take the
+// same path with fewer.
+inline void accumulate_values(const float* __restrict p, int64_t rows, int64_t n,
+                              const float* const* values, int64_t dv, float* __restrict acc) {
+  auto pass = [&](int64_t r0, int64_t c0, auto count, auto width) {
+    constexpr int64_t m = decltype(count)::value, w = decltype(width)::value;
+    float a[m][w];
+    for (int64_t r = 0; r < m; ++r) std::memcpy(a[r], acc + (r0 + r) * dv + c0, sizeof a[r]);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = values[j] + c0;
+      for (int64_t r = 0; r < m; ++r) {
+        const float x = p[(r0 + r) * kKeyBlock + j];
+#pragma omp simd
+        for (int64_t i = 0; i < w; ++i) a[r][i] += x * v[i];
+      }
+    }
+    for (int64_t r = 0; r < m; ++r) std::memcpy(acc + (r0 + r) * dv + c0, a[r], sizeof a[r]);
+  };
+  auto columns = [&](int64_t r0, auto count) {
+    int64_t c = 0;
+    for (; c + kValueChunk <= dv; c += kValueChunk)
+      pass(r0, c, count, std::integral_constant<int64_t, kValueChunk>{});
+    for (; c + 8 <= dv; c += 8) pass(r0, c, count, std::integral_constant<int64_t, 8>{});
+    for (; c < dv; ++c) pass(r0, c, count, std::integral_constant<int64_t, 1>{});
+  };
+  int64_t r = 0;
+  for (; r + kScoreRows <= rows; r += kScoreRows)
+    columns(r, std::integral_constant<int64_t, kScoreRows>{});
+  // The rest in one sweep too (decode's GQA group is often 2): each value vector is read once.
+  switch (rows - r) {
+    case 3: columns(r, std::integral_constant<int64_t, 3>{}); break;
+    case 2: columns(r, std::integral_constant<int64_t, 2>{}); break;
+    case 1: columns(r, std::integral_constant<int64_t, 1>{}); break;
+    default: break;
+  }
 }
 
 // Row `slot`'s vector of KV head `head` as float32: the pool's own memory for float32 pools,
@@ -64,7 +151,7 @@ struct SoftmaxState {
 };
 
 struct Scratch {
-  std::vector<float> q, scores, keys, values;
+  std::vector<float> q, scores, keys, keys_t, values;
   std::vector<int64_t> visible;
 };
 
@@ -96,19 +183,24 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
   sc.scores.resize(rows * kKeyBlock);
   sc.keys.resize(kKeyBlock * dim);
   sc.values.resize(kKeyBlock * dv);
+  if (rows >= kScoreRows) sc.keys_t.resize(dim * kKeyBlock);
   const float* krows[kKeyBlock];
   float* scores = sc.scores.data();
   for (int64_t start = lo; start < hi; start += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, hi - start);
     for (int64_t j = 0; j < n; ++j)
       krows[j] = kv_row(k_buf, slots[start + j], k_stride, head, dim, sc.keys.data() + j * dim);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* qr = q + r * dim;
-      float* sr = scores + r * kKeyBlock;
-      const int64_t last = visible ? visible[r] : std::numeric_limits<int64_t>::max();
-      for (int64_t j = 0; j < n; ++j)
-        sr[j] = (start + j <= last) ? dot(qr, krows[j], dim) : kNegInf;
+    if (rows >= kScoreRows) {
+      score_block(q, rows, dim, krows, n, sc.keys_t.data(), scores);
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) scores[r * kKeyBlock + j] = dot(q + r * dim, krows[j], dim);
     }
+    if (visible)  // causal: row r sees key positions up to visible[r]
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sr = scores + r * kKeyBlock;
+        for (int64_t j = std::max<int64_t>(0, visible[r] - start + 1); j < n; ++j) sr[j] = kNegInf;
+      }
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = scores + r * kKeyBlock;
@@ -136,17 +228,10 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
       }
     }
     if (!any) continue;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* vj =
-          kv_row(v_buf, slots[start + j], v_stride, head, dv, sc.values.data() + j * dv);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float p = scores[r * kKeyBlock + j];
-        if (p == 0.f) continue;
-        float* ar = st.acc.data() + r * dv;
-#pragma omp simd
-        for (int64_t i = 0; i < dv; ++i) ar[i] += p * vj[i];
-      }
-    }
+    const float* vrows[kKeyBlock];
+    for (int64_t j = 0; j < n; ++j)
+      vrows[j] = kv_row(v_buf, slots[start + j], v_stride, head, dv, sc.values.data() + j * dv);
+    accumulate_values(scores, rows, n, vrows, dv, st.acc.data());
   }
 }
 

@@ -11,13 +11,6 @@ import torch
 
 from kernels import cpu_native
 from kernels.dispatch import register
-from kernels.reference import attention as reference
-
-# From this many new tokens in one request, torch's flash SDPA (the reference, one call per
-# request) beats the native kernel's per-(row, key) dot products: measured 2.3x at 512 new
-# tokens, even at 128 x 8 (docs/kernels.md). Shorter extends (chunks, drafts, jump-forward)
-# stay native: one call for the batch, no per-request Python.
-LONG_EXTEND = 64
 
 _ext = cpu_native.load()
 _NO_START = torch.empty(0, dtype=torch.int64)
@@ -41,11 +34,6 @@ if _ext is not None:
         extend_lens: torch.Tensor,
         sm_scale: float,
     ) -> torch.Tensor:
-        if int(extend_lens.max()) >= LONG_EXTEND:
-            return reference.extend_attention(
-                q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                sm_scale,
-            )  # fmt: skip
         return ext.extend_attention(
             q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens, sm_scale
         )
