@@ -18,6 +18,10 @@
 #include <type_traits>
 #include <vector>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using arbor_cpu::exp_nonpositive;
@@ -47,6 +51,38 @@ constexpr int64_t kScoreRows = 4;
 constexpr int64_t kScoreRows = 2;
 #endif
 
+#ifdef __AVX512F__
+// dst[c * kKeyBlock + r] = rows[r][col0 + c] for r, c < 16: a 16 x 16 block transposed in
+// registers (pairs, then quads within 128-bit lanes, then lanes across registers).
+inline void transpose16(const float* const* rows, int64_t col0, float* dst) {
+  __m512 r[16], t[16];
+  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(rows[k] + col0);
+  for (int k = 0; k < 16; k += 2) {
+    t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+    t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+  }
+  // u[4g + c]: lane L holds column 4L + c of rows 4g .. 4g + 3.
+  for (int g = 0; g < 4; ++g) {
+    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+    r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    const __m512 w = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+    const __m512 v2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 w2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    _mm512_storeu_ps(dst + (c)*kKeyBlock, _mm512_shuffle_f32x4(v, v2, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * kKeyBlock, _mm512_shuffle_f32x4(w, w2, 0x88));
+    _mm512_storeu_ps(dst + (8 + c) * kKeyBlock, _mm512_shuffle_f32x4(v, v2, 0xdd));
+    _mm512_storeu_ps(dst + (12 + c) * kKeyBlock, _mm512_shuffle_f32x4(w, w2, 0xdd));
+  }
+}
+#endif
+
 // scores[r * kKeyBlock + j] = q[r] . keys[j] for `rows` queries (rows >= kScoreRows) and n <=
 // kKeyBlock keys. The keys are transposed into kt ([dim][kKeyBlock], zero past n) once, so each
 // query's scores accumulate across keys in vector lanes (no horizontal sums per pair), and
@@ -54,9 +90,18 @@ constexpr int64_t kScoreRows = 2;
 inline void score_block(const float* __restrict q, int64_t rows, int64_t dim,
                         const float* const* keys, int64_t n, float* __restrict kt,
                         float* __restrict scores) {
+  int64_t j0 = 0;
+#ifdef __AVX512F__
+  for (; j0 + 16 <= n; j0 += 16) {
+    int64_t i0 = 0;
+    for (; i0 + 16 <= dim; i0 += 16) transpose16(keys + j0, i0, kt + i0 * kKeyBlock + j0);
+    for (int64_t i = i0; i < dim; ++i)
+      for (int64_t j = j0; j < j0 + 16; ++j) kt[i * kKeyBlock + j] = keys[j][i];
+  }
+#endif
   for (int64_t i = 0; i < dim; ++i) {
     float* row = kt + i * kKeyBlock;
-    for (int64_t j = 0; j < n; ++j) row[j] = keys[j][i];
+    for (int64_t j = j0; j < n; ++j) row[j] = keys[j][i];
     for (int64_t j = n; j < kKeyBlock; ++j) row[j] = 0.f;
   }
   auto pass = [&](int64_t r0, auto count) {
