@@ -170,6 +170,20 @@ inline void accumulate_values(const float* __restrict p, int64_t rows, int64_t n
   }
 }
 
+// max(x[0..n)), -inf for n == 0: sixteen independent maxima, so that the loop vectorizes
+// without -ffast-math (a single running max is a chain of scalar maxss).
+inline float max_of(const float* __restrict x, int64_t n) {
+  float lanes[16];
+  for (float& lane : lanes) lane = kNegInf;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int64_t k = 0; k < 16; ++k) lanes[k] = lanes[k] < x[j + k] ? x[j + k] : lanes[k];
+  float m = kNegInf;
+  for (float lane : lanes) m = std::max(m, lane);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
 // Row `slot`'s vector of KV head `head` as float32: the pool's own memory for float32 pools,
 // else converted into `buf`.
 template <typename kv_t>
@@ -249,8 +263,7 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = scores + r * kKeyBlock;
-      float block_max = kNegInf;
-      for (int64_t j = 0; j < n; ++j) block_max = std::max(block_max, sr[j]);
+      const float block_max = max_of(sr, n);
       if (block_max == kNegInf) {  // nothing visible to this row in the block
         for (int64_t j = 0; j < n; ++j) sr[j] = 0.f;
         continue;
