@@ -57,6 +57,10 @@ class ForwardBatch:
     # logit_indices are exactly each request's last new token, in order; known on the host
     # (decided at build) so a CUDA graph can be chosen without reading a device tensor.
     logits_last_per_request: bool = False
+    # When every logit row is the last new token of its request (a subset of the requests, in
+    # order: a prefill chunk that does not end its prompt has none): those requests' indices,
+    # so the last layer can run only those rows (llama.py). None otherwise.
+    logit_reqs: torch.Tensor | None = None
     inputs: BatchInputs | None = None  # what ``build`` packed this batch from
 
     @property
@@ -111,6 +115,13 @@ class ForwardBatch:
         last_per_request = logit_indices.device.type == "cpu" and torch.equal(
             logit_indices.to(torch.int64), ends - 1
         )
+        logit_reqs = None
+        if logit_indices.device.type == "cpu" and 0 < len(logit_indices) < int(ends[-1]):
+            last_rows = ends - 1
+            found = torch.searchsorted(last_rows, logit_indices.to(torch.int64))
+            inside = found < len(last_rows)
+            if bool(inside.all()) and torch.equal(last_rows[found], logit_indices.to(torch.int64)):
+                logit_reqs = found.to(device)
         num_extend = sum(1 for n in extend_lens if n > 1)
         if any(n > 1 for n in extend_lens[num_extend:]):
             raise ValueError("one-token requests must come after every multi-token request")
@@ -142,6 +153,7 @@ class ForwardBatch:
             req_to_token_pool=req_to_token_pool,
             cascade=cascade,
             logits_last_per_request=last_per_request,
+            logit_reqs=logit_reqs,
             inputs=BatchInputs(
                 rows,
                 prefix_lens,

@@ -40,6 +40,22 @@ class PagedAttention(torch.nn.Module):
             out = torch.cat([extend_out, decode_out])
         return out.reshape(q.shape[0], -1)
 
+    def forward_last_rows(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """Write every new token's K/V, but attend only for the rows ``batch.logit_reqs`` names,
+        each its request's last new token (q: those rows, [N, H, D]): each attends to its whole
+        sequence, as a decode query does. Returns [N, H * D]."""
+        assert batch.logit_reqs is not None
+        pool = batch.kv_pool
+        pool.write(self.layer_id, batch.out_cache_loc, k, v)
+        reqs = batch.logit_reqs
+        out = kernels.decode_attention(
+            q, pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id],
+            batch.req_to_token, batch.req_pool_indices[reqs], batch.seq_lens[reqs], self.scale,
+        )  # fmt: skip
+        return out.reshape(q.shape[0], -1)
+
     def _decode(
         self,
         q: torch.Tensor,

@@ -71,8 +71,14 @@ class LlamaAttention(torch.nn.Module):
         self._split = [q_size, kv_size, kv_size]
 
     def forward(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        last_rows: bool = False,
     ) -> torch.Tensor:
+        """[T, hidden]; with ``last_rows`` only the rows ``batch.logit_indices`` ([N, hidden]),
+        every token's K/V still written."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self._split, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, H, D]
@@ -81,6 +87,8 @@ class LlamaAttention(torch.nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = kernels.apply_rotary_emb(q, k, *cos_sin)
+        if last_rows:
+            return self.o_proj(self.attn.forward_last_rows(q[batch.logit_indices], k, v, batch))
         return self.o_proj(self.attn(q, k, v, batch))
 
 
@@ -114,14 +122,18 @@ class LlamaDecoderLayer(torch.nn.Module):
         residual: torch.Tensor | None,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
+        last_rows: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm block with the residual add fused into the next norm: returns (x, residual)
-        such that x + residual is the block's output."""
+        such that x + residual is the block's output; with ``last_rows``, for the logit rows
+        only (the K/V of every token is still written)."""
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, cos_sin, batch)
+        x = self.self_attn(x, cos_sin, batch, last_rows)
+        if last_rows:
+            residual = residual[batch.logit_indices]
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -139,12 +151,21 @@ class LlamaModel(torch.nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Returns the final normed hidden states of every new token, [T, hidden]."""
+        """Returns the final normed hidden states of the rows ``batch.logit_indices``, [N,
+        hidden]. When those are last tokens of their requests (``batch.logit_reqs``), the last
+        layer computes only them past its K/V (attention output, MLP, norm), as llama.cpp
+        does: the other rows' outputs feed nothing."""
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary(batch.positions)
         residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, cos_sin, batch)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(
+                x, residual, cos_sin, batch, i == last and batch.logit_reqs is not None
+            )
+        assert residual is not None
+        if batch.logit_reqs is None:
+            x, residual = x[batch.logit_indices], residual[batch.logit_indices]
         x, _ = self.norm(x, residual)
         return x
 
@@ -180,7 +201,7 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices`` (on ranks
         other than 0 of a tensor-parallel group: this rank's block of the vocabulary)."""
-        hidden = self.model(batch)[batch.logit_indices]
+        hidden = self.model(batch)
         if self.lm_head is not None:
             local = self.lm_head(hidden)
         elif self._tied_head_packed is not None:

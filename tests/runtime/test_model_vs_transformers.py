@@ -16,7 +16,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def models(tiny_arch_model_path: Path) -> tuple[ModelRunner, torch.nn.Module]:
-    runner = ModelRunner(str(tiny_arch_model_path), dtype="float32", kv_slots=4096, max_requests=16)
+    runner = ModelRunner(str(tiny_arch_model_path), dtype="float32", kv_slots=4096, max_requests=32)
     hf = AutoModelForCausalLM.from_pretrained(tiny_arch_model_path, dtype=torch.float32).eval()
     return runner, hf
 
@@ -99,3 +99,35 @@ def test_greedy_generation_matches_transformers_generate(models):
                 pad_token_id=0,
             )
         assert tokens == out[0, len(prompt) :].tolist()
+
+
+def test_last_layer_runs_only_the_logit_rows(models):
+    """When every logit row is its request's last new token, the last layer computes only those
+    rows past its K/V; the logits still match, and the skipped rows' K/V are still written."""
+    runner, hf = models
+    a, b, c, c_more, a_next = _prompts((23, 17, 12, 1, 5), seed=9)
+    driver = PagedDriver(runner, seed=10)
+    sa, sb, sc = (driver.new_sequence() for _ in range(3))
+    driver.extend([sc], [c])
+    # a and c_more end here (logit rows); b is a prefill chunk that does not (no logit row).
+    batch = driver.batch([sa, sb, sc], [a, b, c_more], logits=torch.tensor([22, 40]))
+    assert batch.logit_reqs is not None and batch.logit_reqs.tolist() == [0, 2]
+    logits = runner.forward(batch)
+    torch.testing.assert_close(logits[0], _hf_logits(hf, a)[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], _hf_logits(hf, c + c_more)[-1], atol=ATOL, rtol=0)
+    # Every token of a and b left its K/V in the last layer too: continuing them is exact.
+    more = driver.extend([sa, sb], [a_next, [7]], logits="all")
+    torch.testing.assert_close(
+        more[: len(a_next)], _hf_logits(hf, a + a_next)[len(a) :], atol=ATOL, rtol=0
+    )
+    torch.testing.assert_close(more[-1], _hf_logits(hf, b + [7])[-1], atol=ATOL, rtol=0)
+
+
+def test_logit_rows_other_than_last_tokens_take_the_full_path(models):
+    runner, _ = models
+    driver = PagedDriver(runner, seed=11)
+    seqs = [driver.new_sequence() for _ in range(2)]
+    prompts = _prompts((6, 4), seed=12)
+    assert driver.batch(seqs, prompts, logits="all").logit_reqs is None
+    assert driver.batch(seqs, prompts, logits=torch.tensor([2, 9])).logit_reqs is None
+    assert driver.batch(seqs, [[1], [2]]).logit_reqs is None  # decode: every row is a logit row
