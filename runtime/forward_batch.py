@@ -112,15 +112,14 @@ class ForwardBatch:
             logit_indices = logits
         else:
             logit_indices = torch.arange(int(ends[-1])) if logits == "all" else ends - 1
-        last_per_request = logit_indices.device.type == "cpu" and torch.equal(
-            logit_indices.to(torch.int64), ends - 1
-        )
+        last_rows = ends - 1
+        on_host = logit_indices.device.type == "cpu"
+        wanted = logit_indices.to(torch.int64) if on_host else logit_indices
+        last_per_request = on_host and torch.equal(wanted, last_rows)
         logit_reqs = None
-        if logit_indices.device.type == "cpu" and 0 < len(logit_indices) < int(ends[-1]):
-            last_rows = ends - 1
-            found = torch.searchsorted(last_rows, logit_indices.to(torch.int64))
-            inside = found < len(last_rows)
-            if bool(inside.all()) and torch.equal(last_rows[found], logit_indices.to(torch.int64)):
+        if on_host and 0 < len(wanted) < int(ends[-1]):
+            found = torch.searchsorted(last_rows, wanted)
+            if bool((found < len(last_rows)).all()) and torch.equal(last_rows[found], wanted):
                 logit_reqs = found.to(device)
         num_extend = sum(1 for n in extend_lens if n > 1)
         if any(n > 1 for n in extend_lens[num_extend:]):

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from benchmarks.common import write_json
-from benchmarks.suite import contention, report
+from benchmarks.suite import report
 from benchmarks.suite.contention import measured
 from benchmarks.suite.metrics import optimal_hit_rate, output_agreement, summarize
 from benchmarks.suite.systems.llama_server_build import BIN_ENV
@@ -202,12 +202,14 @@ def run_arbor_compiled(
 
     if type(workload).run_arbor_compiled is Workload.run_arbor_compiled:
         return None
+
+    def run(engine: Engine) -> SystemRun:
+        compiled = workload.run_arbor_compiled(engine)
+        assert compiled is not None  # the workload overrides it (checked above)
+        return compiled
+
     with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
-        start = contention.sample()
-        run = workload.run_arbor_compiled(engine)
-        if run is not None:
-            run.other_cpu_share = contention.others_share(start, contention.sample())
-        return run
+        return measured(lambda: run(engine))
 
 
 def _replay_note(ours: SystemRun) -> str:
