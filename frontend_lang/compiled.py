@@ -268,9 +268,17 @@ class CompiledRun:
         on its worker (a branch forked in this segment starts when its fork is reached).
         ``backend_for`` gives a state the backend that hands out the runtime's results (None:
         the real backend, interpreting)."""
+        # Branches forked in this segment are started by their parent's replay, on another
+        # thread: gated now, so a read of one waits for its results rather than racing them.
+        for _, items in pending.values():
+            for item in items:
+                if isinstance(item, ForkRecord):
+                    for branch in item.branches:
+                        branch.open_gate()
         for state_id, (state, items) in pending.items():
             if state_id not in fresh and state._worker is not None:
-                state.submit(self._player(state, items, pending, backend_for))
+                player = self._player(state, items, pending, backend_for)
+                state.submit(player, self._on_skip(items, pending))
         for state_id, (state, items) in pending.items():
             if state_id not in fresh and state._worker is None:
                 self._player(state, items, pending, backend_for)()
@@ -284,6 +292,7 @@ class CompiledRun:
     ) -> Callable[[], None]:
         def play() -> None:
             state._replay = backend_for(state) if backend_for is not None else None
+            done = 0
             try:
                 for item in items:
                     if isinstance(item, ForkRecord):
@@ -292,15 +301,43 @@ class CompiledRun:
                         for branch in item.branches:
                             state._copy_into(branch)
                             branch_items = pending.get(id(branch), (branch, []))[1]
-                            branch.submit(self._player(branch, branch_items, pending, backend_for))
+                            branch.submit(
+                                self._player(branch, branch_items, pending, backend_for),
+                                self._on_skip(branch_items, pending),
+                            )
                     elif isinstance(item, JoinRecord):
                         item.group._gather_now()
                     else:
                         execute(state, item)
+                    done += 1
+            except BaseException as exc:
+                self._unstarted(items[done:], exc, pending)
+                raise
             finally:
                 state._replay = None
 
         return play
+
+    def _on_skip(
+        self, items: list[Item], pending: dict[int, tuple[ProgramState, list[Item]]]
+    ) -> Callable[[BaseException], None]:
+        """What a replay that never runs (its state failed earlier) does: ``_unstarted``."""
+        return lambda error: self._unstarted(items, error, pending)
+
+    def _unstarted(
+        self,
+        items: list[Item],
+        error: BaseException,
+        pending: dict[int, tuple[ProgramState, list[Item]]],
+    ) -> None:
+        """A replay stopped with ``error`` before ``items``: the branches they fork (and
+        theirs) never start, and reading one raises ``error``."""
+        for item in items:
+            if isinstance(item, ForkRecord):
+                for branch in item.branches:
+                    if branch._gate is not None:
+                        branch.fail_gate(error)
+                        self._unstarted(pending.get(id(branch), (branch, []))[1], error, pending)
 
     def _cache_prefix(self, state: ProgramState) -> None:
         try:

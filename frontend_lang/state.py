@@ -91,6 +91,7 @@ class ProgramState:
         self._assigned: list[str] = []  # names set since this state was created (for join)
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
+        self._gate: Future[None] | None = None  # see open_gate
         self._error: BaseException | None = None
         self._events: queue.Queue[Any] | None = queue.Queue() if stream else None
         self._replay: Backend | None = None  # a compiled run's results, while replayed
@@ -192,7 +193,7 @@ class ProgramState:
         ):
             compiled.flush(self, reason)
         if self._worker is not None and self._pending is not None:
-            self._pending.result()
+            self._wait_pending()
         elif self._events is not None and threading.get_ident() != self._run.program_thread:
             self._run.done.wait()
             if self._run.error is not None:
@@ -288,9 +289,14 @@ class ProgramState:
         self._messages.append({"role": role, "content": content})
         self._open_role = None
 
-    def submit(self, task: Callable[[], None]) -> None:
+    def submit(
+        self,
+        task: Callable[[], None],
+        on_skip: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Run ``task`` now, or on a fork branch's worker after what is queued (errors are
-        raised by the next ``sync``)."""
+        raised by the next ``sync``; ``on_skip`` is told the error when one earlier in the
+        queue means ``task`` never runs)."""
         if self._worker is None:
             task()
             return
@@ -301,8 +307,38 @@ class ProgramState:
                     task()
                 except BaseException as exc:  # noqa: BLE001 - raised again by sync()
                     self._error = exc
+            elif on_skip is not None:
+                on_skip(self._error)
 
         self._pending = self._worker.submit(guarded)
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set_result(None)
+
+    def open_gate(self) -> None:
+        """A compiled segment forked this branch: its work is submitted later, by its parent's
+        replay on another thread. Until then ``sync`` waits on the gate (it would otherwise
+        find nothing queued and read the branch before its results were replayed)."""
+        self._gate = Future()
+        self._pending = self._gate
+
+    def fail_gate(self, error: BaseException) -> None:
+        """The parent's replay stopped before it started this branch: a ``sync`` raises
+        ``error`` instead of waiting for ever."""
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            self._error = error
+            gate.set_exception(error)
+
+    def _wait_pending(self) -> None:
+        """Wait for the last task queued on this branch's worker, and for any queued while
+        waiting (a gate is replaced by the branch's real work when its parent submits it)."""
+        while True:
+            pending = self._pending
+            assert pending is not None
+            pending.result()
+            if pending is self._pending:
+                return
 
     def _branch(self) -> ProgramState:
         branch = self._new_branch()

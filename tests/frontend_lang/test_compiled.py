@@ -4,6 +4,7 @@ with the interpreter, segments split at reads, KV shared and pinned, and release
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -438,6 +439,69 @@ def test_nested_forks_run_and_equal_the_interpreter(engine_backend: fl.Engine):
     ]
     assert sorted(leaves(compiled)) == sorted(leaves(interpreted))
     assert len(leaves(compiled)) == 4
+    engine_backend.engine.check_invariants()
+
+
+def _slow_branch_replays(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    """Make every fork branch's replay of a gen slow, so a branch it forks is started late."""
+    import frontend_lang.compiled as compiled_module
+
+    real = compiled_module.execute
+
+    def slow(state: fl.ProgramState, item: Any) -> None:
+        if state._worker is not None and isinstance(item, fl.ir.Seq | fl.ir.Gen):
+            time.sleep(delay_s)
+        real(state, item)
+
+    monkeypatch.setattr(compiled_module, "execute", slow)
+
+
+@fl.function
+def _grandchildren(s: fl.ProgramState) -> None:
+    s += "Root.\n"
+    for i, branch in enumerate(s.fork(2)):
+        branch += f"Step {i}: " + fl.gen("step", max_tokens=2, **GREEDY) + "\n"
+        for j, leaf in enumerate(branch.fork(2)):
+            leaf += f"Leaf {j}: " + fl.select("sound", choices=["yes", "no"])
+            s.set_var(f"scores_{i}_{j}", leaf.get_meta_info("sound")["scores"], None, None)
+
+
+def test_reading_a_branch_waits_for_its_parents_replay_to_start_it(
+    engine_backend: fl.Engine, monkeypatch: pytest.MonkeyPatch
+):
+    """A branch forked by a branch in the same segment is started by its parent's replay on
+    another thread: a read of it (here right after the segment) waits for that rather than
+    finding nothing queued and missing the variable (seen on a GPU over HTTP)."""
+    _slow_branch_replays(monkeypatch, 0.2)
+    state = _grandchildren.run(backend=engine_backend)
+    interpreted = _grandchildren.run(backend=engine_backend, compile=False)
+    for i in range(2):
+        for j in range(2):
+            assert len(state[f"scores_{i}_{j}"]) == 2
+            assert state[f"scores_{i}_{j}"] == pytest.approx(interpreted[f"scores_{i}_{j}"])
+    engine_backend.engine.check_invariants()
+
+
+def test_a_branch_whose_parent_fails_before_starting_it_raises_on_read(
+    engine_backend: fl.Engine,
+):
+    """The parent's replay fails (its gen is refused) before it reaches the fork: reading the
+    unstarted grandchild raises that error instead of waiting for ever."""
+
+    @fl.function
+    def failing(s: fl.ProgramState) -> None:
+        s += "Root.\n"
+        branch = s.fork(2)[0]
+        branch += fl.gen("step", max_tokens=2, temperature=-1.0)
+        leaf = branch.fork(2)[0]
+        leaf += fl.gen("leaf", max_tokens=2, **GREEDY)
+        leaf["leaf"]
+
+    started = time.monotonic()
+    with pytest.raises(fl.ProgramError, match="'step'"):
+        failing.run(backend=engine_backend)
+    assert time.monotonic() - started < 60
+    assert engine_backend.engine.get_server_info()["num_pinned_programs"] == 0
     engine_backend.engine.check_invariants()
 
 
