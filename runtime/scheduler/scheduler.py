@@ -558,7 +558,9 @@ def _forward_thread_setup(device: torch.device) -> None:
     """The forward thread works on the scheduler's device (CUDA's current device is per
     thread; triton launches on it) with autograd off (also per thread)."""
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        # set_device needs an index: a bare "cuda" means the device current where the
+        # runner was made, which is the process default (0) in a thread that never set one.
+        torch.cuda.set_device(device if device.index is not None else 0)
     torch.set_grad_enabled(False)
 
 
