@@ -33,7 +33,11 @@ REQUIRED_MODULES = {
     "starlette": "starlette",
     "uvicorn": "uvicorn",
     "zmq": "pyzmq",
+    "openai": "openai",
 }
+# Arbor's own entry points: importing them catches a third-party import missing from the list
+# above (frontend_lang imports openai; the server imports fastapi and uvicorn).
+ARBOR_MODULES = ("runtime.cli", "runtime.server", "frontend_lang", "grammar", "benchmarks.suite")
 
 
 def describe(cuda: bool) -> dict[str, Any]:
@@ -66,8 +70,14 @@ def import_check() -> Check:
             importlib.import_module(module)
         except Exception as exc:  # ImportError, or a package that breaks while importing
             missing.append(f"{distribution} ({type(exc).__name__}: {exc})")
+    for module in ARBOR_MODULES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            missing.append(f"arbor's {module} ({type(exc).__name__}: {exc})")
     if not missing:
-        return Check("python packages", PASS, f"all {len(REQUIRED_MODULES)} importable")
+        count = len(REQUIRED_MODULES)
+        return Check("python packages", PASS, f"all {count} importable, and Arbor's entry points")
     detail = (
         f"not importable: {'; '.join(missing)}. Bring them as wheels: `make gpu-wheels` on a "
         "machine with pip access, carry .whl/, run `bash benchmarks/gpu_check.sh`"
