@@ -185,6 +185,12 @@ def main() -> None:
         action="store_true",
         help="the runtime schedules program steps like other requests (to measure the policy)",
     )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="the model's compute dtype (auto: float32 on CPU, bfloat16 on a GPU; greedy "
+        "equality between the modes holds in float32, where batching changes no rounding)",
+    )
     parser.add_argument("--modes", default="interpreted,compiled")
     parser.add_argument(
         "--server", action="store_true", help="run against arbor serve over HTTP (RuntimeEndpoint)"
@@ -195,7 +201,7 @@ def main() -> None:
     model = cached_test_model(args.model, "llama")
     runtime: InProcess | OverHttp
     if args.server:
-        flags = ["--max-total-tokens", str(args.max_total_tokens)]
+        flags = ["--max-total-tokens", str(args.max_total_tokens), "--dtype", args.dtype]
         if args.disable_program_scheduling:
             flags.append("--disable-program-scheduling")
         runtime = OverHttp(stack.enter_context(ServerProcess(model, *flags)))
@@ -203,6 +209,7 @@ def main() -> None:
         engine = Engine(
             model,
             max_total_tokens=args.max_total_tokens,
+            dtype=args.dtype,
             disable_program_scheduling=args.disable_program_scheduling,
         )
         stack.callback(engine.shutdown)
@@ -214,6 +221,7 @@ def main() -> None:
         "quick": args.quick,
         "max_total_tokens": args.max_total_tokens,
         "program_scheduling": not args.disable_program_scheduling,
+        "dtype": args.dtype,
         "runtime": "arbor serve over HTTP" if args.server else "in-process Engine",
         "workloads": {},
     }
