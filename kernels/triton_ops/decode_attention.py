@@ -25,9 +25,14 @@ from kernels.triton_ops.launch import dot_dtype, dot_precision, padded_dim
 from kernels.triton_ops.paged_tiles import load_kv_tile, online_softmax_step
 
 _LOG2E = 1.4426950408889634
+# The most splits the occupancy rule picks; the reduce kernel's tile covers them all, so one
+# compiled variant serves every batch size.
+MAX_KV_SPLITS = 16
 
 
-@triton.jit
+# The split count changes with the batch size; as a runtime value (not a constexpr, not
+# specialized) it costs no compile when a new batch size shows up mid-serving.
+@triton.jit(do_not_specialize=["num_kv_splits"])
 def _decode_partial_kernel(
     q_ptr,  # [B, H, D]
     k_ptr,  # [S, Hkv, D]
@@ -49,8 +54,8 @@ def _decode_partial_kernel(
     stride_vd,
     stride_table,
     stride_pos,
+    num_kv_splits,
     GROUP: tl.constexpr,
-    NUM_KV_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -66,7 +71,7 @@ def _decode_partial_kernel(
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
     table_row = tl.load(req_pool_indices_ptr + req)
     # Splits are whole BLOCK_N tiles so only a sequence's last tile is ragged.
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_KV_SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N
     kv_start = split * split_len
     kv_end = tl.minimum(kv_start + split_len, seq_len)
 
@@ -102,7 +107,7 @@ def _decode_partial_kernel(
     l_safe = tl.where(has_keys, l_i, 1.0)
     lse = tl.where(has_keys, m_i + tl.math.log2(l_safe), float("-inf"))
     out = acc / l_safe[:, None]
-    mid_row = (req * GROUP * tl.num_programs(1) + heads) * NUM_KV_SPLITS + split
+    mid_row = (req * GROUP * tl.num_programs(1) + heads) * num_kv_splits + split
     tl.store(mid_lse_ptr + mid_row, lse, mask=mask_h)
     tl.store(
         mid_out_ptr + mid_row[:, None] * HEAD_DIM_V + offs_dv[None, :],
@@ -111,7 +116,7 @@ def _decode_partial_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_kv_splits"])
 def _decode_reduce_kernel(
     mid_out_ptr,  # [B, H, num_kv_splits, Dv] float32
     mid_lse_ptr,  # [B, H, num_kv_splits] float32
@@ -119,7 +124,7 @@ def _decode_reduce_kernel(
     stride_ob,
     stride_oh,
     stride_od,
-    NUM_KV_SPLITS: tl.constexpr,
+    num_kv_splits,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -129,12 +134,12 @@ def _decode_reduce_kernel(
     row = req * tl.num_programs(1) + head
     offs_s = tl.arange(0, BLOCK_SPLITS)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask_s = offs_s < NUM_KV_SPLITS
+    mask_s = offs_s < num_kv_splits
     mask_dv = offs_dv < HEAD_DIM_V
-    lse = tl.load(mid_lse_ptr + row * NUM_KV_SPLITS + offs_s, mask=mask_s, other=float("-inf"))
+    lse = tl.load(mid_lse_ptr + row * num_kv_splits + offs_s, mask=mask_s, other=float("-inf"))
     weights = tl.math.exp2(lse - tl.max(lse, axis=0))  # split 0 always has keys: max is finite
     partial = tl.load(
-        mid_out_ptr + (row * NUM_KV_SPLITS + offs_s[:, None]) * HEAD_DIM_V + offs_dv[None, :],
+        mid_out_ptr + (row * num_kv_splits + offs_s[:, None]) * HEAD_DIM_V + offs_dv[None, :],
         mask=mask_s[:, None] & mask_dv[None, :],
         other=0.0,
     )  # [BLOCK_SPLITS, BLOCK_DV]
@@ -151,7 +156,7 @@ def default_kv_splits(batch: int, num_kv_heads: int, device: torch.device) -> in
     if device.type != "cuda":
         return 4
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(16, triton.cdiv(4 * sms, batch * num_kv_heads)))
+    return max(1, min(MAX_KV_SPLITS, triton.cdiv(4 * sms, batch * num_kv_heads)))
 
 
 @register("decode_attention", "triton", graph_safe=True)
@@ -198,8 +203,8 @@ def decode_attention(
         *k_buffer.stride(),
         *v_buffer.stride(),
         *req_to_token.stride(),
+        splits,
         GROUP=group,
-        NUM_KV_SPLITS=splits,
         HEAD_DIM=head_dim,
         HEAD_DIM_V=head_dim_v,
         BLOCK_D=padded_dim(head_dim),
@@ -215,9 +220,9 @@ def decode_attention(
         mid_lse,
         out,
         *out.stride(),
-        NUM_KV_SPLITS=splits,
+        splits,
         HEAD_DIM_V=head_dim_v,
-        BLOCK_SPLITS=triton.next_power_of_2(splits),
+        BLOCK_SPLITS=max(MAX_KV_SPLITS, triton.next_power_of_2(splits)),
         BLOCK_DV=triton.next_power_of_2(head_dim_v),
     )
     return out

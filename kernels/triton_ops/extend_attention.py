@@ -23,7 +23,9 @@ from kernels.triton_ops.paged_tiles import load_kv_tile, online_softmax_step
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# batch_size is not specialized (a batch of 1 or of 16 would each compile a variant), and the
+# request-lookup tile is at least MIN_BLOCK_B wide: new batch sizes mid-serving compile nothing.
+@triton.jit(do_not_specialize=["batch_size"])
 def _extend_attention_kernel(
     q_ptr,  # [T, H, D]
     k_ptr,  # [S, Hkv, D]
@@ -121,6 +123,9 @@ def _extend_attention_kernel(
     )
 
 
+MIN_BLOCK_B = 64
+
+
 @register("extend_attention", "triton")
 def extend_attention(
     q: torch.Tensor,
@@ -180,7 +185,7 @@ def extend_attention(
         BLOCK_DV=padded_dim(head_dim_v),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        BLOCK_B=triton.next_power_of_2(batch),
+        BLOCK_B=max(MIN_BLOCK_B, triton.next_power_of_2(batch)),
         DOT_DTYPE=dot_dtype(q.dtype, q.device),
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=8,

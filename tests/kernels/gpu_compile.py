@@ -128,11 +128,11 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "seq_lens_ptr": "*i64",
             "qk_scale": "fp32",
             **dec_strides,
+            "num_kv_splits": "i32",
         },
         {
             **dec_units,
             "GROUP": group,
-            "NUM_KV_SPLITS": 8,
             "HEAD_DIM": head_dim,
             "HEAD_DIM_V": head_dim,
             "BLOCK_D": block_d,
@@ -153,12 +153,12 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "out_ptr": f"*{dtype}",
             "stride_ob": "i32",
             "stride_oh": "i32",
+            "num_kv_splits": "i32",
         },
         {
             "stride_od": 1,
-            "NUM_KV_SPLITS": 8,
             "HEAD_DIM_V": head_dim,
-            "BLOCK_SPLITS": 8,
+            "BLOCK_SPLITS": decode_attention.MAX_KV_SPLITS,
             "BLOCK_DV": triton.next_power_of_2(head_dim),
         },
     )
