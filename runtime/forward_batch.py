@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.cascade import CascadePlan, plan_cascade
-from runtime.memory_pool import KVPool, ReqToTokenPool
+from runtime.memory_pool import KVPool, ReqToTokenPool, to_device
 
 
 class ForwardMode(enum.Enum):
@@ -102,12 +102,13 @@ class ForwardBatch:
         positions = torch.cat(
             [torch.arange(p, s) for p, s in zip(prefix_lens, seq_lens, strict=True)]
         )
-        table = req_to_token_pool.req_to_token
-        row_t = torch.tensor(rows, dtype=torch.int64, device=device)
-        out_cache_loc = table[
-            row_t.repeat_interleave(torch.tensor(extend_lens, device=device)), positions.to(device)
-        ]
-        ends = torch.tensor(extend_lens).cumsum(0)
+        # Built on the host (the table's host copy) and queued to the device in one go each:
+        # nothing here waits for the forward in flight.
+        table = req_to_token_pool.host
+        row_t = torch.tensor(rows, dtype=torch.int64)
+        extend_t = torch.tensor(extend_lens, dtype=torch.int64)
+        out_cache_loc = table[row_t.repeat_interleave(extend_t), positions]
+        ends = extend_t.cumsum(0)
         if isinstance(logits, torch.Tensor):
             logit_indices = logits
         else:
@@ -120,7 +121,7 @@ class ForwardBatch:
         if on_host and 0 < len(wanted) < int(ends[-1]):
             found = torch.searchsorted(last_rows, wanted)
             if bool((found < len(last_rows)).all()) and torch.equal(last_rows[found], wanted):
-                logit_reqs = found.to(device)
+                logit_reqs = to_device(found, device)
         num_extend = sum(1 for n in extend_lens if n > 1)
         if any(n > 1 for n in extend_lens[num_extend:]):
             raise ValueError("one-token requests must come after every multi-token request")
@@ -137,13 +138,15 @@ class ForwardBatch:
             )
         return cls(
             mode=mode,
-            input_ids=torch.tensor([t for ids in new_token_ids for t in ids], device=device),
-            positions=positions.to(device),
-            out_cache_loc=out_cache_loc,
-            req_pool_indices=row_t,
-            seq_lens=torch.tensor(seq_lens, device=device),
-            extend_lens=torch.tensor(extend_lens, device=device),
-            logit_indices=logit_indices.to(device),
+            input_ids=to_device(
+                torch.tensor([t for ids in new_token_ids for t in ids], dtype=torch.int64), device
+            ),
+            positions=to_device(positions, device),
+            out_cache_loc=to_device(out_cache_loc, device),
+            req_pool_indices=to_device(row_t, device),
+            seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int64), device),
+            extend_lens=to_device(extend_t, device),
+            logit_indices=to_device(logit_indices, device),
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=extend_lens,
             num_extend_reqs=num_extend,

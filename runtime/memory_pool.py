@@ -61,6 +61,15 @@ class KVPool:
         return 2 * self.num_layers * per_buffer
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host ``tensor`` on ``device`` without waiting for the GPU: staged in pinned memory
+    and queued on the current stream (a copy from pageable memory first waits for all the
+    stream's work, i.e. for the forward in flight). The tensor itself on the CPU."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 class ReqToTokenPool:
     """Rows of slot indices, one row per running request, indexed by position in the sequence.
 
@@ -85,6 +94,14 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros(
             (max_requests + 1, max_context_len), dtype=torch.int64, device=device
         )
+        # The scheduler reads the table on the host (which slots a request holds, where its
+        # last page ends): on a GPU it keeps a copy there, so no read waits for the forward in
+        # flight. On the CPU it is the table itself.
+        self.host = (
+            self.req_to_token
+            if self.req_to_token.device.type == "cpu"
+            else torch.zeros((max_requests + 1, max_context_len), dtype=torch.int64)
+        )
         self._free_rows = list(range(max_requests - 1, -1, -1))
 
     def alloc(self) -> int | None:
@@ -104,7 +121,10 @@ class ReqToTokenPool:
             raise ValueError(
                 f"sequence of {end} tokens exceeds context length {self.max_context_len}"
             )
-        self.req_to_token[row, start:end] = slots
+        slots = slots.to(device="cpu", dtype=torch.int64)
+        self.host[row, start:end] = slots
+        if self.host is not self.req_to_token:
+            self.req_to_token[row, start:end] = to_device(slots, self.req_to_token.device)
         if self._writes is not None:
             self._writes.append((row, start, slots.tolist()))
 
@@ -117,6 +137,4 @@ class ReqToTokenPool:
     def replay(self, writes: list[tuple[int, int, list[int]]]) -> None:
         """Apply another table's writes (``take_writes``) to this one."""
         for row, start, slots in writes:
-            self.req_to_token[row, start : start + len(slots)] = torch.tensor(
-                slots, dtype=torch.int64, device=self.req_to_token.device
-            )
+            self.write(row, start, torch.tensor(slots, dtype=torch.int64))

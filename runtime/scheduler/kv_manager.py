@@ -96,7 +96,7 @@ class KVCacheManager:
     def _alloc(self, req: Req, n: int) -> torch.Tensor | None:
         if req.kv_len % self.page_size == 0:
             return self.allocator.alloc(n)
-        last_slot = int(self.req_to_token_pool.req_to_token[req.row, req.kv_len - 1])
+        last_slot = int(self.req_to_token_pool.host[req.row, req.kv_len - 1])
         return self.allocator.alloc_continuing(last_slot, n)
 
     def truncate(self, req: Req, kv_len: int) -> None:
@@ -159,19 +159,19 @@ class KVCacheManager:
     def _insert(self, req: Req) -> None:
         """Insert [0, kv_len) and free the request's private copies of what was already cached."""
         assert self.tree is not None and req.row is not None
-        slots = self.req_to_token_pool.req_to_token[req.row, : req.kv_len].cpu()
+        slots = self.req_to_token_pool.host[req.row, : req.kv_len]
         already = self.tree.insert(req.token_ids.prefix(req.kv_len), slots)
         if already > req.cached_len:
             self.allocator.free(slots[req.cached_len : already])
 
     def _free_range(self, req: Req, start: int, end: int) -> None:
         if end > start:
-            self.allocator.free(self.req_to_token_pool.req_to_token[req.row, start:end].cpu())
+            self.allocator.free(self.req_to_token_pool.host[req.row, start:end])
 
     def private_slots(self, reqs: list[Req]) -> torch.Tensor:
         """Slots the admitted ``reqs`` hold outside the tree (for invariant checks)."""
         parts = [
-            self.req_to_token_pool.req_to_token[r.row, r.cached_len : r.kv_len].cpu()
+            self.req_to_token_pool.host[r.row, r.cached_len : r.kv_len]
             for r in reqs
             if r.row is not None and r.kv_len > r.cached_len
         ]

@@ -170,19 +170,19 @@ class DraftKVManager:
     def _insert(self, seq: DraftSeq, tokens: np.ndarray) -> None:
         """Insert ``tokens`` (a confirmed prefix) with their slots; free the sequence's private
         copies of what the tree already held."""
-        slots = self.req_to_token_pool.req_to_token[seq.row, : tokens.size].cpu()
+        slots = self.req_to_token_pool.host[seq.row, : tokens.size]
         already = self.tree.insert(tokens, slots)
         if already > seq.cached_len:
             self.allocator.free(slots[seq.cached_len : already])
 
     def _free_range(self, seq: DraftSeq, start: int, end: int) -> None:
         if end > start:
-            self.allocator.free(self.req_to_token_pool.req_to_token[seq.row, start:end].cpu())
+            self.allocator.free(self.req_to_token_pool.host[seq.row, start:end])
 
     def private_slots(self) -> torch.Tensor:
         """Slots the sequences hold outside the tree."""
-        table = self.req_to_token_pool.req_to_token
-        parts = [table[s.row, s.cached_len : s.kv_len].cpu() for s in self.seqs.values()]
+        table = self.req_to_token_pool.host
+        parts = [table[s.row, s.cached_len : s.kv_len] for s in self.seqs.values()]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
     def check_invariants(self) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
+from runtime.forward_batch import ForwardBatch
 from runtime.ipc import GenerateRequest
-from runtime.memory_pool import ReqToTokenPool
+from runtime.memory_pool import KVPool, ReqToTokenPool
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.decode_manager import DecodeManager
 from runtime.scheduler.kv_manager import KVCacheManager
@@ -140,3 +141,28 @@ def test_a_decode_that_cannot_progress_even_alone_fails_with_a_400():
     assert reason is not None and reason.status_code == 400
     assert "max_total_tokens" in (reason.message or "")
     kv.check_invariants([filler])
+
+
+def test_the_scheduler_reads_the_slot_table_on_its_host_copy_only():
+    """On a GPU the slot table lives on the device, with a host copy the scheduler reads (a
+    read of the device table waits for the forward in flight). A table on the meta device has
+    no data to read: admission, a page continued (its last slot looked up), the forward batch,
+    release into the cache and a later hit all run from the host copy, which holds the slots."""
+    allocator = KVSlotAllocator(256, page_size=4)
+    pool = ReqToTokenPool(8, 512, torch.device("meta"))
+    assert pool.host.device.type == "cpu" and pool.host is not pool.req_to_token
+    kv = KVCacheManager(allocator, RadixCache(allocator), pool)
+    a = _req("a", list(range(10)))
+    assert kv.admit(a) and kv.alloc_extend(a, a.pending_len)
+    assert kv.alloc_extend(a, 1)  # position 10 continues the page holding 8 and 9
+    held = pool.host[a.row, :11].clone()
+    assert int(held[10]) == int(held[9]) + 1 and int(held[8]) % 4 == 0
+    kv_pool = KVPool(256, 1, 1, 4, torch.float32, torch.device("meta"))
+    batch = ForwardBatch.build([a.row], [0], [list(range(11))], kv_pool, pool)
+    assert batch.out_cache_loc.device.type == "meta" and batch.out_cache_loc.shape == (11,)
+    a.token_ids.append(10)
+    kv.release(a, keep_in_cache=True, finished=True)
+    b = _req("b", list(range(11)) + [99])
+    assert kv.admit(b) and b.cached_len == 8
+    assert torch.equal(pool.host[b.row, :8], held[:8])
+    kv.check_invariants([b])
