@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from runtime import Engine
 from runtime.channels import QueueChannel
@@ -187,3 +188,18 @@ def test_the_flag_parses() -> None:
     ServerArgs.add_cli_args(parser)
     parsed = parser.parse_args(["--model-path", "m", "--disable-overlap-schedule"])
     assert parsed.disable_overlap_schedule is True
+
+
+def test_the_forward_thread_names_an_indexed_cuda_device(monkeypatch: pytest.MonkeyPatch):
+    """torch.cuda.set_device refuses a bare "cuda" (every Engine on a GPU died at its first
+    forward): the forward thread gives it an index."""
+    from runtime.scheduler import scheduler
+
+    seen: list[object] = []
+    monkeypatch.setattr(torch.cuda, "set_device", seen.append)
+    scheduler._forward_thread_setup(torch.device("cuda"))
+    scheduler._forward_thread_setup(torch.device("cuda", 1))
+    scheduler._forward_thread_setup(torch.device("cpu"))
+    assert seen == [0, torch.device("cuda", 1)]
+    assert not torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
