@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import RequestError, SchedulerDied
-from runtime.ipc import ProgramRelease, ProgramStep
+from runtime.ipc import IN_BATCH_SHARING_THRESHOLD, ProgramRelease, ProgramStep
 from runtime.program.select_math import (
     HEAL_WINDOW,
     UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
@@ -70,10 +70,10 @@ logger = logging.getLogger(__name__)
 # Tokens decoded and re-encoded with new text at a boundary (token healing).
 BOUNDARY_TOKENS = 4
 # A fork prefills its branches' shared prefix once, before starting them, when at least this
-# many of its tokens are not pinned yet; a shorter tail (the text after a gen) each branch
-# prefills itself, in the same step as its siblings, instead of waiting a step for it (the
-# scheduler's in-batch sharing threshold, runtime/scheduler/prefill_admission.py, is the same).
-FORK_PREFILL_MIN_TOKENS = 32
+# many of its tokens are not pinned yet (from there the scheduler would hold the siblings back
+# a round anyway); a shorter tail (the text after a gen) each branch prefills itself, in the
+# same step as its siblings, instead of waiting a step for it.
+FORK_PREFILL_MIN_TOKENS = IN_BATCH_SHARING_THRESHOLD
 # Most sessions kept at once; beyond, the longest idle is ended.
 MAX_SESSIONS = 4096
 SCORE_ONLY = SamplingParams(max_new_tokens=0)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.ipc import IN_BATCH_SHARING_THRESHOLD
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.req import Req
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 
-# Hold a request back when it shares at least this many uncached tokens with one admitted now.
-IN_BATCH_SHARING_THRESHOLD = 32
+__all__ = ["IN_BATCH_SHARING_THRESHOLD", "PrefillAdmission"]
 
 
 class PrefillAdmission:
