@@ -12,12 +12,6 @@ from typing import Any, Literal
 
 from runtime.sampling_params import SamplingParams
 
-# The scheduler holds a request back a round when it shares at least this many uncached
-# tokens with one admitted in the same step (the first fills the cache, the rest reuse it);
-# a compiled fork prefills its branches' shared tail itself from the same length on
-# (runtime/program/executor.py), since below it the branches would prefill it side by side.
-IN_BATCH_SHARING_THRESHOLD = 32
-
 # ---- tokenizer manager -> scheduler -------------------------------------------------------
 
 

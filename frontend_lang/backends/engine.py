@@ -49,7 +49,7 @@ class Engine(NativeBackend):
 
     def _prompt_tokens(self, text: str) -> int:
         # The engine's own tokenizer, in this process: no round trip. The scoring batch then
-        # prefills the prefix once (the runtime holds back requests that share it one round).
+        # prefills the prefix once (requests of one step share what they have in common).
         return len(self.engine.tokenizer(text).input_ids)
 
     def _load_chat_template(self) -> ChatTemplate:

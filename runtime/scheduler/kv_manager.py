@@ -69,6 +69,7 @@ class KVCacheManager:
         if row is None:
             return False
         req.row = row
+        req.loan_start, req.lends = None, False
         if self.tree is not None:
             match = self.cached_prefix(req)
             self.tree.lock(match.node)
@@ -78,6 +79,50 @@ class KVCacheManager:
         if not req.output_ids:  # a retracted request already reported its first match
             req.cached_tokens = req.cached_len
         return True
+
+    def lend(self, lender: Req, borrower: Req, end: int) -> None:
+        """Let ``borrower`` (just admitted: nothing past its cached prefix) read ``lender``'s
+        slots for positions [borrower.cached_len, end) of the prefix they share, which the
+        lender computes in this step's forward (each layer writes the whole batch's K/V before
+        any request attends): the borrower computes only what follows. The borrowed positions
+        count as its cached prefix; ``settle_loans`` hands them to the tree after the forward."""
+        assert self.tree is not None and lender.row is not None and borrower.row is not None
+        start = borrower.cached_len
+        assert borrower.kv_len == start < end <= lender.kv_len and end % self.page_size == 0
+        self.req_to_token_pool.write(
+            borrower.row, start, self.req_to_token_pool.host[lender.row, start:end].clone()
+        )
+        borrower.loan_start = start
+        borrower.kv_len = borrower.cached_len = end
+        lender.lends = True
+        if not borrower.output_ids:
+            borrower.cached_tokens = end
+
+    def settle_loans(self, reqs: list[Req]) -> None:
+        """After the forward that computed them, make this step's lent slots the tree's: in
+        admission order (a lender admitted before its borrowers; one that also borrowed settles
+        its own loan first), each lender's computed prefix is inserted and each borrower locks
+        the tree's path to the end of its loan in place of its own lock. Runs before anything
+        can release a lender (an abort during the forward included)."""
+        for req in reqs:
+            if req.row is None or (req.loan_start is None and not req.lends):
+                continue
+            assert self.tree is not None and req.last_node is not None
+            if req.loan_start is not None:
+                match = self.tree.match_from(
+                    req.last_node, req.loan_start, req.token_ids.prefix(req.cached_len)
+                )
+                if match.length != req.cached_len:
+                    raise AssertionError(
+                        f"{req.rid}: the tree holds {match.length} of {req.cached_len} lent tokens"
+                    )
+                self.req_to_token_pool.write(req.row, 0, match.slots)
+                self.tree.lock(match.node)
+                self.tree.unlock(req.last_node)
+                req.last_node, req.loan_start = match.node, None
+            if req.lends:
+                req.lends = False
+                self.cache_prefix(req)
 
     def alloc_extend(self, req: Req, n: int) -> bool:
         """Allocate slots for the next ``n`` positions of ``req`` and record them in its row,

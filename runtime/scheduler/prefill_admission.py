@@ -3,21 +3,26 @@
 Budgets: ``max_prefill_tokens`` new tokens per step, ``chunked_prefill_size`` per request per
 step, ``max_running_requests``, and KV: a request is admitted only if its prompt plus its
 reserved decode room fits in free + evictable slots after the room reserved for every running
-decode. Requests sharing a long uncached prefix with one admitted this step wait one round, so
-the first fills the cache and the rest reuse it.
+decode. A request sharing uncached prefix with one admitted this step reads that request's
+slots for it (computed once, in this step's forward: ``KVCacheManager.lend``); it waits a round
+instead when a long part of what they share is computed only in the other's later chunks.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from runtime.ipc import IN_BATCH_SHARING_THRESHOLD
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.req import Req
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 
 __all__ = ["IN_BATCH_SHARING_THRESHOLD", "PrefillAdmission"]
+
+# A request sharing uncached tokens with one admitted in the same step reads that one's slots
+# for them (KVCacheManager.lend); it is held back a round instead when at least this many of
+# the shared tokens are computed only in the other's later prefill chunks.
+IN_BATCH_SHARING_THRESHOLD = 32
 
 
 class PrefillAdmission:
@@ -57,7 +62,7 @@ class PrefillAdmission:
                 break
             if not self.kv.admit(req):
                 break
-            if self._shares_uncached_prefix(req, admitted_ids):
+            if not self._share_in_step(req, admitted, admitted_ids):
                 self.kv.release(req, keep_in_cache=False)
                 continue
             need = req.pending_len + self.ratio.reserve(req)
@@ -75,13 +80,29 @@ class PrefillAdmission:
             budget -= n
         return chunks, admitted
 
-    @staticmethod
-    def _shares_uncached_prefix(req: Req, admitted_ids: list[np.ndarray]) -> bool:
+    def _share_in_step(self, req: Req, admitted: list[Req], admitted_ids: list[np.ndarray]) -> bool:
+        """Borrow, for ``req`` (admitted, nothing allocated yet), the slots of the request
+        admitted this step that computes the most of its uncached prefix. False: hold ``req``
+        back a round, because at least IN_BATCH_SHARING_THRESHOLD more shared tokens are
+        computed only in later chunks. Without a tree nothing outlives its request, so nothing
+        is lent (or worth waiting for)."""
+        if not admitted or self.kv.tree is None:
+            return True
         ids = req.token_ids.array()
-        for other in admitted_ids:
-            n = min(len(ids), len(other))
-            differ = np.flatnonzero(ids[:n] != other[:n])
-            shared = int(differ[0]) if differ.size else n
-            if shared - req.cached_len >= IN_BATCH_SHARING_THRESHOLD:
-                return True
-        return False
+        page = self.kv.page_size
+        limit = req.match_limit  # positions whose logits it needs are its own to compute
+        best, lender, reachable = req.cached_len, None, req.cached_len
+        for other, other_ids in zip(admitted, admitted_ids, strict=True):
+            n = min(len(ids), len(other_ids))
+            differ = np.flatnonzero(ids[:n] != other_ids[:n])
+            shared = min(int(differ[0]) if differ.size else n, limit)
+            reachable = max(reachable, shared)
+            end = min(shared, other.kv_len)
+            end -= end % page
+            if end > best:
+                best, lender = end, other
+        if reachable - best >= IN_BATCH_SHARING_THRESHOLD:
+            return False
+        if lender is not None:
+            self.kv.lend(lender, req, best)
+        return True

@@ -54,6 +54,10 @@ class Req:
         self.cached_len = 0
         self.last_node: TreeNode | None = None
         self.cached_tokens = 0  # prompt tokens served from the cache, for the client
+        # A loan in this step (KVCacheManager.lend): the cached length this request had before
+        # it borrowed a step-mate's slots (None: no loan), and whether it lent its own.
+        self.loan_start: int | None = None
+        self.lends = False
         # State
         # A grammar matcher once compiled (and the reasoning is over); the gate holding it while
         # the model thinks; the preparation while it waits in the grammar queue.

@@ -285,6 +285,9 @@ class Scheduler:
             finally:
                 self._in_forward = False
                 logits = forward.result()
+        # Slots lent between requests of this step are computed now: the tree takes them
+        # before sampling can finish (and release) a lender.
+        self.kv.settle_loans([req for req, _ in step.work])
         sampled = self._sample(logits, step.sample_rows, step.sample_reqs)
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:

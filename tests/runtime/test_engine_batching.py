@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime import Engine
 from tests.runtime.helpers import hf_greedy, random_prompts
@@ -152,3 +153,34 @@ def test_in_batch_prefix_sharing_computes_the_prefix_once(tiny_model_path: Path)
         results = eng.generate(input_ids=prompts, sampling_params=GREEDY)
     cached = sorted(r["meta_info"]["cached_tokens"] for r in results)
     assert cached == [0, 120, 120]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_requests_lending_a_prefix_in_one_step_match_each_alone(
+    tiny_model_path: Path, page_size: int
+):
+    """One batch of prompts sharing uncached prefixes (nested: some share 37 tokens, some 20):
+    the first admitted computes each shared part and the others read its slots in the same
+    forward (KVCacheManager.lend). Tokens and prompt logprobs equal each prompt run alone
+    without a cache, with chunked prefill in play and the invariants checked every step."""
+    shared = random_prompts([37], seed=11)[0]
+    tails = random_prompts([1, 3, 6, 2, 9, 5], seed=12)
+    prompts = [shared + t for t in tails[:4]] + [shared[:20] + t for t in tails[4:]]
+    kwargs = {"return_logprob": True, "logprob_start_len": 22}
+    with Engine(
+        tiny_model_path, max_total_tokens=4096, page_size=page_size, chunked_prefill_size=48,
+        debug_invariants=True,
+    ) as eng:  # fmt: skip
+        together = eng.generate(input_ids=prompts, sampling_params=GREEDY, **kwargs)
+        eng.check_invariants()
+    with Engine(tiny_model_path, max_total_tokens=4096, disable_radix_cache=True) as eng:
+        alone = [eng.generate(input_ids=p, sampling_params=GREEDY, **kwargs) for p in prompts]
+    assert _ids(together) == _ids(alone)
+    for a, b in zip(together, alone, strict=True):
+        got, want = a["meta_info"]["input_token_logprobs"], b["meta_info"]["input_token_logprobs"]
+        assert [t for _, t in got] == [t for _, t in want]
+        assert torch.allclose(
+            torch.tensor([v for v, _ in got]), torch.tensor([v for v, _ in want]), atol=1e-5
+        )
+    # Borrowed prefix tokens count as cached: every prompt but the first of each group.
+    assert sum(r["meta_info"]["cached_tokens"] > 0 for r in together) >= len(prompts) - 2

@@ -1,5 +1,5 @@
 """PrefillAdmission and DecodeManager on a CPU KV cache without a model: budgets, chunking,
-in-batch prefix sharing, retraction order and the out-of-memory failure, with the slot
+in-step prefix sharing (loans), retraction order and the out-of-memory failure, with the slot
 accounting checked after every plan."""
 
 from __future__ import annotations
@@ -74,18 +74,118 @@ def test_kv_budget_keeps_room_for_running_decodes():
     kv.check_invariants([first])
 
 
-def test_requests_sharing_an_uncached_prefix_wait_a_round():
+def _kv_paged(slots: int, page: int, rows: int = 8) -> KVCacheManager:
+    allocator = KVSlotAllocator(slots, page_size=page)
+    return KVCacheManager(
+        allocator, RadixCache(allocator), ReqToTokenPool(rows, 512, torch.device("cpu"))
+    )
+
+
+def _row(kv: KVCacheManager, req: Req, end: int) -> list[int]:
+    assert req.row is not None
+    return kv.req_to_token_pool.host[req.row, :end].tolist()
+
+
+def test_requests_sharing_an_uncached_prefix_borrow_its_slots_in_the_same_step():
     kv = _kv(1024)
     admission = _admission(kv, step=1024, chunk=1024)
     prefix = list(range(IN_BATCH_SHARING_THRESHOLD + 8))
-    a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
-    _, admitted = admission.schedule([], [a, b])
-    assert admitted == [a]  # b would recompute the prefix a is computing now
-    kv.check_invariants([a])
+    a, b, c = (_req(x, prefix + [900 + i]) for i, x in enumerate("abc"))
+    chunks, admitted = admission.schedule([], [a, b, c])
+    assert admitted == [a, b, c]
+    # a computes the prefix; b and c read its slots and compute only their own last token.
+    assert [(r.rid, n) for r, n in chunks] == [("a", len(prefix) + 1), ("b", 1), ("c", 1)]
+    assert b.cached_len == c.cached_len == len(prefix) and b.cached_tokens == len(prefix)
+    assert _row(kv, b, len(prefix)) == _row(kv, c, len(prefix)) == _row(kv, a, len(prefix))
+    kv.check_invariants(admitted)  # each lent slot is a's alone until the forward is done
+    kv.settle_loans(admitted)
+    kv.check_invariants(admitted)
+    assert a.cached_len == len(prefix) + 1 and a.lends is False and b.loan_start is None
+    assert kv.tree is not None and kv.tree.match_prefix(prefix).length == len(prefix)
+    # The lender finishing first (even aborted, keeping nothing) leaves the borrowers whole.
+    kv.release(a, keep_in_cache=False, finished=True)
+    kv.check_invariants([b, c])
+    for req in (b, c):
+        kv.release(req, keep_in_cache=True, finished=True)
+    kv.check_invariants([])
+    assert kv.tree.match_prefix(prefix + [901]).length == len(prefix) + 1
+
+
+def test_a_short_shared_tail_is_borrowed_not_recomputed():
+    kv = _kv(1024)
+    admission = _admission(kv, step=1024, chunk=1024)
+    a = _req("a", list(range(20)))
+    chunks, _ = admission.schedule([], [a])
+    kv.settle_loans([a])
     kv.cache_prefix(a)
-    _, later = admission.schedule([a], [b])
-    assert later == [b] and b.cached_len >= len(prefix)
-    kv.check_invariants([a, b])
+    # Two continuations of a's text sharing a 5-token tail it has not seen.
+    tail = [500, 501, 502, 503, 504]
+    b, c = _req("b", list(range(20)) + tail + [7]), _req("c", list(range(20)) + tail + [8])
+    chunks, admitted = admission.schedule([a], [b, c])
+    assert [(r.rid, n) for r, n in chunks] == [("b", 6), ("c", 1)]
+    assert c.cached_len == 25 and c.cached_tokens == 25
+    kv.settle_loans([b, c])
+    kv.check_invariants([a, b, c])
+
+
+def test_a_borrower_computes_the_positions_whose_logits_it_needs():
+    kv = _kv(1024)
+    admission = _admission(kv, step=1024, chunk=1024)
+    prefix = list(range(40))
+    a = _req("a", prefix + [900])
+    b = Req(
+        GenerateRequest(
+            "b", prefix + [901], SamplingParams(max_new_tokens=0), return_logprob=True,
+            logprob_start_len=30,
+        ),
+        seed=0,
+    )  # fmt: skip
+    chunks, admitted = admission.schedule([], [a, b])
+    assert admitted == [a, b]
+    assert b.cached_len == 29  # logits from position 29 on are b's to compute
+    assert dict((r.rid, n) for r, n in chunks)["b"] == 41 - 29
+    kv.settle_loans(admitted)
+    kv.check_invariants(admitted)
+
+
+def test_a_shared_prefix_computed_in_a_later_chunk_waits_a_round():
+    kv = _kv(1024)
+    admission = _admission(kv, step=1024, chunk=16)
+    prefix = list(range(IN_BATCH_SHARING_THRESHOLD + 24))
+    a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
+    chunks, admitted = admission.schedule([], [a, b])
+    # a computes 16 of the shared tokens now, the rest (40) in later chunks: b waits for them.
+    assert admitted == [a] and b.row is None
+    kv.check_invariants([a])
+
+
+def test_loans_are_whole_pages():
+    kv = _kv_paged(1024, page=16)
+    admission = _admission(kv, step=1024, chunk=1024)
+    prefix = list(range(40))
+    a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
+    chunks, admitted = admission.schedule([], [a, b])
+    assert admitted == [a, b] and b.cached_len == 32  # two pages; the third is b's own
+    assert [(r.rid, n) for r, n in chunks] == [("a", 41), ("b", 9)]
+    assert _row(kv, b, 32) == _row(kv, a, 32)
+    assert kv.req_to_token_pool.host[b.row, 32].item() % 16 == 0  # its own page starts there
+    kv.check_invariants(admitted)
+    kv.settle_loans(admitted)
+    kv.check_invariants(admitted)
+    for req in admitted:
+        kv.release(req, keep_in_cache=True, finished=True)
+    kv.check_invariants([])
+
+
+def test_without_a_tree_nothing_is_lent_or_held_back():
+    allocator = KVSlotAllocator(1024)
+    kv = KVCacheManager(allocator, None, ReqToTokenPool(8, 512, torch.device("cpu")))
+    admission = _admission(kv, step=1024, chunk=1024)
+    prefix = list(range(IN_BATCH_SHARING_THRESHOLD + 8))
+    a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
+    chunks, admitted = admission.schedule([], [a, b])
+    assert admitted == [a, b] and [n for _, n in chunks] == [len(prefix) + 1] * 2
+    kv.check_invariants(admitted)
 
 
 def _decoding(kv: KVCacheManager, reqs: list[Req]) -> None:
