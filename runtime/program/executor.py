@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import RequestError, SchedulerDied
-from runtime.ipc import IN_BATCH_SHARING_THRESHOLD, ProgramRelease, ProgramStep
+from runtime.ipc import ProgramRelease, ProgramStep
 from runtime.program.select_math import (
     HEAL_WINDOW,
     UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
@@ -69,11 +69,6 @@ logger = logging.getLogger(__name__)
 
 # Tokens decoded and re-encoded with new text at a boundary (token healing).
 BOUNDARY_TOKENS = 4
-# A fork prefills its branches' shared prefix once, before starting them, when at least this
-# many of its tokens are not pinned yet (from there the scheduler would hold the siblings back
-# a round anyway); a shorter tail (the text after a gen) each branch prefills itself, in the
-# same step as its siblings, instead of waiting a step for it.
-FORK_PREFILL_MIN_TOKENS = IN_BATCH_SHARING_THRESHOLD
 # Most sessions kept at once; beyond, the longest idle is ended.
 MAX_SESSIONS = 4096
 SCORE_ONLY = SamplingParams(max_new_tokens=0)
@@ -389,16 +384,27 @@ class _Segment:
             ]
 
         tails = await self.tm.run_tokenizer(encode_choices, "choices")
-        reuse = min(branch.reuse_len, start)
+        # Every choice is scored from the healed boundary (select_math.heal_boundary), known
+        # here before anything runs: the window's tokens before it are the prefix's own in
+        # every choice, so their KV is reused and each choice computes only the logits from
+        # the boundary on (the interpreter, which cannot tokenize, re-scores the whole window).
+        boundary = heal_boundary(ids[start:], tails)
+        first = start + boundary
+        reuse = min(branch.reuse_len, first)
         calls: list[Awaitable[dict[str, Any]]] = []
         # The prefix itself first when it has tokens no pin covers: it is prefilled once (the
         # choices wait for it, sharing it) and pinned for the branch's next step.
         prefill = len(ids) > branch.reuse_len
         if prefill:
-            calls.append(self._score(ids, start, self._step(branch, keep=True)))
+            calls.append(self._score(ids, -1, self._step(branch, keep=True)))
+        # A choice whose tokens end at the boundary still needs one logit row (a prompt's
+        # logprobs start before its last token): its first entry is dropped below.
+        starts = [min(first, start + len(tail) - 1) for tail in tails]
         calls += [
-            self._score(ids[:start] + tail, start, self._step(branch, keep=False, reuse_len=reuse))
-            for tail in tails
+            self._score(
+                ids[:start] + tail, lp_start, self._step(branch, keep=False, reuse_len=reuse)
+            )
+            for tail, lp_start in zip(tails, starts, strict=True)
         ]
         unconditional_calls: list[Awaitable[dict[str, Any]]] = []
         if op.method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED:
@@ -409,18 +415,22 @@ class _Segment:
         scored = results[int(prefill) : int(prefill) + len(tails)]
         if prefill:
             branch.pin_key, branch.reuse_len = branch.key, len(ids)
-        entries = [r["meta_info"]["input_token_logprobs"] for r in scored]
-        prefix_tokens = ids[start:]
-        choice_tokens = [[e[1] for e in row] for row in entries]
-        choice_logprobs = [[e[0] for e in row] for row in entries]
+        # From the boundary on: there, heal_boundary over these rows is 0 (some choice departs
+        # from the prefix, or ends, at the boundary), so whoever replays them scores the same
+        # tokens, and healed_tokens (window length - boundary) is unchanged.
+        prefix_tokens = ids[first:]
+        choice_tokens = [tail[boundary:] for tail in tails]
+        choice_logprobs = [
+            [e[0] for e in r["meta_info"]["input_token_logprobs"][first - lp_start :]]
+            for r, lp_start in zip(scored, starts, strict=True)
+        ]
         unconditional = None
         if unconditional_calls:
             unconditional = [
                 [e[0] for e in r["meta_info"]["input_token_logprobs"] if e[0] is not None]
                 for r in results[int(prefill) + len(tails) :]
             ]
-        boundary = heal_boundary(prefix_tokens, choice_tokens)
-        index, _ = pick(op.method, [row[boundary:] for row in choice_logprobs], unconditional)
+        index, _ = pick(op.method, choice_logprobs, unconditional)
         branch.pending += op.choices[index]
         metas = [{k: r["meta_info"][k] for k in ("prompt_tokens", "cached_tokens")} for r in scored]
         for i, r in enumerate(results[: int(prefill) + len(tails)]):
@@ -454,15 +464,17 @@ class _Segment:
         if op.id in session.forks:
             raise RequestError(f"fork id {op.id} is used already in this program")
         if len(op.branches) > 1 and (branch.pending or len(branch.ids) > branch.reuse_len):
-            # Prefill a long shared prefix once, pinned, so every branch starts from its KV.
             reused, encoded = await self._encode(branch)
-            if len(branch.ids) - branch.reuse_len >= FORK_PREFILL_MIN_TOKENS or (
-                branch.ids and branch.pin_key is None
-            ):
+            if branch.ids and branch.pin_key is None:
+                # The program's first KV: prefilled once and pinned, so the branches (and the
+                # parent after the join) continue from a pin rather than match from the root.
                 result = await self._score(branch.ids, -1, self._step(branch, keep=True))
                 self._count(result["meta_info"], reused, encoded)
                 branch.pin_key, branch.reuse_len = branch.key, len(branch.ids)
-            else:  # the branches prefill the short tail themselves, together
+            else:
+                # The branches start at once: the scheduler admits them in one step, the first
+                # computes the unpinned tail they share and the others read its slots
+                # (KVCacheManager.lend), so no round trip is spent prefilling it first.
                 self.session.stats["reencoded_tokens"] += encoded
         group = f"{session.program_id}:{op.id}"
         keys = [branch_key(branch.key, op.id, i) for i in range(len(op.branches))]

@@ -23,7 +23,9 @@ CHOICES_METHODS = (TOKEN_LENGTH_NORMALIZED, GREEDY_TOKEN, UNCONDITIONAL_LIKELIHO
 HEAL_WINDOW = 8
 
 
-def heal_boundary(prefix_tokens: Sequence[Hashable], choice_tokens: list[list[Hashable]]) -> int:
+def heal_boundary(
+    prefix_tokens: Sequence[Hashable], choice_tokens: Sequence[Sequence[Hashable]]
+) -> int:
     """The position (within the scoring window) from which every choice is scored: the
     shortest common prefix between the prefix's own tokens and any choice's tokens."""
     boundary = len(prefix_tokens)
