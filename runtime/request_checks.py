@@ -105,6 +105,16 @@ def _encodes(text: str) -> bool:
 def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:
     """Raise InvalidRequestValue unless every id is an integer (numpy's too) in
     [0, vocab_size)."""
+    # The common case, a list of Python ints, in C-level passes; anything else (numpy ints,
+    # bools, ...) or a bad id goes through the loop below, which names the offending id.
+    if (
+        isinstance(ids, list)
+        and ids
+        and set(map(type, ids)) == {int}
+        and min(ids) >= 0
+        and max(ids) < vocab_size
+    ):
+        return
     for i, token in enumerate(ids):
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             raise InvalidRequestValue(field, f"token ids must be integers, got {token!r}")

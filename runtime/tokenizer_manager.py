@@ -49,6 +49,9 @@ Result = TypeVar("Result")
 
 # Threads that tokenize prompts and render chat templates.
 TOKENIZE_THREADS = 2
+# Tokenizer work this small (characters or tokens) runs on the event loop: tens of
+# microseconds, less than handing it to a tokenizer thread and back.
+INLINE_TOKENIZE_SIZE = 2048
 # Callers' rids remembered after their requests end (the dashboard lists recent requests).
 RECENT_LABELS = 256
 
@@ -211,13 +214,22 @@ class TokenizerManager:
 
     async def tokenize(self, text: str, field: str = "text") -> list[int]:
         """Token ids of ``text`` (special tokens added as the tokenizer does), computed on the
-        tokenizer threads. RequestError 400 naming ``field`` if the tokenizer refuses it."""
-        return await self.run_tokenizer(lambda: self.tokenizer(text).input_ids, field)
+        tokenizer threads (on the loop when short). RequestError 400 naming ``field`` if the
+        tokenizer refuses it."""
+        return await self.run_tokenizer(
+            lambda: self.tokenizer(text).input_ids, field, size=len(text)
+        )
 
-    async def run_tokenizer(self, work: Callable[[], Result], field: str) -> Result:
-        """Run ``work`` (tokenizing, rendering a template) on the tokenizer threads."""
+    async def run_tokenizer(
+        self, work: Callable[[], Result], field: str, size: int | None = None
+    ) -> Result:
+        """Run ``work`` (tokenizing, rendering a template) on the tokenizer threads; on the
+        event loop itself when the caller says it is small (``size``, characters or tokens, at
+        most INLINE_TOKENIZE_SIZE), where the hop to a thread costs more than the work."""
         assert self.loop is not None
         try:
+            if size is not None and size <= INLINE_TOKENIZE_SIZE:
+                return work()
             return await self.loop.run_in_executor(self._pool, work)
         except (ValueError, TypeError, OverflowError, UnicodeError) as exc:
             raise RequestError(f"{field}: the tokenizer refused it: {exc}") from None
@@ -330,7 +342,7 @@ class TokenizerManager:
                 f"the prompt has {len(input_ids)} tokens; the context length is {context}"
             )
         self.check_input_ids(input_ids)
-        input_ids = [int(token) for token in input_ids]
+        input_ids = list(map(int, input_ids))
         if rid is not None and rid in self._labels:
             raise RequestError(f"request id {rid!r} is already in use")
         internal = f"{self._prefix}-{next(self._ids)}"

@@ -305,7 +305,7 @@ class _Segment:
             text = _decode_after(self.tokenizer, context, tail) + pending
             return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
-        new = await self.tm.run_tokenizer(encode, "text")
+        new = await self.tm.run_tokenizer(encode, "text", size=len(pending) + 16 * len(tail))
         same = 0
         for a, b in zip(tail, new, strict=False):
             if a != b:
@@ -352,8 +352,10 @@ class _Segment:
                      "completion_tokens": len(chunk["output_ids"])}
                 )  # fmt: skip
         text, output_ids = final["text"], list(final["output_ids"])
-        kept, rest = await self.tm.run_tokenizer(  # decoding: off the event loop
-            lambda: _kept_output(self.tokenizer, prompt, output_ids, text), "text"
+        kept, rest = await self.tm.run_tokenizer(
+            lambda: _kept_output(self.tokenizer, prompt, output_ids, text),
+            "text",
+            size=len(text) + len(output_ids),
         )
         branch.ids = prompt + kept
         branch.pending = rest
@@ -383,7 +385,11 @@ class _Segment:
                 for c in op.choices
             ]
 
-        tails = await self.tm.run_tokenizer(encode_choices, "choices")
+        tails = await self.tm.run_tokenizer(
+            encode_choices,
+            "choices",
+            size=len(op.choices) * len(window) + sum(map(len, op.choices)),
+        )
         # Every choice is scored from the healed boundary (select_math.heal_boundary), known
         # here before anything runs: the window's tokens before it are the prefix's own in
         # every choice, so their KV is reused and each choice computes only the logits from

@@ -92,7 +92,13 @@ class PrefillAdmission:
         page = self.kv.page_size
         limit = req.match_limit  # positions whose logits it needs are its own to compute
         best, lender, reachable = req.cached_len, None, req.cached_len
+        first = req.cached_len  # the first uncached position: a sharer must agree there
+        if first >= limit:
+            return True
+        token = ids[first]
         for other, other_ids in zip(admitted, admitted_ids, strict=True):
+            if len(other_ids) <= first or other_ids[first] != token:
+                continue
             n = min(len(ids), len(other_ids))
             differ = np.flatnonzero(ids[:n] != other_ids[:n])
             shared = min(int(differ[0]) if differ.size else n, limit)
