@@ -212,3 +212,28 @@ def test_expansion_matches_a_reference(ns: list[int], batch: bool, rid: str, see
         assert parts == expected_parts
         if seed is not None:
             assert sub.sampling.seed == (seed + sub.sample_index + 2**63) % 2**64 - 2**63
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (True, "token ids must be integers, got True"),
+        (2.0, "token ids must be integers, got 2.0"),
+        (-1, "token id -1 at index 77 is outside the vocabulary [0, 100)"),
+        (100, "token id 100 at index 77 is outside the vocabulary [0, 100)"),
+        ("7", "token ids must be integers, got '7'"),
+    ],
+)
+def test_a_bad_token_id_anywhere_in_a_long_prompt_is_named(bad: Any, message: str):
+    """The fast path for lists of ints must not let a bool, a float or an out-of-range id
+    through, wherever it sits; numpy integers are accepted."""
+    import numpy as np
+
+    from runtime.request_checks import check_token_ids
+
+    ids: list[Any] = list(range(100)) * 3
+    check_token_ids(ids, 100, "input_ids")
+    check_token_ids([np.int64(3), *ids], 100, "input_ids")
+    ids[77] = bad
+    with pytest.raises(InvalidRequestValue, match=re.escape(message)):
+        check_token_ids(ids, 100, "input_ids")
