@@ -20,6 +20,7 @@ from typing import Any
 import openai
 
 from frontend_lang.backends.base import Backend, BackendError, ChoiceLogprobs, GenOutput, Prompt
+from frontend_lang.backends.per_thread import PerThread
 from frontend_lang.chat import CHATML, ChatTemplate
 
 _BODY_FIELDS = ("top_k", "min_p", "regex")
@@ -31,7 +32,18 @@ class OpenAI(Backend):
     def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
         self.base_url = base_url
         self.model = model
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0)
+        self._clients = PerThread(
+            lambda: openai.OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0),
+            openai.OpenAI.close,
+        )
+
+    @property
+    def client(self) -> openai.OpenAI:
+        """This thread's client (frontend_lang/backends/per_thread.py)."""
+        return self._clients.get()
+
+    def shutdown(self) -> None:
+        self._clients.close_all()
 
     @property
     def chat_template(self) -> ChatTemplate:

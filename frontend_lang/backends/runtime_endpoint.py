@@ -11,6 +11,7 @@ import httpx
 
 from frontend_lang.backends.base import BackendError, ProgramsUnsupported
 from frontend_lang.backends.native import NativeBackend, template_or_error
+from frontend_lang.backends.per_thread import PerThread
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
 
 
@@ -31,9 +32,16 @@ class RuntimeEndpoint(NativeBackend):
         super().__init__(chat_template)
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(
-            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0)
+        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._clients = PerThread(
+            lambda: httpx.Client(base_url=self.url, headers=headers, timeout=timeout),
+            httpx.Client.close,
         )
+
+    @property
+    def client(self) -> httpx.Client:
+        """This thread's HTTP client (frontend_lang/backends/per_thread.py)."""
+        return self._clients.get()
 
     def _call(self, payload: dict[str, Any]) -> Any:
         try:
@@ -105,7 +113,7 @@ class RuntimeEndpoint(NativeBackend):
         return response.json()
 
     def shutdown(self) -> None:
-        self.client.close()
+        self._clients.close_all()
 
 
 def _error_message(url: str, status: int, body: str) -> str:
