@@ -20,7 +20,7 @@ from typing import Any
 import openai
 
 from frontend_lang.backends.base import Backend, BackendError, ChoiceLogprobs, GenOutput, Prompt
-from frontend_lang.backends.per_thread import PerThread
+from frontend_lang.backends.client_pool import ClientPool
 from frontend_lang.chat import CHATML, ChatTemplate
 
 _BODY_FIELDS = ("top_k", "min_p", "regex")
@@ -32,15 +32,10 @@ class OpenAI(Backend):
     def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
         self.base_url = base_url
         self.model = model
-        self._clients = PerThread(
+        self._clients = ClientPool(
             lambda: openai.OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0),
             openai.OpenAI.close,
         )
-
-    @property
-    def client(self) -> openai.OpenAI:
-        """This thread's client (frontend_lang/backends/per_thread.py)."""
-        return self._clients.get()
 
     def shutdown(self) -> None:
         self._clients.close_all()
@@ -83,21 +78,22 @@ class OpenAI(Backend):
         if body:
             request["extra_body"] = body
         try:
-            if on_delta is not None and chat:
-                request["stream_options"] = {"include_usage": True}
-                stream = self.client.chat.completions.create(**request)
-                text, meta = _collect_stream(stream, on_delta)
-            elif on_delta is not None:
-                request["stream_options"] = {"include_usage": True}
-                text, meta = _collect_stream(self.client.completions.create(**request), on_delta)
-            elif chat:
-                response = self.client.chat.completions.create(**request)
-                text = response.choices[0].message.content or ""
-                meta = _meta(response.usage, response.choices[0].finish_reason)
-            else:
-                response = self.client.completions.create(**request)
-                text = response.choices[0].text
-                meta = _meta(response.usage, response.choices[0].finish_reason)
+            with self._clients.lease() as client:
+                if on_delta is not None and chat:
+                    request["stream_options"] = {"include_usage": True}
+                    stream = client.chat.completions.create(**request)
+                    text, meta = _collect_stream(stream, on_delta)
+                elif on_delta is not None:
+                    request["stream_options"] = {"include_usage": True}
+                    text, meta = _collect_stream(client.completions.create(**request), on_delta)
+                elif chat:
+                    response = client.chat.completions.create(**request)
+                    text = response.choices[0].message.content or ""
+                    meta = _meta(response.usage, response.choices[0].finish_reason)
+                else:
+                    response = client.completions.create(**request)
+                    text = response.choices[0].text
+                    meta = _meta(response.usage, response.choices[0].finish_reason)
         except openai.OpenAIError as exc:
             raise BackendError(f"{self.base_url}: {exc}") from exc
         if (meta["finish_reason"] or {}).get("type") != "length":
@@ -132,9 +128,11 @@ class OpenAI(Backend):
             f"logprobs and max_tokens=0), and {self.base_url} did not return them"
         )
         try:
-            response = self.client.completions.create(
-                model=self.model, prompt=texts, max_tokens=0, temperature=0, echo=True, logprobs=0
-            )
+            with self._clients.lease() as client:
+                response = client.completions.create(
+                    model=self.model, prompt=texts, max_tokens=0, temperature=0, echo=True,
+                    logprobs=0,
+                )  # fmt: skip
         except openai.OpenAIError as exc:
             raise BackendError(f"{why}: {exc}") from exc
         rows: list[tuple[list[Hashable], list[float]] | None] = [None] * len(texts)

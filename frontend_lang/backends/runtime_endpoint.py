@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from frontend_lang.backends.base import BackendError, ProgramsUnsupported
+from frontend_lang.backends.client_pool import ClientPool
 from frontend_lang.backends.native import NativeBackend, template_or_error
-from frontend_lang.backends.per_thread import PerThread
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
 
 
@@ -33,19 +33,15 @@ class RuntimeEndpoint(NativeBackend):
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(timeout_s, connect=10.0)
-        self._clients = PerThread(
+        self._clients = ClientPool(
             lambda: httpx.Client(base_url=self.url, headers=headers, timeout=timeout),
             httpx.Client.close,
         )
 
-    @property
-    def client(self) -> httpx.Client:
-        """This thread's HTTP client (frontend_lang/backends/per_thread.py)."""
-        return self._clients.get()
-
     def _call(self, payload: dict[str, Any]) -> Any:
         try:
-            response = self.client.post("/generate", json=payload)
+            with self._clients.lease() as client:
+                response = client.post("/generate", json=payload)
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.url}/generate: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
@@ -66,7 +62,7 @@ class RuntimeEndpoint(NativeBackend):
         """The JSON events of a streamed POST (up to ``data: [DONE]``); an error event or
         status raises BackendError with the server's message."""
         try:
-            with self.client.stream("POST", path, json=body) as resp:
+            with self._clients.lease() as client, client.stream("POST", path, json=body) as resp:
                 if programs and resp.status_code in (404, 405):
                     raise ProgramsUnsupported(f"{self.url} has no {path} endpoint")
                 if resp.status_code >= 400:
@@ -88,7 +84,8 @@ class RuntimeEndpoint(NativeBackend):
 
     def end_program(self, program_id: str) -> None:
         try:
-            self.client.delete(f"/program/{program_id}")
+            with self._clients.lease() as client:
+                client.delete(f"/program/{program_id}")
         except httpx.HTTPError:
             pass  # the server drops idle programs itself
 
@@ -107,7 +104,8 @@ class RuntimeEndpoint(NativeBackend):
         return template_or_error(load)
 
     def get_model_info(self) -> dict[str, Any]:
-        response = self.client.get("/get_model_info")
+        with self._clients.lease() as client:
+            response = client.get("/get_model_info")
         if response.status_code >= 400:
             raise BackendError(_error_message(self.url, response.status_code, response.text))
         return response.json()

@@ -1,45 +1,54 @@
-"""The HTTP backends' clients (fl.RuntimeEndpoint, fl.OpenAI): one per thread (a pool shared
-between threads handed out connections another thread closed), closed with their thread or at
-shutdown."""
+"""The HTTP backends' clients (fl.RuntimeEndpoint, fl.OpenAI): each call leases a whole client
+(a pool shared between threads handed out connections another thread closed), and clients are
+reused across calls and threads."""
 
 from __future__ import annotations
 
-import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 
 import frontend_lang as fl
+from frontend_lang.backends.client_pool import ClientPool
 
 
-@pytest.mark.parametrize("kind", ["runtime_endpoint", "openai"])
-def test_each_thread_gets_its_own_client_and_it_closes_with_the_thread(kind: str):
-    endpoint: fl.RuntimeEndpoint | fl.OpenAI = (
-        fl.RuntimeEndpoint("http://127.0.0.1:9")  # never contacted
-        if kind == "runtime_endpoint"
-        else fl.OpenAI(base_url="http://127.0.0.1:9/v1", model="m")
-    )
-    mine = endpoint.client
-    assert endpoint.client is mine  # the same thread keeps its client
-    seen: list = []
-    threads = [threading.Thread(target=lambda: seen.append(endpoint.client)) for _ in range(4)]
+class _Client:
+    def __init__(self) -> None:
+        self.closed = False
+
+
+def test_concurrent_calls_get_distinct_clients_and_later_calls_reuse_them():
+    pool = ClientPool(_Client, lambda c: setattr(c, "closed", True))
+    inside = threading.Barrier(4)
+    seen: list[_Client] = []
+
+    def call() -> None:
+        with pool.lease() as client:
+            seen.append(client)
+            inside.wait(timeout=10)  # all four hold a client at once
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len({id(c) for c in seen} | {id(mine)}) == 5
-    del threads
-    gc.collect()
-    assert all(_closed(client) for client in seen)  # their threads ended
-    assert not _closed(mine)
-    endpoint.shutdown()
-    assert _closed(mine)
+    assert len({id(c) for c in seen}) == 4 and pool.size == 4
+    def one_call() -> None:
+        with pool.lease():
+            pass
 
-
-def _closed(client: Any) -> bool:
-    return bool(client.is_closed()) if callable(client.is_closed) else bool(client.is_closed)
+    for _ in range(3):  # new short-lived threads, one call each: warm clients, none made
+        thread = threading.Thread(target=one_call)
+        thread.start()
+        thread.join()
+    assert pool.size == 4
+    with pool.lease() as held:
+        pool.close_all()
+        assert not held.closed  # in use: closed when its call ends
+    assert held.closed and all(c.closed for c in seen)
+    with pytest.raises(RuntimeError, match="shut down"), pool.lease():
+        pass
 
 
 def test_many_threads_calling_a_live_server_all_succeed(endpoint_backend: fl.RuntimeEndpoint):
@@ -51,3 +60,4 @@ def test_many_threads_calling_a_live_server_all_succeed(endpoint_backend: fl.Run
 
     with ThreadPoolExecutor(16) as pool:
         assert len(list(pool.map(call, range(200)))) == 200
+    assert endpoint_backend._clients.size <= 16
