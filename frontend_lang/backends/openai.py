@@ -20,7 +20,7 @@ from typing import Any
 import openai
 
 from frontend_lang.backends.base import Backend, BackendError, ChoiceLogprobs, GenOutput, Prompt
-from frontend_lang.backends.client_pool import ClientPool
+from frontend_lang.backends.client_pool import ClientPool, shared_ssl_context
 from frontend_lang.chat import CHATML, ChatTemplate
 
 _BODY_FIELDS = ("top_k", "min_p", "regex")
@@ -33,7 +33,12 @@ class OpenAI(Backend):
         self.base_url = base_url
         self.model = model
         self._clients = ClientPool(
-            lambda: openai.OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0),
+            lambda: openai.OpenAI(
+                base_url=base_url,
+                api_key=api_key or "none",
+                max_retries=0,
+                http_client=openai.DefaultHttpxClient(verify=shared_ssl_context()),
+            ),
             openai.OpenAI.close,
         )
 

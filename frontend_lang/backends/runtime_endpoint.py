@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from frontend_lang.backends.base import BackendError, ProgramsUnsupported
-from frontend_lang.backends.client_pool import ClientPool
+from frontend_lang.backends.client_pool import ClientPool, shared_ssl_context
 from frontend_lang.backends.native import NativeBackend, template_or_error
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
 
@@ -34,7 +34,9 @@ class RuntimeEndpoint(NativeBackend):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(timeout_s, connect=10.0)
         self._clients = ClientPool(
-            lambda: httpx.Client(base_url=self.url, headers=headers, timeout=timeout),
+            lambda: httpx.Client(
+                base_url=self.url, headers=headers, timeout=timeout, verify=shared_ssl_context()
+            ),
             httpx.Client.close,
         )
 
