@@ -399,7 +399,8 @@ class _Segment:
         reuse = min(branch.reuse_len, first)
         calls: list[Awaitable[dict[str, Any]]] = []
         # The prefix itself first when it has tokens no pin covers: it is prefilled once (the
-        # choices wait for it, sharing it) and pinned for the branch's next step.
+        # choices, admitted in the same step, read its slots: the scheduler's in-step loans)
+        # and pinned for the branch's next step.
         prefill = len(ids) > branch.reuse_len
         if prefill:
             calls.append(self._score(ids, -1, self._step(branch, keep=True)))
