@@ -29,7 +29,7 @@ class ClientPool(Generic[Client]):
     def __init__(self, make: Callable[[], Client], close: Callable[[Client], None]) -> None:
         self._make, self._close = make, close
         self._free: list[Client] = []
-        self._all: list[Client] = []
+        self._made = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -43,7 +43,7 @@ class ClientPool(Generic[Client]):
         if client is None:
             client = self._make()
             with self._lock:
-                self._all.append(client)
+                self._made += 1
         try:
             yield client
         finally:
@@ -57,7 +57,7 @@ class ClientPool(Generic[Client]):
     @property
     def size(self) -> int:
         """Clients made so far (at most the number of calls ever in flight at once)."""
-        return len(self._all)
+        return self._made
 
     def close_all(self) -> None:
         """Close every client; one leased now closes when its call ends."""

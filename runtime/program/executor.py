@@ -305,6 +305,7 @@ class _Segment:
             text = _decode_after(self.tokenizer, context, tail) + pending
             return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
+        # size: the new text plus the healed tail (at most 8 tokens, counted generously).
         new = await self.tm.run_tokenizer(encode, "text", size=len(pending) + 16 * len(tail))
         same = 0
         for a, b in zip(tail, new, strict=False):

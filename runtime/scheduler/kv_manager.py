@@ -35,6 +35,8 @@ class KVCacheManager:
         self.release_hooks: list[Callable[[Req, bool], None]] = []
         # KV pinned between the steps of compiled DSL programs.
         self.pins = ProgramPins(tree, program_pin_ttl_s)
+        # Lenders and borrowers of this step's loans, in the order the loans were made.
+        self._loans: list[Req] = []
 
     @property
     def capacity(self) -> int:
@@ -90,23 +92,25 @@ class KVCacheManager:
         start = borrower.cached_len
         assert borrower.kv_len == start < end <= lender.kv_len and end % self.page_size == 0
         self.req_to_token_pool.write(
-            borrower.row, start, self.req_to_token_pool.host[lender.row, start:end].clone()
+            borrower.row, start, self.req_to_token_pool.host[lender.row, start:end]
         )
         borrower.loan_start = start
         borrower.kv_len = borrower.cached_len = end
         lender.lends = True
+        self._loans += (lender, borrower)
         if not borrower.output_ids:
             borrower.cached_tokens = end
 
-    def settle_loans(self, reqs: list[Req]) -> None:
+    def settle_loans(self) -> None:
         """After the forward that computed them, make this step's lent slots the tree's: in
-        admission order (a lender admitted before its borrowers; one that also borrowed settles
-        its own loan first), each lender's computed prefix is inserted and each borrower locks
-        the tree's path to the end of its loan in place of its own lock. Runs before anything
-        can release a lender (an abort during the forward included)."""
-        for req in reqs:
+        the order the loans were made (a lender before its borrowers; one that also borrowed
+        settles its own loan first), each lender's computed prefix is inserted and each
+        borrower locks the tree's path to the end of its loan in place of its own lock. Runs
+        before anything can release a lender (an abort during the forward included)."""
+        loans, self._loans = self._loans, []
+        for req in loans:
             if req.row is None or (req.loan_start is None and not req.lends):
-                continue
+                continue  # settled already (listed twice), or released before the forward
             assert self.tree is not None and req.last_node is not None
             if req.loan_start is not None:
                 match = self.tree.match_from(
@@ -116,7 +120,10 @@ class KVCacheManager:
                     raise AssertionError(
                         f"{req.rid}: the tree holds {match.length} of {req.cached_len} lent tokens"
                     )
-                self.req_to_token_pool.write(req.row, 0, match.slots)
+                # The tree's slots for the loan (the lender's, unless a request inserted the
+                # same tokens first); what precedes it was the borrower's own match.
+                loan = slice(req.loan_start, req.cached_len)
+                self.req_to_token_pool.write(req.row, req.loan_start, match.slots[loan])
                 self.tree.lock(match.node)
                 self.tree.unlock(req.last_node)
                 req.last_node, req.loan_start = match.node, None

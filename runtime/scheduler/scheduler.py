@@ -287,7 +287,7 @@ class Scheduler:
                 logits = forward.result()
         # Slots lent between requests of this step are computed now: the tree takes them
         # before sampling can finish (and release) a lender.
-        self.kv.settle_loans([req for req, _ in step.work])
+        self.kv.settle_loans()
         sampled = self._sample(logits, step.sample_rows, step.sample_reqs)
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:

@@ -98,7 +98,7 @@ def test_requests_sharing_an_uncached_prefix_borrow_its_slots_in_the_same_step()
     assert b.cached_len == c.cached_len == len(prefix) and b.cached_tokens == len(prefix)
     assert _row(kv, b, len(prefix)) == _row(kv, c, len(prefix)) == _row(kv, a, len(prefix))
     kv.check_invariants(admitted)  # each lent slot is a's alone until the forward is done
-    kv.settle_loans(admitted)
+    kv.settle_loans()
     kv.check_invariants(admitted)
     assert a.cached_len == len(prefix) + 1 and a.lends is False and b.loan_start is None
     assert kv.tree is not None and kv.tree.match_prefix(prefix).length == len(prefix)
@@ -116,7 +116,7 @@ def test_a_short_shared_tail_is_borrowed_not_recomputed():
     admission = _admission(kv, step=1024, chunk=1024)
     a = _req("a", list(range(20)))
     chunks, _ = admission.schedule([], [a])
-    kv.settle_loans([a])
+    kv.settle_loans()
     kv.cache_prefix(a)
     # Two continuations of a's text sharing a 5-token tail it has not seen.
     tail = [500, 501, 502, 503, 504]
@@ -124,7 +124,7 @@ def test_a_short_shared_tail_is_borrowed_not_recomputed():
     chunks, admitted = admission.schedule([a], [b, c])
     assert [(r.rid, n) for r, n in chunks] == [("b", 6), ("c", 1)]
     assert c.cached_len == 25 and c.cached_tokens == 25
-    kv.settle_loans([b, c])
+    kv.settle_loans()
     kv.check_invariants([a, b, c])
 
 
@@ -144,7 +144,7 @@ def test_a_borrower_computes_the_positions_whose_logits_it_needs():
     assert admitted == [a, b]
     assert b.cached_len == 29  # logits from position 29 on are b's to compute
     assert dict((r.rid, n) for r, n in chunks)["b"] == 41 - 29
-    kv.settle_loans(admitted)
+    kv.settle_loans()
     kv.check_invariants(admitted)
 
 
@@ -170,7 +170,7 @@ def test_loans_are_whole_pages():
     assert _row(kv, b, 32) == _row(kv, a, 32)
     assert kv.req_to_token_pool.host[b.row, 32].item() % 16 == 0  # its own page starts there
     kv.check_invariants(admitted)
-    kv.settle_loans(admitted)
+    kv.settle_loans()
     kv.check_invariants(admitted)
     for req in admitted:
         kv.release(req, keep_in_cache=True, finished=True)
