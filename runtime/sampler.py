@@ -323,9 +323,14 @@ class Sampler:
         self, logits: torch.Tensor, reqs: Sequence[Row], argmax: torch.Tensor | None = None
     ) -> torch.Tensor:
         """One token per row: the argmax for greedy rows (``argmax``: already computed),
-        a filtered, seeded draw for the others."""
+        a filtered, seeded draw for the others. Scoring-only rows (max_new_tokens 0: the token
+        is never emitted) take the argmax too: a draw would sort their whole row for nothing."""
         tokens = logits.argmax(-1) if argmax is None else argmax
-        rows = [i for i, r in enumerate(reqs) if not r.sampling.is_greedy]
+        rows = [
+            i
+            for i, r in enumerate(reqs)
+            if not r.sampling.is_greedy and r.sampling.max_new_tokens != 0
+        ]
         if not rows:
             return tokens
         device = logits.device

@@ -42,6 +42,8 @@ def filter_probs(
     how a sort orders equal probabilities.
     """
     vocab = probs.shape[-1]
+    if not bool(((top_k > 0) & (top_k < vocab)).any() | (top_p < 1.0).any() | (min_p > 0.0).any()):
+        return probs  # no row filters: skip the sort of [B, V]
     sorted_probs = probs.sort(dim=-1, descending=True).values  # [B, V]
     k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
     kth = sorted_probs.gather(1, (k - 1).unsqueeze(1))
