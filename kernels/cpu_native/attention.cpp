@@ -508,6 +508,74 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tens
   return out;
 }
 
+// Shared prefix (cascade): group g's queries, rows sharer_offsets[g] .. sharer_offsets[g + 1]
+// of q, attend to key positions [0, prefix_lens[g]) of table row prefix_rows[g]. A work item is
+// (group, KV head, block of sharers): the block's queries of that head's GQA group are scored
+// together, so each prefix key row is read once per block instead of once per sharer, and no
+// K/V is gathered. Returns (out [N, H, Dv] in q's dtype, lse [N, H] float32).
+TensorPair shared_prefix_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
+                                   torch::Tensor table, torch::Tensor prefix_rows_t,
+                                   torch::Tensor offsets_t, torch::Tensor prefix_lens_t,
+                                   double sm_scale) {
+  const Geometry g = geometry(q, k_buf, v_buf, table);
+  auto prefix_rows = as_i64(prefix_rows_t), offsets = as_i64(offsets_t);
+  auto prefix_lens = as_i64(prefix_lens_t);
+  const int64_t groups = prefix_rows.size(0);
+  TORCH_CHECK(offsets.size(0) == groups + 1 && prefix_lens.size(0) == groups,
+              "sharer_offsets must hold one more entry than prefix_rows and prefix_lens");
+  const int64_t n = q.size(0);
+  auto out = torch::empty({n, g.heads, g.dv}, q.options());
+  auto lse = torch::empty({n, g.heads}, q.options().dtype(torch::kFloat32));
+  if (groups == 0) return {out, lse};
+  const int64_t* row_p = prefix_rows.data_ptr<int64_t>();
+  const int64_t* off_p = offsets.data_ptr<int64_t>();
+  const int64_t* len_p = prefix_lens.data_ptr<int64_t>();
+  const int64_t* table_p = table.data_ptr<int64_t>();
+  TORCH_CHECK(off_p[0] == 0 && off_p[groups] == n, "sharer_offsets must run from 0 to q's rows");
+  // Sharers per item: enough rows to reuse each transposed key tile, bounded so the items of
+  // one large group still spread over the threads.
+  constexpr int64_t kSharerBlock = 32;
+  std::vector<int64_t> blocks(groups), first_item(groups + 1, 0);
+  for (int64_t b = 0; b < groups; ++b) {
+    const int64_t sharers = off_p[b + 1] - off_p[b];
+    TORCH_CHECK(sharers >= 0, "sharer_offsets must not decrease");
+    TORCH_CHECK(len_p[b] >= 0 && len_p[b] <= g.table_stride, "prefix length out of range");
+    blocks[b] = (sharers + kSharerBlock - 1) / kSharerBlock;
+    first_item[b + 1] = first_item[b] + blocks[b] * g.kv_heads;
+  }
+  float* lse_p = lse.data_ptr<float>();
+  const float scale = static_cast<float>(sm_scale);
+
+  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
+    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
+      const q_t* q_p = q.data_ptr<q_t>();
+      q_t* out_p = out.data_ptr<q_t>();
+      const kv_t* k_p = k_buf.data_ptr<kv_t>();
+      const kv_t* v_p = v_buf.data_ptr<kv_t>();
+      for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
+        const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
+        const int64_t t0 = off_p[b] + block * kSharerBlock;
+        const int64_t t1 = std::min(off_p[b + 1], t0 + kSharerBlock);
+        const int64_t rows_n = (t1 - t0) * g.group;
+        sc.q.resize(rows_n * g.dim);
+        for (int64_t t = t0; t < t1; ++t)
+          load_queries(q_p, t, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
+                       sc.q.data() + (t - t0) * g.group * g.dim);
+        st.reset(rows_n, g.dv);
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
+               table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, st, sc);
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t r = 0; r < g.group; ++r) {
+            const int64_t h = head * g.group + r;
+            lse_p[t * g.heads + h] =
+                store_row(st, (t - t0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
+          }
+      });
+    });
+  });
+  return {out, lse};
+}
+
 // In place: (out_a, lse_a) becomes the softmax-weighted merge of attention states a and b
 // (each normalised over its own keys, with its log-sum-exp), as if over the union of keys.
 void merge_attention_states(torch::Tensor out_a, torch::Tensor lse_a, torch::Tensor out_b,
@@ -545,5 +613,6 @@ void register_attention(pybind11::module& m) {
   const auto release = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("decode_attention", &decode_attention, release);
   m.def("extend_attention", &extend_attention, release);
+  m.def("shared_prefix_attention", &shared_prefix_attention, release);
   m.def("merge_attention_states", &merge_attention_states, release);
 }

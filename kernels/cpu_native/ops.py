@@ -1,9 +1,4 @@
-"""The native CPU implementations, registered under backend "native" when the build loads.
-
-``shared_prefix_attention`` has no native version on purpose: many sharers' queries against one
-prefix is a batched matrix product, which torch's GEMM (the reference) runs about twice as fast
-as the hand-written loops did (docs/kernels.md); dispatch falls back to it.
-"""
+"""The native CPU implementations, registered under backend "native" when the build loads."""
 
 from __future__ import annotations
 
@@ -66,6 +61,22 @@ if _ext is not None:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = ext.decode_attention(
             q, k_buffer, v_buffer, req_to_token, req_pool_indices, kv_start, seq_lens, sm_scale
+        )
+        return out, lse
+
+    @register("shared_prefix_attention", "native")
+    def shared_prefix_attention(
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        req_to_token: torch.Tensor,
+        prefix_rows: torch.Tensor,
+        sharer_offsets: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        sm_scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = ext.shared_prefix_attention(
+            q, k_buffer, v_buffer, req_to_token, prefix_rows, sharer_offsets, prefix_lens, sm_scale
         )
         return out, lse
 

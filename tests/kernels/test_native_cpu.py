@@ -103,6 +103,34 @@ def test_decode_with_lse_over_a_suffix(native: ModuleType, kv_dtype: torch.dtype
     torch.testing.assert_close(lse, expected_lse, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads"), GQA)
+@pytest.mark.parametrize("kv_dtype", DTYPES)
+def test_shared_prefix_matches_reference(
+    native: ModuleType, heads: int, kv_heads: int, kv_dtype: torch.dtype
+) -> None:
+    # Groups of 1, 3 and 70 sharers (70: three sharer blocks) over prefixes of 1, 45 (mid-page)
+    # and 300 tokens, plus an empty prefix; the pool is NaN past each prefix, so reading a key
+    # beyond it shows.
+    seq_lens = [1, 45, 300, 64]
+    batch = paged_batch(seq_lens, [1] * len(seq_lens), kv_heads, 32, 16, kv_dtype, seed=14)
+    prefix_rows = batch.req_pool_indices
+    prefix_lens = torch.tensor([1, 45, 300, 0])
+    offsets = torch.tensor([0, 1, 4, 74, 76])
+    q_dtype = torch.float32 if kv_dtype == torch.float32 else kv_dtype
+    q = _queries(76, heads, 32, q_dtype, seed=15)
+    args = (batch.req_to_token, prefix_rows, offsets, prefix_lens, 0.2)
+    out, lse = native.shared_prefix_attention(q, batch.k_buffer, batch.v_buffer, *args)
+    ref = batch.finite()
+    expected, expected_lse = cascade_ref.shared_prefix_attention(
+        q, ref.k_buffer.float(), ref.v_buffer.float(), *args
+    )
+    assert out.dtype == q_dtype and lse.dtype == torch.float32
+    assert_close(out[:74], expected[:74], q_dtype)
+    torch.testing.assert_close(lse[:74], expected_lse[:74], atol=2e-5, rtol=2e-5)
+    # An empty prefix: lse -inf, and the output is never read (merging gives it no weight).
+    assert bool((lse[74:] == float("-inf")).all())
+
+
 def _cascade_case(
     page_size: int, kv_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]], list[int]]:
