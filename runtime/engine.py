@@ -21,6 +21,7 @@ from runtime.channels import QueueChannel
 from runtime.detokenizer import DetokenizerManager
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
+from runtime.heap import freeze_startup_heap, unfreeze_heap
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
@@ -74,6 +75,9 @@ class Engine:
         self.tokenizer_manager.ready.wait()
         if self.tokenizer_manager.dead:
             raise SchedulerDied(self.tokenizer_manager.dead)
+        self._frozen = not self.args.disable_gc_freeze
+        if self._frozen:
+            freeze_startup_heap("engine")
 
     def _run_scheduler(self) -> None:
         try:
@@ -221,6 +225,8 @@ class Engine:
         for thread in self._threads:
             thread.join(timeout=10)
         self.tokenizer_manager.close()
+        if self._frozen:
+            unfreeze_heap()
 
     def __enter__(self) -> Engine:
         return self

@@ -26,6 +26,7 @@ import torch
 
 from runtime.distributed.group import connect_store, destroy_tp_group, init_tp_group, rank_device
 from runtime.forward_batch import BatchInputs
+from runtime.heap import freeze_startup_heap
 from runtime.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def run_worker(spec: WorkerSpec) -> None:
     group = init_tp_group(store, spec.rank, spec.size, device)
     try:
         runner = ModelRunner(device=str(device), tp=group, **kwargs)
+        freeze_startup_heap(f"tensor-parallel rank {spec.rank}")
         follow(runner)
     except RuntimeError:
         if os.getppid() != spec.parent_pid:

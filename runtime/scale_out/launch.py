@@ -23,6 +23,7 @@ import zmq
 from transformers import AutoTokenizer
 
 from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.heap import freeze_startup_heap
 from runtime.scale_out.front import STARTUP_TIMEOUT_S, ReplicaSet, RoutedTokenizerManager
 from runtime.scale_out.replica import node_address
 from runtime.scale_out.routing import Router, RouterConfig
@@ -118,6 +119,8 @@ async def _serve(
             return
         manager.start_monitor(done)
         args = state.args
+        if not args.disable_gc_freeze:
+            freeze_startup_heap("router front")
         logger.info(
             "ready: %s at http://%s:%d, %d replicas", args.model_name, args.host, args.port,
             args.dp_size,

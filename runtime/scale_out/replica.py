@@ -26,6 +26,7 @@ from typing import Any
 import zmq
 
 from runtime.channels import QueueChannel, Sender, ZmqReceiver, ZmqSender
+from runtime.heap import freeze_startup_heap
 from runtime.ipc import SchedulerFailed, SchedulerReady
 from runtime.server_args import ServerArgs
 
@@ -112,6 +113,8 @@ class Replica:
         ]
         for thread in self._threads:
             thread.start()
+        if not args.disable_gc_freeze:
+            freeze_startup_heap(f"replica {replica}")
         logger.info("replica %d serving at %s", replica, self.address)
 
     def _run_scheduler(self) -> None:

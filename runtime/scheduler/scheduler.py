@@ -23,6 +23,7 @@ an abort of a running request is recorded then and carried out after the forward
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import random
 import time
@@ -552,6 +553,8 @@ class Scheduler:
             "gen_throughput": self.stats["generated_tokens"] / elapsed,
             # Mean tokens a request gets from one forward (1.0 without drafts).
             "spec_accept_len": self.stats["generated_tokens"] / max(self.stats["emit_steps"], 1),
+            # Objects this process froze out of the garbage collector's passes (runtime/heap.py).
+            "gc_frozen_objects": gc.get_freeze_count(),
             **self.stats,
             **self.drafts.info(),
         }

@@ -32,6 +32,7 @@ import zmq
 from transformers import AutoTokenizer
 
 from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.heap import freeze_startup_heap
 from runtime.server.http_app import create_app
 from runtime.server.http_protocol import with_header_timeout
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
@@ -179,6 +180,8 @@ class _Supervisor:
             if not announced and manager.ready.is_set():
                 announced = True
                 args = self.state.args
+                if not args.disable_gc_freeze:
+                    freeze_startup_heap("server process")
                 logger.info("ready: %s at http://%s:%d", args.model_name, args.host, args.port)
 
     def _fail(self, server: uvicorn.Server, message: str) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import zmq
 
 from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.heap import freeze_startup_heap
 from runtime.ipc import SchedulerFailed
 from runtime.server_args import ServerArgs
 
@@ -66,6 +67,8 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
         raise
     signal.signal(signal.SIGTERM, lambda *_: scheduler.stop())
     scheduler.grammar.sandbox.prestart()  # a server's first constraint should not wait for it
+    if not args.disable_gc_freeze:
+        freeze_startup_heap("scheduler process")
     scheduler.event_loop()
 
 
@@ -80,7 +83,10 @@ def run_detokenizer_process(args: ServerArgs, addresses: IpcAddresses, parent_pi
     context = zmq.Context()
     inbox = ZmqReceiver(context, addresses.detokenizer, bind=True)
     outbox = ZmqSender(context, addresses.tokenizer, bind=False)
-    DetokenizerManager(tokenizer).event_loop(inbox, outbox)
+    manager = DetokenizerManager(tokenizer)
+    if not args.disable_gc_freeze:
+        freeze_startup_heap("detokenizer process")
+    manager.event_loop(inbox, outbox)
 
 
 def _prepare_child(args: ServerArgs, parent_pid: int) -> None:
