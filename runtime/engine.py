@@ -22,6 +22,7 @@ from runtime.detokenizer import DetokenizerManager
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
+from runtime.role_blocks import ChatTemplateError, RoleBlocks, derive_role_blocks
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
@@ -48,6 +49,8 @@ class Engine:
         self.scheduler = Scheduler(self.args, to_scheduler, to_detokenizer, to_tokenizer)
         tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or self.args.model_path)
         self.tokenizer = tokenizer
+        self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
+        self._role_blocks_lock = threading.Lock()
         self.detokenizer = DetokenizerManager(tokenizer)
         self.tokenizer_manager = TokenizerManager(
             tokenizer,
@@ -198,6 +201,21 @@ class Engine:
     def flush_cache(self) -> bool:
         """Drop all cached prefixes; False while requests are running."""
         return bool(self._call(self.tokenizer_manager.control("flush_cache"))["success"])
+
+    def role_blocks(self) -> RoleBlocks:
+        """The chat template's per-role headers and footers (``runtime/role_blocks.py``), which
+        DSL programs render role blocks with; derived once. Raises ChatTemplateError when the
+        template cannot be split into them."""
+        with self._role_blocks_lock:
+            if self._role_blocks is None:
+                try:
+                    self._role_blocks = derive_role_blocks(self.tokenizer)
+                except ChatTemplateError as exc:
+                    self._role_blocks = str(exc)
+            blocks = self._role_blocks
+        if isinstance(blocks, str):
+            raise ChatTemplateError(blocks)
+        return blocks
 
     def get_server_info(self) -> dict[str, Any]:
         """The server args as the scheduler runs them (device defaults filled in), KV usage,

@@ -53,7 +53,11 @@ class Engine(NativeBackend):
         return len(self.engine.tokenizer(text).input_ids)
 
     def _load_chat_template(self) -> ChatTemplate:
-        return template_or_error(lambda: ChatTemplate.from_tokenizer(self.engine.tokenizer))
+        def load() -> ChatTemplate:
+            blocks = self.engine.role_blocks()  # derived once per runtime engine
+            return ChatTemplate(blocks.begin, blocks.prefix, blocks.suffix)
+
+        return template_or_error(load)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -4,6 +4,7 @@ RuntimeEndpoint: both take the same request fields and answer with the same resu
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,8 @@ class NativeBackend(Backend):
 
     def __init__(self, chat_template: ChatTemplate | None) -> None:
         self._chat_template = chat_template
+        # run_batch's threads all reach for the template at once: one of them loads it.
+        self._template_lock = threading.Lock()
 
     @abstractmethod
     def _call(self, payload: dict[str, Any]) -> Any:
@@ -51,7 +54,9 @@ class NativeBackend(Backend):
     @property
     def chat_template(self) -> ChatTemplate:
         if self._chat_template is None:
-            self._chat_template = self._load_chat_template()
+            with self._template_lock:
+                if self._chat_template is None:
+                    self._chat_template = self._load_chat_template()
         return self._chat_template
 
     def generate(

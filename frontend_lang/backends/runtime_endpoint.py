@@ -19,8 +19,9 @@ class RuntimeEndpoint(NativeBackend):
     """A running ``arbor serve`` (or any server with SGLang's native API) at ``url``.
 
     Requests carry ``Authorization: Bearer <api_key>`` when a key is given. Role blocks are
-    rendered with ``chat_template`` if given, else with the template of the tokenizer the server
-    reports in ``/get_model_info`` (which must be a folder on this machine)."""
+    rendered with ``chat_template`` if given, else with the role blocks ``arbor serve`` reports
+    in ``/get_model_info``; against a server that reports none (SGLang's), with the template of
+    the tokenizer it names there, which must then be a folder on this machine."""
 
     def __init__(
         self,
@@ -93,9 +94,17 @@ class RuntimeEndpoint(NativeBackend):
 
     def _load_chat_template(self) -> ChatTemplate:
         def load() -> ChatTemplate:
+            info = self.get_model_info()
+            blocks = info.get("chat_template_blocks")
+            if isinstance(blocks, dict):  # arbor serve derives them from its own tokenizer
+                return ChatTemplate(blocks["begin"], blocks["prefix"], blocks["suffix"])
+            if "chat_template_error" in info:
+                raise ChatTemplateError(
+                    f"the server's chat template: {info['chat_template_error']}"
+                )
+            # Other servers with SGLang's native API: the tokenizer's folder, read here.
             from transformers import AutoTokenizer
 
-            info = self.get_model_info()
             path = info.get("tokenizer_path") or info.get("model_path")
             if not path or not Path(path).is_dir():
                 raise ChatTemplateError(

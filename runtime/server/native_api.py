@@ -108,6 +108,8 @@ async def get_model_info(request: Request) -> Response:
             "served_model_name": args.model_name,
             "is_generation": True,
             "context_length": state.context_length,
+            # Role blocks for DSL clients (fl.RuntimeEndpoint), so they need no model folder.
+            **(await asyncio.to_thread(state.role_blocks)),
         }
     )
 

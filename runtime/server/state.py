@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from runtime.generate_input import SubRequest
+from runtime.role_blocks import ChatTemplateError, derive_role_blocks
 from runtime.server.errors import ApiError
 from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.metrics import ServerMetrics
@@ -46,6 +47,20 @@ class ServerState:
         )
         # Generated ids of tool-calling turns, spliced into prompts that re-send them.
         self.generated_turns = GeneratedTurns(self.tokenizer)
+        self._role_blocks: dict[str, Any] | None = None
+
+    def role_blocks(self) -> dict[str, Any]:
+        """For /get_model_info: the chat template's role blocks, which DSL clients render role
+        blocks with (``chat_template_blocks``), or why there are none (``chat_template_error``).
+        Derived once (a few renders of the template)."""
+        if self._role_blocks is None:
+            try:
+                blocks = derive_role_blocks(self.tokenizer).to_json()
+                self._role_blocks = {"chat_template_blocks": blocks}
+            except Exception as exc:  # a template may raise anything on the probe conversation
+                message = str(exc) if isinstance(exc, ChatTemplateError) else repr(exc)
+                self._role_blocks = {"chat_template_error": message}
+        return self._role_blocks
 
     @property
     def context_length(self) -> int:

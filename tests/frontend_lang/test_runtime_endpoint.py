@@ -34,6 +34,7 @@ def test_concurrent_calls_get_distinct_clients_and_later_calls_reuse_them():
     for thread in threads:
         thread.join()
     assert len({id(c) for c in seen}) == 4 and pool.size == 4
+
     def one_call() -> None:
         with pool.lease():
             pass
@@ -61,3 +62,49 @@ def test_many_threads_calling_a_live_server_all_succeed(endpoint_backend: fl.Run
     with ThreadPoolExecutor(16) as pool:
         assert len(list(pool.map(call, range(200)))) == 200
     assert endpoint_backend._clients.size <= 16
+
+
+def test_role_blocks_come_from_the_server_without_a_local_tokenizer(
+    endpoint_backend: fl.RuntimeEndpoint, monkeypatch: pytest.MonkeyPatch
+):
+    import transformers
+
+    info = endpoint_backend.get_model_info()
+    local = transformers.AutoTokenizer.from_pretrained(info["tokenizer_path"])
+    assert info["chat_template_blocks"] == fl.ChatTemplate.from_tokenizer(local).__dict__
+
+    def no_folder(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the client read the model folder")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_folder)
+    fresh = fl.RuntimeEndpoint(endpoint_backend.url)
+    try:
+        assert fresh.chat_template == fl.ChatTemplate.from_tokenizer(local)
+    finally:
+        fresh.shutdown()
+
+
+def test_a_server_without_role_blocks_says_why(monkeypatch: pytest.MonkeyPatch):
+    endpoint = fl.RuntimeEndpoint("http://127.0.0.1:9")  # never contacted
+    why = {"chat_template_error": "the tokenizer has no chat template"}
+    monkeypatch.setattr(endpoint, "get_model_info", lambda: why)
+    with pytest.raises(fl.ChatTemplateError, match="no chat template.*chat_template=fl.CHATML"):
+        _ = endpoint.chat_template
+    endpoint.shutdown()
+
+
+def test_threads_needing_the_template_at_once_load_it_once(monkeypatch: pytest.MonkeyPatch):
+    endpoint = fl.RuntimeEndpoint("http://127.0.0.1:9")
+    calls: list[int] = []
+    blocks = fl.CHATML.__dict__
+
+    def slow_info() -> dict[str, object]:
+        calls.append(1)
+        threading.Event().wait(0.2)  # the others arrive while this one loads
+        return {"chat_template_blocks": blocks}
+
+    monkeypatch.setattr(endpoint, "get_model_info", slow_info)
+    with ThreadPoolExecutor(8) as pool:
+        templates = list(pool.map(lambda _: endpoint.chat_template, range(8)))
+    assert calls == [1] and all(t == fl.CHATML for t in templates)
+    endpoint.shutdown()
