@@ -54,7 +54,10 @@ class Engine(NativeBackend):
 
     def _load_chat_template(self) -> ChatTemplate:
         def load() -> ChatTemplate:
-            blocks = self.engine.role_blocks()  # derived once per runtime engine
+            role_blocks = getattr(self.engine, "role_blocks", None)
+            if role_blocks is None:  # an engine-like object with a tokenizer only
+                return ChatTemplate.from_tokenizer(self.engine.tokenizer)
+            blocks = role_blocks()  # derived once per runtime engine
             return ChatTemplate(blocks.begin, blocks.prefix, blocks.suffix)
 
         return template_or_error(load)

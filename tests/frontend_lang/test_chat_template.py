@@ -77,3 +77,27 @@ def test_templates_that_are_not_block_concatenations_are_refused():
 
     with pytest.raises(fl.ChatTemplateError, match="chat_template=fl.CHATML"):
         template_or_error(lambda: fl.ChatTemplate.from_tokenizer(NoTemplate()))
+
+
+def test_engine_backends_take_role_blocks_from_the_engine_or_its_tokenizer(
+    engine_backend: fl.Engine,
+):
+    from frontend_lang.backends.native import NativeBackend
+
+    tokenizer = engine_backend.engine.tokenizer
+    expected = fl.ChatTemplate.from_tokenizer(tokenizer)
+    assert engine_backend.engine.role_blocks() is engine_backend.engine.role_blocks()  # cached
+
+    class TokenizerOnly:  # an engine-like object (the benchmarks' HTTP engine is one)
+        pass
+
+    like = TokenizerOnly()
+    like.tokenizer = tokenizer  # type: ignore[attr-defined]
+    backend = fl.Engine.__new__(fl.Engine)
+    NativeBackend.__init__(backend, None)
+    backend.engine = like  # type: ignore[assignment]
+    assert backend.chat_template == expected
+    fresh = fl.Engine.__new__(fl.Engine)
+    NativeBackend.__init__(fresh, None)
+    fresh.engine = engine_backend.engine
+    assert fresh.chat_template == expected
