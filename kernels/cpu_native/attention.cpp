@@ -540,6 +540,7 @@ TensorPair shared_prefix_attention(torch::Tensor q, torch::Tensor k_buf, torch::
     const int64_t sharers = off_p[b + 1] - off_p[b];
     TORCH_CHECK(sharers >= 0, "sharer_offsets must not decrease");
     TORCH_CHECK(len_p[b] >= 0 && len_p[b] <= g.table_stride, "prefix length out of range");
+    TORCH_CHECK(row_p[b] >= 0 && row_p[b] < table.size(0), "prefix row out of range");
     blocks[b] = (sharers + kSharerBlock - 1) / kSharerBlock;
     first_item[b + 1] = first_item[b] + blocks[b] * g.kv_heads;
   }

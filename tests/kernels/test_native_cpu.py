@@ -328,3 +328,22 @@ def test_a_failed_build_does_not_fail_the_install_step(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert strict.returncode == 1
+
+
+def test_shared_prefix_refuses_bad_plans(native: ModuleType) -> None:
+    batch = paged_batch([40], [1], 2, 32, 16, torch.float32, seed=16)
+    q = _queries(2, 4, 32, torch.float32, seed=17)
+    table = batch.req_to_token
+    ok = (torch.tensor([int(batch.req_pool_indices[0])]), torch.tensor([0, 2]), torch.tensor([40]))
+    native.shared_prefix_attention(q, batch.k_buffer, batch.v_buffer, table, *ok, 0.2)
+    bad = {
+        "prefix row out of range": (torch.tensor([table.shape[0]]), ok[1], ok[2]),
+        "prefix length out of range": (ok[0], ok[1], torch.tensor([table.shape[1] + 1])),
+        "sharer_offsets must run from 0": (ok[0], torch.tensor([0, 3]), ok[2]),
+        "one more entry": (ok[0], torch.tensor([0, 1, 2]), ok[2]),
+    }
+    for message, (rows, offsets, lens) in bad.items():
+        with pytest.raises(RuntimeError, match=message):
+            native.shared_prefix_attention(
+                q, batch.k_buffer, batch.v_buffer, table, rows, offsets, lens, 0.2
+            )
