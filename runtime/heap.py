@@ -8,8 +8,11 @@ survived, which a busy step loop produces: measured on the 2-core VM, 215-250 ms
 collection, landing in the middle of a forward step or between two (one per tree-of-thought
 benchmark round, about 7% of its wall time). ``freeze_startup_heap`` collects once and moves
 everything alive at the end of startup into the permanent generation, which collections skip:
-the same full collections then take 11-14 ms. Objects created later are collected as usual.
-``--disable-gc-freeze`` leaves the heap alone.
+the same full collections then take 11-14 ms. Objects created later are collected as usual;
+frozen ones that later become cyclic garbage stay until ``unfreeze_heap`` (an in-process Engine
+calls it on shutdown). ``--disable-gc-freeze`` leaves the heap alone; tensor-parallel ranks
+other than 0 always freeze (they run nothing but the leader's forwards, and their flags are the
+model runner's).
 """
 
 from __future__ import annotations

@@ -342,6 +342,18 @@ Geometry geometry(const torch::Tensor& q, const torch::Tensor& k_buf, const torc
   return g;
 }
 
+// Runs fn(q_p, out_p, k_p, v_p) with the typed data pointers of q and out (q's float dtype) and
+// of the K/V pools (theirs, which may differ).
+template <typename Fn>
+void with_typed_buffers(const torch::Tensor& q, torch::Tensor& out, const torch::Tensor& k_buf,
+                        const torch::Tensor& v_buf, const Fn& fn) {
+  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
+    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
+      fn(q.data_ptr<q_t>(), out.data_ptr<q_t>(), k_buf.data_ptr<kv_t>(), v_buf.data_ptr<kv_t>());
+    });
+  });
+}
+
 torch::Tensor as_i64(const torch::Tensor& t) { return t.to(torch::kInt64).contiguous(); }
 
 // Decode: one query token per request over key positions [kv_start[b], seq_lens[b]).
@@ -387,60 +399,56 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
   float* lse_p = lse.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
 
-  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
-    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
-      const q_t* q_p = q.data_ptr<q_t>();
-      q_t* out_p = out.data_ptr<q_t>();
-      const kv_t* k_p = k_buf.data_ptr<kv_t>();
-      const kv_t* v_p = v_buf.data_ptr<kv_t>();
-      for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
-        sc.q.resize(g.group * g.dim);
-        const int64_t head = local / splits[b], split = local % splits[b];
-        const int64_t lo = start_p ? start_p[b] : 0, hi = len_p[b];
-        const int64_t keys = std::max<int64_t>(0, hi - lo);
-        const int64_t per = (keys + splits[b] - 1) / splits[b];
-        const int64_t s_lo = std::min(hi, lo + split * per), s_hi = std::min(hi, s_lo + per);
-        load_queries(q_p, b, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
-                     sc.q.data());
-        st.reset(g.group, g.dv);
-        attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-               table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, st, sc);
-        for (int64_t r = 0; r < g.group; ++r) {
-          const int64_t h = head * g.group + r;
-          if (splits[b] == 1) {
-            lse_p[b * g.heads + h] =
-                store_row(st, r, g.dv, out_p + (b * g.heads + h) * g.dv);
-          } else {
-            const int64_t at = (b * g.heads + h) * most_splits + split;
-            part_lse_p[at] = store_row(st, r, g.dv, part_out_p + at * g.dv);
+  with_typed_buffers(q, out, k_buf, v_buf, [&](const auto* q_p, auto* out_p, const auto* k_p,
+                                               const auto* v_p) {
+    using q_t = std::remove_cv_t<std::remove_pointer_t<decltype(out_p)>>;
+    for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
+      sc.q.resize(g.group * g.dim);
+      const int64_t head = local / splits[b], split = local % splits[b];
+      const int64_t lo = start_p ? start_p[b] : 0, hi = len_p[b];
+      const int64_t keys = std::max<int64_t>(0, hi - lo);
+      const int64_t per = (keys + splits[b] - 1) / splits[b];
+      const int64_t s_lo = std::min(hi, lo + split * per), s_hi = std::min(hi, s_lo + per);
+      load_queries(q_p, b, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
+                   sc.q.data());
+      st.reset(g.group, g.dv);
+      attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
+             table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, st, sc);
+      for (int64_t r = 0; r < g.group; ++r) {
+        const int64_t h = head * g.group + r;
+        if (splits[b] == 1) {
+          lse_p[b * g.heads + h] =
+              store_row(st, r, g.dv, out_p + (b * g.heads + h) * g.dv);
+        } else {
+          const int64_t at = (b * g.heads + h) * most_splits + split;
+          part_lse_p[at] = store_row(st, r, g.dv, part_out_p + at * g.dv);
+        }
+      }
+    });
+    if (most_splits == 1) return;
+    at::parallel_for(0, batch * g.heads, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(g.dv);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / g.heads;
+        if (splits[b] == 1) continue;
+        const float* pl = part_lse_p + bh * most_splits;
+        float m = kNegInf;
+        for (int64_t s = 0; s < splits[b]; ++s) m = std::max(m, pl[s]);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        float total = 0.f;
+        if (m != kNegInf) {
+          for (int64_t s = 0; s < splits[b]; ++s) {
+            const float w = std::exp(pl[s] - m);
+            if (w == 0.f) continue;
+            total += w;
+            const float* po = part_out_p + (bh * most_splits + s) * g.dv;
+            for (int64_t i = 0; i < g.dv; ++i) acc[i] += w * po[i];
           }
         }
-      });
-      if (most_splits == 1) return;
-      at::parallel_for(0, batch * g.heads, 16, [&](int64_t begin, int64_t end) {
-        std::vector<float> acc(g.dv);
-        for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t b = bh / g.heads;
-          if (splits[b] == 1) continue;
-          const float* pl = part_lse_p + bh * most_splits;
-          float m = kNegInf;
-          for (int64_t s = 0; s < splits[b]; ++s) m = std::max(m, pl[s]);
-          std::fill(acc.begin(), acc.end(), 0.f);
-          float total = 0.f;
-          if (m != kNegInf) {
-            for (int64_t s = 0; s < splits[b]; ++s) {
-              const float w = std::exp(pl[s] - m);
-              if (w == 0.f) continue;
-              total += w;
-              const float* po = part_out_p + (bh * most_splits + s) * g.dv;
-              for (int64_t i = 0; i < g.dv; ++i) acc[i] += w * po[i];
-            }
-          }
-          const float inv = total > 0.f ? 1.f / total : 0.f;
-          for (int64_t i = 0; i < g.dv; ++i) out_p[bh * g.dv + i] = from_float<q_t>(acc[i] * inv);
-          lse_p[bh] = total > 0.f ? m + std::log(total) : kNegInf;
-        }
-      });
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        for (int64_t i = 0; i < g.dv; ++i) out_p[bh * g.dv + i] = from_float<q_t>(acc[i] * inv);
+        lse_p[bh] = total > 0.f ? m + std::log(total) : kNegInf;
+      }
     });
   });
   return {out, lse};
@@ -471,38 +479,33 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tens
   TORCH_CHECK(token_start[batch] == q.size(0), "sum(extend_lens) must equal q's token count");
   const float scale = static_cast<float>(sm_scale);
 
-  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
-    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
-      const q_t* q_p = q.data_ptr<q_t>();
-      q_t* out_p = out.data_ptr<q_t>();
-      const kv_t* k_p = k_buf.data_ptr<kv_t>();
-      const kv_t* v_p = v_buf.data_ptr<kv_t>();
-      for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
-        std::vector<int64_t>& visible = sc.visible;
-        const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
-        const int64_t prefix = len_p[b] - ext_p[b];
-        const int64_t i0 = block * kQueryBlock, i1 = std::min(ext_p[b], i0 + kQueryBlock);
-        const int64_t rows_n = (i1 - i0) * g.group;
-        sc.q.resize(rows_n * g.dim);
-        visible.resize(rows_n);
-        for (int64_t i = i0; i < i1; ++i) {
-          load_queries(q_p, token_start[b] + i, head * g.group, g.group, g.dim, g.q_stride_t,
-                       g.q_stride_h, scale, sc.q.data() + (i - i0) * g.group * g.dim);
-          for (int64_t r = 0; r < g.group; ++r) visible[(i - i0) * g.group + r] = prefix + i;
+  with_typed_buffers(q, out, k_buf, v_buf, [&](const auto* q_p, auto* out_p, const auto* k_p,
+                                               const auto* v_p) {
+    for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
+      std::vector<int64_t>& visible = sc.visible;
+      const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
+      const int64_t prefix = len_p[b] - ext_p[b];
+      const int64_t i0 = block * kQueryBlock, i1 = std::min(ext_p[b], i0 + kQueryBlock);
+      const int64_t rows_n = (i1 - i0) * g.group;
+      sc.q.resize(rows_n * g.dim);
+      visible.resize(rows_n);
+      for (int64_t i = i0; i < i1; ++i) {
+        load_queries(q_p, token_start[b] + i, head * g.group, g.group, g.dim, g.q_stride_t,
+                     g.q_stride_h, scale, sc.q.data() + (i - i0) * g.group * g.dim);
+        for (int64_t r = 0; r < g.group; ++r) visible[(i - i0) * g.group + r] = prefix + i;
+      }
+      st.reset(rows_n, g.dv);
+      const int64_t* slots = table_p + row_p[b] * g.table_stride;
+      // Keys every query of the block sees need no mask; the causal tail does.
+      attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+             0, prefix + i0 + 1, nullptr, st, sc);
+      attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+             prefix + i0 + 1, prefix + i1, visible.data(), st, sc);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t r = 0; r < g.group; ++r) {
+          const int64_t t = token_start[b] + i, h = head * g.group + r;
+          store_row(st, (i - i0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
         }
-        st.reset(rows_n, g.dv);
-        const int64_t* slots = table_p + row_p[b] * g.table_stride;
-        // Keys every query of the block sees need no mask; the causal tail does.
-        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-               0, prefix + i0 + 1, nullptr, st, sc);
-        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-               prefix + i0 + 1, prefix + i1, visible.data(), st, sc);
-        for (int64_t i = i0; i < i1; ++i)
-          for (int64_t r = 0; r < g.group; ++r) {
-            const int64_t t = token_start[b] + i, h = head * g.group + r;
-            store_row(st, (i - i0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
-          }
-      });
     });
   });
   return out;
@@ -547,31 +550,26 @@ TensorPair shared_prefix_attention(torch::Tensor q, torch::Tensor k_buf, torch::
   float* lse_p = lse.data_ptr<float>();
   const float scale = static_cast<float>(sm_scale);
 
-  ARBOR_DISPATCH_FLOAT(q.scalar_type(), q_t, [&] {
-    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
-      const q_t* q_p = q.data_ptr<q_t>();
-      q_t* out_p = out.data_ptr<q_t>();
-      const kv_t* k_p = k_buf.data_ptr<kv_t>();
-      const kv_t* v_p = v_buf.data_ptr<kv_t>();
-      for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
-        const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
-        const int64_t t0 = off_p[b] + block * kSharerBlock;
-        const int64_t t1 = std::min(off_p[b + 1], t0 + kSharerBlock);
-        const int64_t rows_n = (t1 - t0) * g.group;
-        sc.q.resize(rows_n * g.dim);
-        for (int64_t t = t0; t < t1; ++t)
-          load_queries(q_p, t, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
-                       sc.q.data() + (t - t0) * g.group * g.dim);
-        st.reset(rows_n, g.dv);
-        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-               table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, st, sc);
-        for (int64_t t = t0; t < t1; ++t)
-          for (int64_t r = 0; r < g.group; ++r) {
-            const int64_t h = head * g.group + r;
-            lse_p[t * g.heads + h] =
-                store_row(st, (t - t0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
-          }
-      });
+  with_typed_buffers(q, out, k_buf, v_buf, [&](const auto* q_p, auto* out_p, const auto* k_p,
+                                               const auto* v_p) {
+    for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
+      const int64_t block = local / g.kv_heads, head = local % g.kv_heads;
+      const int64_t t0 = off_p[b] + block * kSharerBlock;
+      const int64_t t1 = std::min(off_p[b + 1], t0 + kSharerBlock);
+      const int64_t rows_n = (t1 - t0) * g.group;
+      sc.q.resize(rows_n * g.dim);
+      for (int64_t t = t0; t < t1; ++t)
+        load_queries(q_p, t, head * g.group, g.group, g.dim, g.q_stride_t, g.q_stride_h, scale,
+                     sc.q.data() + (t - t0) * g.group * g.dim);
+      st.reset(rows_n, g.dv);
+      attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
+             table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, st, sc);
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t r = 0; r < g.group; ++r) {
+          const int64_t h = head * g.group + r;
+          lse_p[t * g.heads + h] =
+              store_row(st, (t - t0) * g.group + r, g.dv, out_p + (t * g.heads + h) * g.dv);
+        }
     });
   });
   return {out, lse};
