@@ -17,16 +17,25 @@ model runner's).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 
 logger = logging.getLogger(__name__)
+_unfreeze_at_exit = False
 
 
 def freeze_startup_heap(where: str) -> int:
     """Collect, then freeze every object alive now; returns how many are frozen in all."""
     gc.collect()
     gc.freeze()
+    # At exit the objects go back to the collector, so the interpreter's last collections free
+    # them (frozen ones outlive the extension modules' teardown: triton's nanobind bindings
+    # then report each as leaked).
+    global _unfreeze_at_exit
+    if not _unfreeze_at_exit:
+        atexit.register(gc.unfreeze)
+        _unfreeze_at_exit = True
     frozen = gc.get_freeze_count()
     logger.debug("%s: %d objects frozen out of the garbage collector's passes", where, frozen)
     return frozen
