@@ -108,3 +108,24 @@ def test_threads_needing_the_template_at_once_load_it_once(monkeypatch: pytest.M
         templates = list(pool.map(lambda _: endpoint.chat_template, range(8)))
     assert calls == [1] and all(t == fl.CHATML for t in templates)
     endpoint.shutdown()
+
+
+def test_the_server_reports_why_a_template_has_no_role_blocks() -> None:
+    from types import SimpleNamespace
+
+    from runtime.server.state import ServerState
+
+    class Raises:  # a template that raises on the probe conversation (jinja's raise_exception)
+        chat_template = "{{ raise_exception('System role not supported') }}"
+
+        def apply_chat_template(self, *args: object, **kwargs: object) -> str:
+            raise RuntimeError("System role not supported")
+
+    class NoTemplate:
+        chat_template = None
+
+    for tokenizer, why in ((Raises(), "System role not supported"), (NoTemplate(), "no chat")):
+        state = SimpleNamespace(tokenizer=tokenizer, _role_blocks=None)
+        info = ServerState.role_blocks(state)  # type: ignore[arg-type]
+        assert set(info) == {"chat_template_error"} and why in info["chat_template_error"]
+        assert ServerState.role_blocks(state) is info  # type: ignore[arg-type]  # derived once
