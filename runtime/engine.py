@@ -22,7 +22,7 @@ from runtime.detokenizer import DetokenizerManager
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
-from runtime.role_blocks import ChatTemplateError, RoleBlocks, derive_role_blocks
+from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import TokenizerManager
@@ -50,7 +50,6 @@ class Engine:
         tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or self.args.model_path)
         self.tokenizer = tokenizer
         self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
-        self._role_blocks_lock = threading.Lock()
         self.detokenizer = DetokenizerManager(tokenizer)
         self.tokenizer_manager = TokenizerManager(
             tokenizer,
@@ -78,9 +77,7 @@ class Engine:
         self.tokenizer_manager.ready.wait()
         if self.tokenizer_manager.dead:
             raise SchedulerDied(self.tokenizer_manager.dead)
-        self._frozen = not self.args.disable_gc_freeze
-        if self._frozen:
-            freeze_startup_heap("engine")
+        self._frozen = freeze_startup_heap("engine", self.args)
 
     def _run_scheduler(self) -> None:
         try:
@@ -206,16 +203,11 @@ class Engine:
         """The chat template's per-role headers and footers (``runtime/role_blocks.py``), which
         DSL programs render role blocks with; derived once. Raises ChatTemplateError when the
         template cannot be split into them."""
-        with self._role_blocks_lock:
-            if self._role_blocks is None:
-                try:
-                    self._role_blocks = derive_role_blocks(self.tokenizer)
-                except ChatTemplateError as exc:
-                    self._role_blocks = str(exc)
-            blocks = self._role_blocks
-        if isinstance(blocks, str):
-            raise ChatTemplateError(blocks)
-        return blocks
+        if self._role_blocks is None:  # two first callers at once both derive: same result
+            self._role_blocks = role_blocks_or_why(self.tokenizer)
+        if isinstance(self._role_blocks, str):
+            raise ChatTemplateError(self._role_blocks)
+        return self._role_blocks
 
     def get_server_info(self) -> dict[str, Any]:
         """The server args as the scheduler runs them (device defaults filled in), KV usage,

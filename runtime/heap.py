@@ -20,13 +20,20 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 _unfreeze_at_exit = False
 
 
-def freeze_startup_heap(where: str) -> int:
-    """Collect, then freeze every object alive now; returns how many are frozen in all."""
+def freeze_startup_heap(where: str, args: ServerArgs | None = None) -> bool:
+    """Collect, then freeze every object alive now, unless ``args`` says
+    ``--disable-gc-freeze`` (None: always). Returns whether it froze."""
+    if args is not None and args.disable_gc_freeze:
+        return False
     gc.collect()
     gc.freeze()
     # At exit the objects go back to the collector, so the interpreter's last collections free
@@ -36,9 +43,10 @@ def freeze_startup_heap(where: str) -> int:
     if not _unfreeze_at_exit:
         atexit.register(gc.unfreeze)
         _unfreeze_at_exit = True
-    frozen = gc.get_freeze_count()
-    logger.debug("%s: %d objects frozen out of the garbage collector's passes", where, frozen)
-    return frozen
+    logger.debug(
+        "%s: %d objects frozen out of the collector's passes", where, gc.get_freeze_count()
+    )
+    return True
 
 
 def unfreeze_heap() -> None:

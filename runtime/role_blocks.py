@@ -79,6 +79,17 @@ def derive_role_blocks(tokenizer: Any) -> RoleBlocks:
     )
 
 
+def role_blocks_or_why(tokenizer: Any) -> RoleBlocks | str:
+    """``derive_role_blocks``, or why there are none as a message: a template may raise anything
+    on the probe conversation (jinja's ``raise_exception`` for a role it refuses, say)."""
+    try:
+        return derive_role_blocks(tokenizer)
+    except ChatTemplateError as exc:
+        return str(exc)
+    except Exception as exc:
+        return repr(exc)
+
+
 def _split(text: str, marks: tuple[str, ...]) -> list[str]:
     pieces, rest = [], text
     for mark in marks:

@@ -119,8 +119,7 @@ async def _serve(
             return
         manager.start_monitor(done)
         args = state.args
-        if not args.disable_gc_freeze:
-            freeze_startup_heap("router front")
+        freeze_startup_heap("router front", args)
         logger.info(
             "ready: %s at http://%s:%d, %d replicas", args.model_name, args.host, args.port,
             args.dp_size,

@@ -113,8 +113,7 @@ class Replica:
         ]
         for thread in self._threads:
             thread.start()
-        if not args.disable_gc_freeze:
-            freeze_startup_heap(f"replica {replica}")
+        freeze_startup_heap(f"replica {replica}", args)
         logger.info("replica %d serving at %s", replica, self.address)
 
     def _run_scheduler(self) -> None:

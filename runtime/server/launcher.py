@@ -180,8 +180,7 @@ class _Supervisor:
             if not announced and manager.ready.is_set():
                 announced = True
                 args = self.state.args
-                if not args.disable_gc_freeze:
-                    freeze_startup_heap("server process")
+                freeze_startup_heap("server process", args)
                 logger.info("ready: %s at http://%s:%d", args.model_name, args.host, args.port)
 
     def _fail(self, server: uvicorn.Server, message: str) -> None:

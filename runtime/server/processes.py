@@ -67,8 +67,7 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
         raise
     signal.signal(signal.SIGTERM, lambda *_: scheduler.stop())
     scheduler.grammar.sandbox.prestart()  # a server's first constraint should not wait for it
-    if not args.disable_gc_freeze:
-        freeze_startup_heap("scheduler process")
+    freeze_startup_heap("scheduler process", args)
     scheduler.event_loop()
 
 
@@ -84,8 +83,7 @@ def run_detokenizer_process(args: ServerArgs, addresses: IpcAddresses, parent_pi
     inbox = ZmqReceiver(context, addresses.detokenizer, bind=True)
     outbox = ZmqSender(context, addresses.tokenizer, bind=False)
     manager = DetokenizerManager(tokenizer)
-    if not args.disable_gc_freeze:
-        freeze_startup_heap("detokenizer process")
+    freeze_startup_heap("detokenizer process", args)
     manager.event_loop(inbox, outbox)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from runtime.generate_input import SubRequest
-from runtime.role_blocks import ChatTemplateError, derive_role_blocks
+from runtime.role_blocks import role_blocks_or_why
 from runtime.server.errors import ApiError
 from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.metrics import ServerMetrics
@@ -54,12 +54,12 @@ class ServerState:
         blocks with (``chat_template_blocks``), or why there are none (``chat_template_error``).
         Derived once (a few renders of the template)."""
         if self._role_blocks is None:
-            try:
-                blocks = derive_role_blocks(self.tokenizer).to_json()
-                self._role_blocks = {"chat_template_blocks": blocks}
-            except Exception as exc:  # a template may raise anything on the probe conversation
-                message = str(exc) if isinstance(exc, ChatTemplateError) else repr(exc)
-                self._role_blocks = {"chat_template_error": message}
+            blocks = role_blocks_or_why(self.tokenizer)
+            self._role_blocks = (
+                {"chat_template_error": blocks}
+                if isinstance(blocks, str)
+                else {"chat_template_blocks": blocks.to_json()}
+            )
         return self._role_blocks
 
     @property
