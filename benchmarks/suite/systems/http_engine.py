@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
+from frontend_lang.backends.client_pool import ClientPool
+
 TIMEOUT = httpx.Timeout(600.0, connect=30.0)
 
 
@@ -22,11 +24,13 @@ class HttpEngine:
     def __init__(self, url: str, model_path: str) -> None:
         self.url = url.rstrip("/")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self._client = httpx.Client(timeout=TIMEOUT)
+        # One httpx.Client per concurrent call: the workloads call from many threads at once
+        # (run_batch), and one shared sync client failed reads with EBADF under that load.
+        self._clients = ClientPool(lambda: httpx.Client(timeout=TIMEOUT), httpx.Client.close)
         self._async: httpx.AsyncClient | None = None
 
     def close(self) -> None:
-        self._client.close()
+        self._clients.close_all()
 
     @staticmethod
     def _payload(prompt: Any, kwargs: dict[str, Any], stream: bool) -> dict[str, Any]:
@@ -40,12 +44,16 @@ class HttpEngine:
         payload = self._payload(prompt, kwargs, stream)
         if stream:
             return self._stream(payload)
-        response = self._client.post(f"{self.url}/generate", json=payload)
+        with self._clients.lease() as client:
+            response = client.post(f"{self.url}/generate", json=payload)
         _check(response)
         return response.json()
 
     def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        with self._client.stream("POST", f"{self.url}/generate", json=payload) as response:
+        with (
+            self._clients.lease() as client,
+            client.stream("POST", f"{self.url}/generate", json=payload) as response,
+        ):
             _check(response)
             for line in response.iter_lines():
                 chunk = _event(line)
@@ -74,12 +82,14 @@ class HttpEngine:
                     yield chunk
 
     def get_server_info(self) -> dict[str, Any]:
-        response = self._client.get(f"{self.url}/get_server_info")
+        with self._clients.lease() as client:
+            response = client.get(f"{self.url}/get_server_info")
         _check(response)
         return response.json()
 
     def flush_cache(self) -> bool:
-        return self._client.post(f"{self.url}/flush_cache").status_code == 200
+        with self._clients.lease() as client:
+            return client.post(f"{self.url}/flush_cache").status_code == 200
 
     def reset_async(self) -> None:
         """Forget the async client (each ``asyncio.run`` of a workload has its own loop)."""
