@@ -53,18 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     demo = commands.add_parser(
-        "demo", help="serve the built-in test model and query it with the openai client"
+        "demo",
+        help="serve the built-in model and show it answer, extract JSON and run a DSL program",
     )
-    demo.add_argument("--model-path", default=None, help="model folder (default: tiny test model)")
-    demo.add_argument("--prompt", default="Write a haiku about trees.", help="what to ask")
-    demo.add_argument("--max-new-tokens", type=int, default=16, help="the longest answer")
+    demo.add_argument(
+        "--model-path", default=None, help="a GGUF file or model folder (default: built-in)"
+    )
+    demo.add_argument(
+        "--prompt", default=None, help="the chat question (default: one with a known answer)"
+    )
+    demo.add_argument("--max-new-tokens", type=int, default=48, help="the longest chat answer")
 
     serve = commands.add_parser(
         "serve",
         help="run the HTTP server (native and OpenAI-compatible APIs)",
         description="Serve a model over HTTP: SGLang's native API and the OpenAI API "
-        "(docs/serving.md). Every flag is a field of runtime.ServerArgs.",
-        usage="arbor serve --model-path PATH [options]",
+        "(docs/serving.md). Without --model-path it serves the built-in model. Every flag is "
+        "a field of runtime.ServerArgs.",
+        usage="arbor serve [--model-path GGUF_FILE_OR_FOLDER] [options]",
     )
     ServerArgs.add_cli_args(serve)
 
@@ -98,9 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             server_args = ServerArgs.from_cli(args)
         except ValueError as exc:  # flags that parse but do not go together
             serve.error(str(exc))
+        from runtime.errors import ModelLoadError
         from runtime.server import launch_server
 
-        return launch_server(server_args)
+        try:
+            return launch_server(server_args)
+        except ModelLoadError as exc:  # the model's files, named in one line
+            print(f"arbor serve: error: {exc}", file=sys.stderr)
+            return 1
     return 2
 
 

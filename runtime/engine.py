@@ -15,13 +15,12 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from runtime.channels import QueueChannel
 from runtime.detokenizer import DetokenizerManager
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
+from runtime.model_files import load_tokenizer, locate_model
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
@@ -33,12 +32,19 @@ Params = dict[str, Any] | list[dict[str, Any]] | None
 
 class Engine:
     """In-process inference. ``Engine(model_path, max_total_tokens=2048, page_size=4, ...)``
-    takes any ServerArgs field as a keyword argument. With ``tp_size=N`` this process is rank
+    takes any ServerArgs field as a keyword argument; ``model_path`` is a GGUF file or a
+    Hugging Face folder, None the built-in model. A model that cannot be loaded raises
+    ``ModelLoadError`` naming the file and the problem. With ``tp_size=N`` this process is rank
     0 of a tensor-parallel group and starts N - 1 worker processes, stopped by ``shutdown``
     (docs/scale-out.md); a process runs one tensor-parallel engine at a time."""
 
-    def __init__(self, model_path: str | os.PathLike[str], **server_args: Any) -> None:
-        self.args = ServerArgs.from_kwargs(str(model_path), **server_args)
+    def __init__(
+        self, model_path: str | os.PathLike[str] | None = None, **server_args: Any
+    ) -> None:
+        self.args = ServerArgs.from_kwargs(
+            os.fspath(model_path) if model_path else None, **server_args
+        )
+        locate_model(self.args.model_path)  # a bad path fails here, before threads start
         if self.args.dp_size > 1:
             raise ValueError(
                 "dp_size: the in-process Engine runs one replica; serve replicas with "
@@ -47,7 +53,7 @@ class Engine:
         to_scheduler, to_detokenizer, to_tokenizer = QueueChannel(), QueueChannel(), QueueChannel()
         self._channels = (to_scheduler, to_detokenizer, to_tokenizer)
         self.scheduler = Scheduler(self.args, to_scheduler, to_detokenizer, to_tokenizer)
-        tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or self.args.model_path)
+        tokenizer = load_tokenizer(self.args.model_path, self.args.tokenizer_path)
         self.tokenizer = tokenizer
         self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
         self.detokenizer = DetokenizerManager(tokenizer)

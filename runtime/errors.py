@@ -15,3 +15,9 @@ class RequestError(ValueError):
 
 class SchedulerDied(RuntimeError):
     """The scheduler stopped; no request can complete."""
+
+
+class ModelLoadError(ValueError):
+    """A model path that cannot be served: missing, corrupt, truncated, or in a format,
+    architecture or tensor type this runtime does not load. The message names the file and
+    the problem in one line."""

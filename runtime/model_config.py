@@ -1,4 +1,5 @@
-"""What the runtime needs to know about a checkpoint, read from its Hugging Face folder."""
+"""What the runtime needs to know about a checkpoint, read from its Hugging Face config (a
+GGUF file's is converted into one: runtime/model_files.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from runtime.model_files import locate_model
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -45,13 +48,11 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, model_path: str | Path) -> ModelConfig:
-        path = Path(model_path)
+        """The config of a Hugging Face folder or a GGUF file (ModelLoadError if neither)."""
+        files = locate_model(model_path)
+        path = files.config_dir
         config_file = path / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(
-                f"{config_file} not found: is {path} a Hugging Face model folder?"
-            )
-        raw = json.loads(config_file.read_text())
+        raw = files.config()
         archs = raw.get("architectures") or []
         if not archs:
             raise ValueError(f"{config_file} names no 'architectures'")
@@ -66,7 +67,7 @@ class ModelConfig:
         rope = _rope_parameters(raw)
         heads = raw["num_attention_heads"]
         return cls(
-            model_path=str(path),
+            model_path=str(files.path),
             architecture=archs[0],
             model_type=raw.get("model_type", ""),
             vocab_size=raw["vocab_size"],

@@ -1,8 +1,8 @@
-"""Build a model from a Hugging Face folder: config.json plus one or many safetensors shards."""
+"""Build a model from its files: a Hugging Face folder (config.json plus one or many
+safetensors shards) or a GGUF file (runtime/model_files.py says which)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,23 +11,10 @@ import torch
 from safetensors import safe_open
 
 from runtime.distributed.group import SINGLE, TPGroup
+from runtime.errors import ModelLoadError
 from runtime.model_config import ModelConfig
+from runtime.model_files import checkpoint_files, locate_model
 from runtime.models import CausalLM, get_model_class
-
-
-def checkpoint_files(model_path: str | Path) -> list[Path]:
-    """The safetensors shards of a folder, from its index when it has one."""
-    path = Path(model_path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / name for name in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(
-            f"no *.safetensors weights in {path} (other formats are not supported)"
-        )
-    return files
 
 
 def iter_checkpoint(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -39,10 +26,24 @@ def iter_checkpoint(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]
 def iter_checkpoint_slices(model_path: str | Path) -> Iterator[tuple[str, Any]]:
     """Yield (name, safetensors slice) for every tensor of every shard: indexing a slice like a
     tensor (``s[a:b]``, ``s[:, a:b]``, ``s[:]``) reads only those bytes from the file."""
-    for file in checkpoint_files(model_path):
+    for file in checkpoint_files(Path(model_path)):
         with safe_open(str(file), framework="pt") as shard:
             for name in shard.keys():
                 yield name, shard.get_slice(name)
+
+
+# How quantized weights run; a test keeps server_args.QUANTIZATIONS equal to this.
+QUANTIZATIONS = ("auto", "none")
+
+
+def resolve_quantization(quantization: str) -> str:
+    """The weight format ``quantization`` names: ``none`` (dequantized to the compute dtype)
+    for both values until quantized kernels exist."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"unknown quantization {quantization!r}; choose {', '.join(QUANTIZATIONS)}"
+        )
+    return "none"
 
 
 def load_model(
@@ -53,5 +54,10 @@ def load_model(
     model_cls = get_model_class(config.architecture)
     with torch.device(device):
         model = model_cls(config, dtype, tp)
-    model.load_weights(iter_checkpoint_slices(config.model_path))
+    try:
+        model.load_weights(locate_model(config.model_path).iter_weights())
+    except ModelLoadError:
+        raise
+    except (ValueError, OSError, RuntimeError) as exc:  # shapes, names, unreadable shards
+        raise ModelLoadError(f"{config.model_path}: {exc}") from None
     return model.eval()

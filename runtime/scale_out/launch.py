@@ -20,10 +20,10 @@ from typing import Any
 import uvicorn
 import uvloop
 import zmq
-from transformers import AutoTokenizer
 
 from runtime.channels import ZmqReceiver, ZmqSender
 from runtime.heap import freeze_startup_heap
+from runtime.model_files import load_tokenizer
 from runtime.scale_out.front import STARTUP_TIMEOUT_S, ReplicaSet, RoutedTokenizerManager
 from runtime.scale_out.replica import node_address
 from runtime.scale_out.routing import Router, RouterConfig
@@ -54,7 +54,7 @@ def launch_routed_server(args: ServerArgs) -> int:
     inbox = ZmqReceiver.bind_tcp(context, node_address())
     try:
         replicas.start(inbox.address)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
         manager = RoutedTokenizerManager(
             tokenizer,
             replicas,

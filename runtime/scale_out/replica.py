@@ -83,9 +83,9 @@ class Replica:
             "%(message)s",
         )
         import torch
-        from transformers import AutoTokenizer
 
         from runtime.detokenizer import DetokenizerManager
+        from runtime.model_files import load_tokenizer
         from runtime.scheduler.scheduler import Scheduler
 
         torch.set_num_threads(max(1, threads))
@@ -99,7 +99,7 @@ class Replica:
         to_detokenizer = QueueChannel()
         tagged = _Tagged(to_front, replica, self.incarnation)
         self._scheduler = Scheduler(args, self._inbox, to_detokenizer, tagged)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
         self._detokenizer = DetokenizerManager(tokenizer)
         self._failed: str | None = None
         self._threads = [

@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.cascade import DEFAULT_MIN_PREFIX
@@ -50,6 +49,7 @@ from runtime.ipc import (
     TokenOutput,
     TokenOutputBatch,
 )
+from runtime.model_files import load_tokenizer
 from runtime.model_runner import ModelRunner
 from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.activity_log import ActivityLog
@@ -94,6 +94,7 @@ class Scheduler:
             cuda_graph_max_bs=args.cuda_graph_max_bs,
             disable_cuda_graph=args.disable_cuda_graph,
             kernel_backend=args.kernel_backend,
+            quantization=args.quantization,
         )
         try:
             self._set_up(args)
@@ -104,7 +105,7 @@ class Scheduler:
     def _set_up(self, args: ServerArgs) -> None:
         """Everything but the model runner (which must be shut down if this raises)."""
         config = self.runner.config
-        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        self.tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
         self.context_len = self.runner.context_len
         allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
         tree = (

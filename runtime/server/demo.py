@@ -1,5 +1,7 @@
-"""``arbor demo``: start ``arbor serve`` on a model (the tiny test model by default), send it a
-chat request and a JSON-schema request with the ``openai`` client, print both, stop it."""
+"""``arbor demo``: start ``arbor serve`` on a model (the built-in SmolLM2-135M-Instruct by
+default), and show it doing real work: a chat answer to a question with a known answer, a
+JSON-schema extraction with the ``openai`` client, and a DSL program (select + fork) through
+``fl.RuntimeEndpoint``; then stop the server."""
 
 from __future__ import annotations
 
@@ -13,57 +15,47 @@ from typing import Any
 
 import httpx
 
+QUESTION = "What is the capital of France?"
+KNOWN_ANSWER = "Paris"
+PASSAGE = "Maria Lopez, 34, is a civil engineer who lives in Madrid."
 PERSON_SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 12},
+        "name": {"type": "string", "maxLength": 40},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 40},
     },
-    "required": ["name", "age"],
+    "required": ["name", "age", "city"],
     "additionalProperties": False,
 }
 STARTUP_TIMEOUT_S = 300.0
 
 
-def run_demo(model_path: str | None, prompt: str, max_new_tokens: int) -> int:
-    """Returns 0 when both requests were answered (the JSON one may be refused by a build
-    without constrained decoding, which is reported, not fatal), 1 when the server failed."""
+def run_demo(model_path: str | None, prompt: str | None, max_new_tokens: int) -> int:
+    """Returns 0 when every request was answered, 1 when the server failed to start."""
     try:
         import openai
     except ImportError:
         print("the demo needs the openai package: pip install -c constraints.txt -e '.[dev]'")
         return 1
-    from runtime.test_model import cached_test_model
-
-    path = model_path or str(cached_test_model("tiny", "llama"))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    print(f"starting: arbor serve --model-path {path} --port {port}")
-    print(
-        "(the built-in test model has random weights: its text is noise by design; the "
-        "JSON-schema answer is still valid, because the grammar decides its shape)"
-    )
-    server = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--model-path", path]
-        + ["--port", str(port), "--max-total-tokens", "8192", "--log-level", "warning"]
-    )
+    command = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+    command += ["--max-total-tokens", "8192", "--log-level", "warning"]
+    if model_path:
+        command += ["--model-path", model_path]
+    print("starting: arbor serve " + " ".join(command[4:]))
+    server = subprocess.Popen(command)
     try:
         if not _wait_ready(server, url):
             print("the server did not start")
             return 1
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120.0)
         model = client.models.list().data[0].id
-        chat = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=max_new_tokens,
-            temperature=0,
-        )
-        print(f"\nchat  user: {prompt!r}")
-        print(f"chat  assistant: {chat.choices[0].message.content!r}")
-        tokens = chat.usage.completion_tokens if chat.usage else "?"
-        print(f"      ({tokens} tokens, {chat.choices[0].finish_reason})")
-        _json_schema_request(client, model, openai.BadRequestError)
+        print(f"model: {model} ({_model_path(url)})")
+        _chat(client, model, prompt, max_new_tokens)
+        _extraction(client, model)
+        _program(url)
         return 0
     finally:
         server.send_signal(signal.SIGTERM)
@@ -74,28 +66,76 @@ def run_demo(model_path: str | None, prompt: str, max_new_tokens: int) -> int:
         print("\nserver stopped")
 
 
-def _json_schema_request(client: Any, model: str, refused: type[Exception]) -> None:
-    print(f"\njson_schema: {json.dumps(PERSON_SCHEMA)}")
-    try:
-        response = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "Describe a person as JSON."}],
-            max_tokens=96,
-            temperature=0,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True},
-            },
-        )
-    except refused as exc:
-        print(f"json_schema request refused (constrained decoding unavailable here): {exc}")
-        return
+def _chat(client: Any, model: str, prompt: str | None, max_new_tokens: int) -> None:
+    question = prompt or QUESTION
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_new_tokens,
+        temperature=0,
+    )
+    answer = chat.choices[0].message.content or ""
+    print(f"\n1. chat\n   user: {question}\n   assistant: {answer}")
+    tokens = chat.usage.completion_tokens if chat.usage else "?"
+    print(f"   ({tokens} tokens, finish_reason {chat.choices[0].finish_reason})")
+    if prompt is None:
+        verdict = "contains" if KNOWN_ANSWER in answer else "does NOT contain"
+        print(f"   the answer {verdict} the known answer {KNOWN_ANSWER!r}")
+
+
+def _extraction(client: Any, model: str) -> None:
+    print(f"\n2. JSON-schema extraction\n   text: {PASSAGE}")
+    response = client.chat.completions.create(
+        model=model,
+        messages=[
+            {"role": "user", "content": f"Extract the person's name, age and city: {PASSAGE}"}
+        ],
+        max_tokens=96,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True},
+        },
+    )
     choice = response.choices[0]
-    print(f"json_schema output: {choice.message.content}")
+    print(f"   output: {choice.message.content}")
     if choice.finish_reason == "length":
-        print("      (stopped at max_tokens before the object was complete)")
+        print("   (stopped at max_tokens before the object was complete)")
     else:
-        print(f"      parsed: {json.loads(choice.message.content)}")
+        print(f"   parsed: {json.loads(choice.message.content)}")
+
+
+def _program(url: str) -> None:
+    """A DSL program over HTTP: a constrained choice, then two branches forked from it that
+    share its prefix in the server's radix cache."""
+    import frontend_lang as fl
+
+    @fl.function
+    def travel(s: Any, city: str) -> None:
+        s += fl.user(f"Is {city} in Europe or in Asia? Answer with one word.")
+        with s.assistant():
+            s += fl.select("continent", choices=["Europe", "Asia"])
+        forks = s.fork(2)
+        for branch, topic in zip(forks, ("a famous food", "a famous building")):
+            branch += fl.user(f"Name {topic} of {city}, in one short sentence.")
+            with branch.assistant():
+                branch += fl.gen("fact", max_tokens=40, stop="\n", temperature=0)
+        forks.join()
+
+    print("\n3. DSL program (select + fork), city = Rome")
+    backend = fl.RuntimeEndpoint(url)
+    try:
+        state = travel.run(city="Rome", backend=backend)
+    finally:
+        backend.shutdown()
+    print(f"   continent (select): {state['continent']}")
+    for topic, fact in zip(("food", "building"), state["fact"]):
+        print(f"   {topic} (fork branch): {fact.strip()}")
+
+
+def _model_path(url: str) -> str:
+    info = httpx.get(f"{url}/get_model_info", timeout=10.0).json()
+    return str(info.get("model_path", "?"))
 
 
 def _free_port() -> int:

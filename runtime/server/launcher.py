@@ -29,10 +29,10 @@ from typing import Any
 import uvicorn
 import uvloop
 import zmq
-from transformers import AutoTokenizer
 
 from runtime.channels import ZmqReceiver, ZmqSender
 from runtime.heap import freeze_startup_heap
+from runtime.model_files import load_tokenizer, locate_model
 from runtime.server.http_app import create_app
 from runtime.server.http_protocol import with_header_timeout
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
@@ -51,11 +51,13 @@ WATCH_INTERVAL_S = 0.2
 
 def launch_server(args: ServerArgs) -> int:
     """Serve until SIGINT/SIGTERM (returns 0) or until a child process dies or the scheduler
-    fails (returns 1). Blocks; call from the main thread (it installs signal handlers)."""
+    fails (returns 1). Blocks; call from the main thread (it installs signal handlers). A
+    model that cannot be loaded raises ModelLoadError before any process starts."""
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
+    check_model_files(args)
     if args.dp_size > 1:
         from runtime.scale_out.launch import launch_routed_server
 
@@ -69,7 +71,7 @@ def launch_server(args: ServerArgs) -> int:
     children: dict[str, BaseProcess] = {}
     try:
         children = _start_children(args, addresses)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
         state = ServerState(
             args,
             tokenizer,
@@ -99,6 +101,16 @@ def launch_server(args: ServerArgs) -> int:
         to_scheduler.close()
         context.term()
         shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def check_model_files(args: ServerArgs) -> None:
+    """Name what is wrong with the model's (and the draft model's) files before a process
+    starts; a GGUF file's config and tokenizer are converted here, once, for all of them."""
+    locate_model(args.model_path)
+    if args.tokenizer_path:
+        locate_model(args.tokenizer_path)
+    if args.speculative_draft_model_path:
+        locate_model(args.speculative_draft_model_path)
 
 
 def uvicorn_config(app: Any, args: ServerArgs) -> uvicorn.Config:

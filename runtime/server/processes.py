@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 import zmq
 
 from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.errors import ModelLoadError
 from runtime.heap import freeze_startup_heap
 from runtime.ipc import SchedulerFailed
 from runtime.server_args import ServerArgs
@@ -60,6 +62,11 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
     to_tokenizer = ZmqSender(context, addresses.tokenizer, bind=False)
     try:
         scheduler = Scheduler(args, inbox, to_detokenizer, to_tokenizer)
+    except ModelLoadError as exc:  # the file's fault, said in one line: no traceback
+        logger.error("%s", exc)
+        to_tokenizer.send(SchedulerFailed(f"failed to load the model: {exc}"))
+        time.sleep(0.2)
+        sys.exit(1)
     except Exception as exc:
         logger.exception("the scheduler failed to start")
         to_tokenizer.send(SchedulerFailed(f"failed to start: {type(exc).__name__}: {exc}"))
@@ -74,11 +81,10 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
 def run_detokenizer_process(args: ServerArgs, addresses: IpcAddresses, parent_pid: int) -> None:
     """Entry point of the detokenizer process: token ids in, text out, until SIGTERM."""
     _prepare_child(args, parent_pid)
-    from transformers import AutoTokenizer
-
     from runtime.detokenizer import DetokenizerManager
+    from runtime.model_files import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+    tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
     context = zmq.Context()
     inbox = ZmqReceiver(context, addresses.detokenizer, bind=True)
     outbox = ZmqSender(context, addresses.tokenizer, bind=False)

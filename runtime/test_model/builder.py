@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from runtime.cache_dir import building, cache_root, exclusive
 from runtime.test_model.chat_templates import BOS, EOS, PAD, get_chat_template
 from runtime.test_model.presets import ARCHITECTURES, Preset, get_preset
 from runtime.test_model.tokenizer import train_tokenizer
@@ -25,25 +20,7 @@ BUILDER_VERSION = 1
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("ARBOR_CACHE_DIR") or Path.home() / ".cache" / "arbor"
-    return Path(root) / "models"
-
-
-@contextlib.contextmanager
-def building(out: Path) -> Iterator[Path]:
-    """A scratch folder beside ``out`` to build a model folder in; on success it replaces
-    ``out`` in one rename (readers never see half a folder), on failure it is removed."""
-    tmp = Path(
-        tempfile.mkdtemp(prefix=".building-", dir=out.parent if out.parent.exists() else None)
-    )
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return cache_root() / "models"
 
 
 def make_test_model(
@@ -112,8 +89,7 @@ def cached_test_model(
     if chat_template != "chatml":  # chatml folders keep the names they had before templates
         name += f"-{chat_template}"
     out = root / name
-    with open(root / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(out):
         if not (out / "arbor_test_model.json").exists():
             make_test_model(out, preset, arch, vocab_size, seed, chat_template)
     return out

@@ -8,7 +8,6 @@ for any Hugging Face Llama, Qwen2 or Qwen3 folder with safetensors weights.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import re
@@ -17,8 +16,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from runtime.cache_dir import building, exclusive
 from runtime.model_loader import checkpoint_files, iter_checkpoint
-from runtime.test_model.builder import building, default_cache_dir
+from runtime.test_model.builder import default_cache_dir
 
 # Bump when the folder contents change, so cached drafts are rebuilt.
 DRAFT_BUILDER_VERSION = 1
@@ -68,8 +68,7 @@ def cached_draft_model(target: str | Path, num_layers: int = 1) -> Path:
     root = default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     out = root / f"{target.resolve().name}-draft-L{num_layers}"
-    with open(root / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(out):
         if not _is_draft_of(out, target):
             make_draft_model(target, out, num_layers)
     return out

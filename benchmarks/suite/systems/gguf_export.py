@@ -1,10 +1,13 @@
-"""Write a llama-architecture Hugging Face folder as a float32 GGUF file for llama.cpp.
+"""Write a Hugging Face folder (Llama, Mistral, Qwen2, Qwen3) as a GGUF file for llama.cpp,
+in float32 or with its matrices in one of ggml's block formats.
 
 What is carried over: the hyper-parameters, RoPE (theta; linear scaling; Llama 3 scaling as a
 ``rope_freqs`` tensor of per-dimension divisors, as llama.cpp's own converter writes it), the
 byte-level BPE tokenizer (tokens and their types, merges, BOS/EOS/PAD ids, whether BOS is
-added, the pre-tokenizer's regex by name) and the chat template. Q and K projections are
-permuted from Hugging Face's rotate-half layout to llama.cpp's interleaved RoPE layout.
+added, the pre-tokenizer's regex by name) and the chat template. Llama's Q and K projections
+are permuted from Hugging Face's rotate-half layout to llama.cpp's interleaved RoPE layout
+(Qwen's are not: llama.cpp runs them with rotate-half RoPE). Qwen2's q/k/v biases and Qwen3's
+q/k norms are written as llama.cpp names them.
 Needs the ``gguf`` package (the ``bench`` extra).
 """
 
@@ -31,6 +34,11 @@ LAYER_TENSORS = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -43,32 +51,61 @@ GLOBAL_TENSORS = {
     "lm_head.weight": "output.weight",
 }
 
+# model_type -> llama.cpp's architecture name.
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Block formats gguf-py can write; a matrix whose rows do not split into whole blocks stays F32.
+QUANTIZED_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+
 
 class UnsupportedModel(ValueError):
     """The folder uses something this converter does not write (the message says what)."""
 
 
-def export_gguf(model_dir: str | Path, out: str | Path) -> Path:
-    """Convert ``model_dir`` (LlamaForCausalLM / MistralForCausalLM, safetensors) to ``out``.
-    Raises UnsupportedModel for other architectures, RoPE types or tokenizers."""
+def export_gguf(model_dir: str | Path, out: str | Path, tensor_type: str = "F32") -> Path:
+    """Convert ``model_dir`` (Llama, Mistral, Qwen2 or Qwen3; safetensors) to ``out``, its
+    matrices in ``tensor_type`` (F32 or one of ``QUANTIZED_TYPES``; norms, biases and RoPE
+    factors stay F32, as llama.cpp keeps them). Raises UnsupportedModel for other
+    architectures, RoPE types or tokenizers."""
     import gguf
 
     model_dir, out = Path(model_dir), Path(out)
     config = json.loads((model_dir / "config.json").read_text())
-    if config.get("model_type") not in ("llama", "mistral"):
-        raise UnsupportedModel(f"model_type {config.get('model_type')!r}: only llama is converted")
-    writer = gguf.GGUFWriter(str(out), "llama")
+    arch = ARCHITECTURES.get(config.get("model_type", ""))
+    if arch is None:
+        raise UnsupportedModel(
+            f"model_type {config.get('model_type')!r}: converted are {', '.join(ARCHITECTURES)}"
+        )
+    if tensor_type != "F32" and tensor_type not in QUANTIZED_TYPES:
+        raise UnsupportedModel(f"tensor type {tensor_type!r}: F32, {', '.join(QUANTIZED_TYPES)}")
+    writer = gguf.GGUFWriter(str(out), arch)
     writer.add_name(model_dir.name)
     _add_hyper_parameters(writer, config)
+    file_type = "ALL_F32" if tensor_type == "F32" else f"MOSTLY_{tensor_type}"
+    writer.add_file_type(gguf.LlamaFileType[file_type])
     _add_tokenizer(writer, model_dir, config["vocab_size"])
-    for name, tensor in _tensors(model_dir, config):
-        writer.add_tensor(name, tensor)
+    for name, tensor in _tensors(model_dir, config, permute_qk=arch == "llama"):
+        _add_tensor(writer, name, tensor, tensor_type)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _add_tensor(writer: Any, name: str, array: np.ndarray, tensor_type: str) -> None:
+    """Write a matrix in ``tensor_type`` when its rows split into whole blocks, else F32."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[tensor_type]
+    block = gguf.GGML_QUANT_SIZES[kind][0]
+    if tensor_type == "F32" or array.ndim != 2 or array.shape[1] % block:
+        writer.add_tensor(name, array)
+        return
+    if tensor_type == "F16":
+        writer.add_tensor(name, array.astype(np.float16))
+        return
+    writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
 
 
 def _add_hyper_parameters(writer: Any, config: dict[str, Any]) -> None:
@@ -87,7 +124,6 @@ def _add_hyper_parameters(writer: Any, config: dict[str, Any]) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
     writer.add_vocab_size(config["vocab_size"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     rope = _rope_parameters(config)
     writer.add_rope_freq_base(rope.get("rope_theta", 10000.0))
     kind = rope.get("rope_type", rope.get("type", "default"))
@@ -134,7 +170,9 @@ def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _tensors(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+def _tensors(
+    model_dir: Path, config: dict[str, Any], permute_qk: bool
+) -> list[tuple[str, np.ndarray]]:
     weights: dict[str, torch.Tensor] = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         weights.update(load_file(str(shard)))
@@ -151,9 +189,9 @@ def _tensors(model_dir: Path, config: dict[str, Any]) -> list[tuple[str, np.ndar
         parts = hf_name.split(".", 3)  # model, layers, i, rest
         if parts[:2] != ["model", "layers"] or parts[3] not in LAYER_TENSORS:
             raise UnsupportedModel(f"tensor {hf_name!r} has no llama.cpp counterpart here")
-        if parts[3] == "self_attn.q_proj.weight":
+        if permute_qk and parts[3] == "self_attn.q_proj.weight":
             array = _permute(array, heads)
-        elif parts[3] == "self_attn.k_proj.weight":
+        elif permute_qk and parts[3] == "self_attn.k_proj.weight":
             array = _permute(array, kv_heads)
         named.append((f"blk.{parts[2]}.{LAYER_TENSORS[parts[3]]}", array))
     rope = _rope_parameters(config)

