@@ -49,13 +49,14 @@ class TreeSnapshot(NamedTuple):
     """``nodes`` in depth-first order, each node's shown children heaviest first, and
     ``tree_nodes`` the TreeNodes they show (same order; for the tree's owner, not to be sent
     anywhere); ``stats`` and ``clock`` read at the same moment; ``scanned`` nodes were looked
-    at to choose them."""
+    at to choose them; ``namespaces`` maps the uid of each root shown to its namespace."""
 
     nodes: list[NodeView]
     tree_nodes: list[TreeNode]
     stats: CacheStats
     clock: int
     scanned: int
+    namespaces: dict[int, Hashable]
 
 
 def snapshot_tree(
@@ -110,7 +111,9 @@ def snapshot_tree(
             heapq.heappush(heap, (-mean, order, node, prefix, offset + take, seen))
             order += 1
     views, nodes = _views(chosen, head_tokens, tail_tokens)
-    return TreeSnapshot(views, nodes, cache.stats(), cache.clock, scanned)
+    shown_roots = {node.uid for node, _ in chosen if node.parent is None}
+    namespaces = {r.uid: ns for ns, r in cache._roots.items() if r.uid in shown_roots}
+    return TreeSnapshot(views, nodes, cache.stats(), cache.clock, scanned, namespaces)
 
 
 def _views(
@@ -184,20 +187,25 @@ def cached_path(
 
     ``start``: a node known to end a prefix of ``token_ids`` in ``namespace`` (the node a
     request locked): its path is taken by climbing to the root, without comparing tokens, and
-    the walk goes on below it. Ignored once evicted.
+    the walk goes on below it. Ignored once evicted, and when it is not in ``namespace``'s
+    tree (the throwaway root a match in an unseen namespace returns).
     """
     key = as_token_array(token_ids)
-    node = cache._roots.get(namespace)
+    root = cache._roots.get(namespace)
+    node = root
     path: list[TreeNode] = []
     length = 0
     if start is not None and not start.evicted:
-        node = start
-        while node.parent is not None:
-            path.append(node)
-            length += node.key.size
-            node = node.parent
-        path.reverse()
-        node = start
+        cursor = start
+        while cursor.parent is not None:
+            path.append(cursor)
+            length += cursor.key.size
+            cursor = cursor.parent
+        if cursor is root:
+            path.reverse()
+            node = start
+        else:
+            path, length = [], 0
     page_size = cache.page_size
     while node is not None and length + page_size <= key.size:
         child = node.children.get(child_key(key[length:], page_size))

@@ -104,6 +104,23 @@ def test_the_shown_nodes_are_the_heaviest():
                 assert child.subtree_tokens <= lightest
 
 
+def test_each_namespace_is_a_root_of_its_own_named_in_the_snapshot():
+    cache = make_cache()
+    ids = np.arange(1, 41, dtype=np.int32)
+    for namespace in (None, "tenant-a", "tenant-b"):
+        slots = cache.allocator.alloc(ids.size)
+        assert slots is not None and cache.insert(ids, slots, namespace) == 0  # nothing shared
+    snap = snapshot_tree(cache, 10)
+    roots = [view for view in snap.nodes if view.parent_uid == 0]
+    assert sorted(snap.namespaces.values(), key=str) == [None, "tenant-a", "tenant-b"]
+    assert set(snap.namespaces) == {view.uid for view in roots}
+    for root in roots:  # the same tokens, once under each root
+        (child,) = [view for view in snap.nodes if view.parent_uid == root.uid]
+        assert child.tokens == 40 and np.array_equal(child.head, ids)
+    assert list(snapshot_tree(cache, 1).namespaces.values()) in ([None], ["tenant-a"], ["tenant-b"])
+    check_consistent(cache, 10)
+
+
 def test_a_wide_fanout_is_offered_in_batches_within_the_budget():
     cache = make_cache(num_slots=1 << 17)
     system = list(range(1, 51))
@@ -178,6 +195,14 @@ def test_cached_path_and_path_tokens():
     split_path, length = cached_path(cache, a)
     assert len(split_path) == 3 and cached_path(cache, a, start=path[0]) == (split_path, 40)
     assert cached_path(cache, a, namespace="unseen") == ([], 0)
+    # A request's first match in a namespace nothing was cached in locks a throwaway root;
+    # once its tokens are cached, its path is found from the namespace's real root.
+    throwaway = cache.match_prefix(a, namespace="new").node
+    insert_in = cache.allocator.alloc(a.size)
+    assert insert_in is not None and cache.insert(a, insert_in, "new") == 0
+    new_path, length = cached_path(cache, a, "new", start=throwaway)
+    assert length == 40 and new_path[0].parent is cache._roots["new"]
+    assert cached_path(cache, a, "new", start=path[0]) == (new_path, 40)  # not its namespace
     cache.evict(cache.total_size())
     with pytest.raises(ValueError, match="evicted"):
         path_tokens(path[-1])
