@@ -103,6 +103,7 @@ class Engine:
         logprob_start_len: int = -1,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        cache_salt: str | None = None,
     ) -> Any:
         """Generate for one prompt (a dict result), a batch (a list, in input order), or with
         ``stream`` an iterator of chunk dicts (single prompt only). ``n`` > 1 in the sampling
@@ -111,11 +112,15 @@ class Engine:
         "cached_tokens", "finish_reason", ...}}``. ``rid`` (one id, or one per prompt of a
         batch) names the sub-requests as the HTTP API does (``runtime/generate_input.py``):
         ``rid``, ``{rid}-{j}`` for sample j, ``{rid}-{i}`` for prompt i of a batch,
-        ``{rid}-{i}-{j}`` for both. Bad arguments raise ValueError subclasses naming the field
+        ``{rid}-{i}-{j}`` for both. ``cache_salt`` (1..256 printable ASCII characters): reuse
+        cached KV only of requests with the same salt (docs/serving.md, "Multi-tenant
+        serving"). Bad arguments raise ValueError subclasses naming the field
         (``InvalidRequestValue``, ``InvalidSamplingParams``), before anything is tokenized."""
         logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
         # Parsed on the private loop when the work starts: a stream raises when iterated.
-        parse = functools.partial(self._parse, prompt, sampling_params, input_ids, rid, logprobs)
+        parse = functools.partial(
+            self._parse, prompt, sampling_params, input_ids, rid, logprobs, cache_salt
+        )
         if stream:
             return self._iterate(self._stream(parse))
         return self._call(self._collect(parse))
@@ -130,10 +135,13 @@ class Engine:
         logprob_start_len: int = -1,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        cache_salt: str | None = None,
     ) -> Any:
         """As ``generate``, awaitable; with ``stream`` an async iterator of chunk dicts."""
         logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
-        parse = functools.partial(self._parse, prompt, sampling_params, input_ids, rid, logprobs)
+        parse = functools.partial(
+            self._parse, prompt, sampling_params, input_ids, rid, logprobs, cache_salt
+        )
         if stream:
             return self._aiterate(self._stream(parse))
         future = asyncio.run_coroutine_threadsafe(self._collect(parse), self._loop)
@@ -146,9 +154,12 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None,
         rid: str | list[str] | None,
         logprobs: LogprobOptions,
+        cache_salt: str | None,
     ) -> GenerateInput:
         limits = self.tokenizer_manager.limits
-        return GenerateInput.parse(prompt, input_ids, params, rid, logprobs, limits, "prompt")
+        return GenerateInput.parse(
+            prompt, input_ids, params, rid, logprobs, limits, "prompt", cache_salt
+        )
 
     async def _collect(self, parse: Callable[[], GenerateInput]) -> Any:
         request = parse()

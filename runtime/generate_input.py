@@ -17,7 +17,8 @@ Sub-request ids follow the shape of the request, one suffix per dimension it has
 So one prompt with n == 1 runs as ``rid``, its n samples as ``rid-0`` .. ``rid-{n-1}``, a
 batch's prompts as ``rid-0``, ``rid-1``, ... and their samples as ``rid-{i}-{j}``. Without a
 rid, sub-requests have none (the tokenizer manager labels them with internal ids). Sample j
-uses seed + j when a seed is given (``SamplingParams.for_sample``).
+uses seed + j when a seed is given (``SamplingParams.for_sample``). Every sub-request of a call
+carries the call's ``cache_salt``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.request_checks import InvalidRequestValue, check_text, check_token_ids
+from runtime.request_checks import (
+    InvalidRequestValue,
+    check_cache_salt,
+    check_text,
+    check_token_ids,
+)
 from runtime.sampling_params import RequestLimits, SamplingParams
 
 if TYPE_CHECKING:
@@ -66,7 +72,8 @@ class LogprobOptions:
 @dataclass(frozen=True)
 class SubRequest:
     """One request to the scheduler: a prompt with one sample's sampling params (n == 1).
-    ``prompt_index`` and ``sample_index`` place it in the request it came from."""
+    ``prompt_index`` and ``sample_index`` place it in the request it came from; it shares
+    cached KV only with requests of the same ``cache_salt``."""
 
     input_ids: list[int]
     sampling: SamplingParams
@@ -74,6 +81,7 @@ class SubRequest:
     logprobs: LogprobOptions = field(default_factory=LogprobOptions)
     prompt_index: int = 0
     sample_index: int = 0
+    cache_salt: str | None = None
 
     def run(self, manager: TokenizerManager, stream: bool = False) -> AsyncIterator[dict[str, Any]]:
         """Its result dicts from ``manager`` (``TokenizerManager.generate``): with ``stream``
@@ -86,6 +94,7 @@ class SubRequest:
             self.logprobs.logprob_start_len,
             self.logprobs.top_logprobs_num,
             stream=stream,
+            cache_salt=self.cache_salt,
         )
 
 
@@ -94,25 +103,28 @@ def expand(
     sampling: Sequence[SamplingParams],
     rids: Sequence[str | None] | None = None,
     logprobs: LogprobOptions | None = None,
+    cache_salt: str | None = None,
 ) -> list[SubRequest]:
     """Prompt i's ``sampling[i].n`` samples as sub-requests, prompt-major (sub-request
     ``i * n + j`` when every prompt has the same n). ``rids[i]`` is prompt i's id (None: no
     ids); with n > 1 its samples are ``{rids[i]}-{j}``. The samples share the prompt's KV
-    through the radix cache."""
+    through the radix cache, all under ``cache_salt`` (checked by the caller)."""
     rids = rids if rids is not None else [None] * len(prompts)
     logprobs = logprobs or LogprobOptions()
     subs = []
     for i, (ids, params, rid) in enumerate(zip(prompts, sampling, rids, strict=True)):
         for j in range(params.n):
             sub_rid = rid if rid is None or params.n == 1 else f"{rid}-{j}"
-            subs.append(SubRequest(list(ids), params.for_sample(j), sub_rid, logprobs, i, j))
+            subs.append(
+                SubRequest(list(ids), params.for_sample(j), sub_rid, logprobs, i, j, cache_salt)
+            )
     return subs
 
 
 @dataclass(frozen=True)
 class GenerateInput:
     """A generate call, validated: its prompts (texts, or token ids checked against the
-    vocabulary), each prompt's sampling params and id, and the logprob options.
+    vocabulary), each prompt's sampling params and id, the logprob options and the cache salt.
     ``text_field`` is what the caller calls the text (``prompt`` in the Engine), for errors."""
 
     prompts: list[str | list[int]]  # all texts, or all token ids
@@ -121,6 +133,7 @@ class GenerateInput:
     is_batch: bool
     logprobs: LogprobOptions = field(default_factory=LogprobOptions)
     text_field: str = "text"
+    cache_salt: str | None = None
 
     @classmethod
     def parse(
@@ -132,6 +145,7 @@ class GenerateInput:
         logprobs: LogprobOptions,
         limits: RequestLimits,
         text_field: str = "text",
+        cache_salt: str | None = None,
     ) -> GenerateInput:
         """Validate a call's fields. Raise InvalidRequestValue naming the field (the text as
         ``text_field``) or InvalidSamplingParams naming the parameter."""
@@ -152,6 +166,7 @@ class GenerateInput:
         if not prompts:
             raise InvalidRequestValue(given, "the batch is empty")
         logprobs.check()
+        check_cache_salt(cache_salt)
         sampling = _parse_sampling(sampling_params, len(prompts), limits)
         rids = _prompt_rids(rid, len(prompts), is_batch)
         for i, prompt in enumerate(prompts):
@@ -165,7 +180,7 @@ class GenerateInput:
                 raise InvalidRequestValue(name, "expected a list of token ids")
             check_token_ids(prompt, limits.vocab_size, name)
             prompts[i] = list(prompt)
-        return cls(prompts, sampling, rids, is_batch, logprobs, text_field)
+        return cls(prompts, sampling, rids, is_batch, logprobs, text_field, cache_salt)
 
     async def sub_requests(self, tokenize: Tokenize) -> list[SubRequest]:
         """Tokenize the texts (``tokenize`` names the field if it refuses one) and expand."""
@@ -176,7 +191,7 @@ class GenerateInput:
                 ids.append(await tokenize(prompt, name))
             else:
                 ids.append(prompt)
-        return expand(ids, self.sampling, self.rids, self.logprobs)
+        return expand(ids, self.sampling, self.rids, self.logprobs, self.cache_salt)
 
 
 def _parse_sampling(

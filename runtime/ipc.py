@@ -45,7 +45,9 @@ class ProgramRelease:
 
 @dataclass
 class GenerateRequest:
-    """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs."""
+    """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs. ``cache_salt``:
+    the request reuses cached KV only of requests with the same salt (None is a salt of its
+    own); checked by the tokenizer manager (printable ASCII, at most 256 characters)."""
 
     rid: str
     input_ids: list[int]
@@ -55,6 +57,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     stream: bool = False
     program: ProgramStep | None = None
+    cache_salt: str | None = None
 
 
 @dataclass

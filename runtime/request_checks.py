@@ -11,9 +11,10 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator
 
 from runtime.errors import RequestError
 
@@ -23,6 +24,11 @@ MAX_JSON_DEPTH = 256
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+
+# A cache salt is an opaque tenant label: printable ASCII keeps it safe to log, to put in any
+# header or key a later stage builds from it, and to compare byte for byte.
+MAX_CACHE_SALT_LENGTH = 256
+_CACHE_SALT = re.compile(rf"[\x20-\x7e]{{1,{MAX_CACHE_SALT_LENGTH}}}")
 
 # A JSON string literal (with escapes): removed before bracket counting.
 _STRING_LITERAL = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -100,6 +106,42 @@ def _encodes(text: str) -> bool:
     except InvalidRequestValue:
         return False
     return True
+
+
+def check_cache_salt(salt: object, field: str = "cache_salt") -> None:
+    """Raise InvalidRequestValue naming ``field`` unless ``salt`` is None (no salt) or 1 to
+    MAX_CACHE_SALT_LENGTH printable ASCII characters. Requests share cached KV only when their
+    salts are equal (docs/serving.md, "Multi-tenant serving")."""
+    if salt is None:
+        return
+    if not isinstance(salt, str):
+        raise InvalidRequestValue(field, f"must be a string, got {type(salt).__name__}")
+    problem = _cache_salt_problem(salt)
+    if problem is not None:
+        raise InvalidRequestValue(field, problem)
+
+
+def _cache_salt_problem(salt: str) -> str | None:
+    """Why the string ``salt`` is not a valid cache salt; None when it is one."""
+    if _CACHE_SALT.fullmatch(salt) is not None:
+        return None
+    if len(salt) > MAX_CACHE_SALT_LENGTH:
+        return f"must be at most {MAX_CACHE_SALT_LENGTH} characters, got {len(salt)}"
+    if not salt:
+        return "must not be empty (leave it out for no salt)"
+    bad = next(c for c in salt if not " " <= c <= "~")
+    return f"must be printable ASCII (U+0020 to U+007E); it holds U+{ord(bad):04X}"
+
+
+def _valid_cache_salt(salt: str) -> str:
+    problem = _cache_salt_problem(salt)
+    if problem is not None:
+        raise ValueError(problem)
+    return salt
+
+
+# ``cache_salt`` in the request models of every HTTP API (pydantic checks that it is a str).
+CacheSalt = Annotated[str, AfterValidator(_valid_cache_salt)]
 
 
 def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:

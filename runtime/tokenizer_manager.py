@@ -42,7 +42,7 @@ from runtime.ipc import (
     TextOutput,
     TextOutputBatch,
 )
-from runtime.request_checks import InvalidRequestValue, check_token_ids
+from runtime.request_checks import InvalidRequestValue, check_cache_salt, check_token_ids
 from runtime.sampling_params import DEFAULT_MAX_N, RequestLimits, SamplingParams
 
 Result = TypeVar("Result")
@@ -80,6 +80,7 @@ class _Call:
     top_logprobs_num: int
     stream: bool
     program: ProgramStep | None = None
+    cache_salt: str | None = None
 
 
 class TokenizerManager:
@@ -251,17 +252,23 @@ class TokenizerManager:
         top_logprobs_num: int = 0,
         stream: bool = False,
         program: ProgramStep | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Yield result dicts: with ``stream`` one per output chunk, else one at the end.
         ``program``: the request is a step of a compiled program (``runtime.program``).
+        ``cache_salt``: the request reuses cached KV only of requests with the same salt
+        (InvalidRequestValue unless None or 1..256 printable ASCII characters).
 
         A request refused or failed by the runtime raises RequestError (status_code 4xx/5xx).
         If the consumer stops early (client disconnect), the request is aborted. A json_schema
         request in strict mode "validate" goes through ``_generate_validated``.
         """
+        # Checked here too, whatever the caller checked: every request to the scheduler passes
+        # this point, and nothing about a salt may fail there.
+        check_cache_salt(cache_salt)
         call = _Call(
             input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, program,
+            top_logprobs_num, stream, program, cache_salt,
         )  # fmt: skip
         mode = sampling_params.strict_mode or self.strict_mode
         validate = sampling_params.json_schema is not None and mode == "validate"
@@ -364,6 +371,7 @@ class TokenizerManager:
                 call.top_logprobs_num,
                 stream,
                 call.program,
+                call.cache_salt,
             )
         )
         finished = False

@@ -218,9 +218,12 @@ class DraftManager:
         # ngram: what an earlier request went on with after this very sequence (the radix
         # tree's continuation: exactly what the model wrote then, e.g. a prompt asked again
         # or a retried request), else what followed the latest earlier occurrence of the
-        # sequence's tail in its own tokens. Each has its own acceptance estimate.
+        # sequence's tail in its own tokens. Each has its own acceptance estimate. The tree is
+        # read in the request's salt only: another tenant's continuation would both leak it
+        # (accepted drafts come back sooner) and be a cross-tenant cache hit.
         tokens = req.token_ids.array()
-        cached = self.kv.tree.continuation(tokens, ceiling) if self.kv.tree is not None else None
+        tree = self.kv.tree
+        cached = tree.continuation(tokens, ceiling, req.cache_salt) if tree is not None else None
         if cached is not None and cached.size:
             wanted = self._length(req, TREE, cost, int(cached.size), probe)
             found = self._admissible(req, cached[:wanted].tolist())
@@ -305,7 +308,7 @@ class DraftManager:
                 chosen.append(token)
             return chosen
 
-        jobs = [DraftJob(req.rid, req.token_ids.array(), n) for req, n in wanted]
+        jobs = [DraftJob(req.rid, req.token_ids.array(), n, req.cache_salt) for req, n in wanted]
         started = time.perf_counter()
         failed = False
         try:

@@ -54,16 +54,17 @@ class KVCacheManager:
         return self.cached_prefix(req).length
 
     def cached_prefix(self, req: Req) -> MatchResult:
-        """The cached prefix of ``req``: from its program branch's pinned node when it continues
-        one (no comparison of the pinned part), else matched from the root."""
+        """The cached prefix of ``req`` in its salt's namespace: from its program branch's
+        pinned node when it continues one (no comparison of the pinned part), else matched
+        from the namespace's root."""
         assert self.tree is not None
-        key = req.token_ids.prefix(req.match_limit)
+        key, salt = req.token_ids.prefix(req.match_limit), req.cache_salt
         step = req.program
         if step is not None:
             pin = self.pins.get(step.program, step.continue_from)
             if pin is not None:
-                return self.tree.match_from(pin.node, min(pin.length, step.reuse_len), key)
-        return self.tree.match_prefix(key)
+                return self.tree.match_from(pin.node, min(pin.length, step.reuse_len), key, salt)
+        return self.tree.match_prefix(key, salt)
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a table row and its cached prefix, locked. False if no row is free."""
@@ -87,8 +88,10 @@ class KVCacheManager:
         slots for positions [borrower.cached_len, end) of the prefix they share, which the
         lender computes in this step's forward (each layer writes the whole batch's K/V before
         any request attends): the borrower computes only what follows. The borrowed positions
-        count as its cached prefix; ``settle_loans`` hands them to the tree after the forward."""
+        count as its cached prefix; ``settle_loans`` hands them to the tree after the forward.
+        Precondition: both have the same cache salt."""
         assert self.tree is not None and lender.row is not None and borrower.row is not None
+        assert lender.cache_salt == borrower.cache_salt, "KV is never lent across cache salts"
         start = borrower.cached_len
         assert borrower.kv_len == start < end <= lender.kv_len and end % self.page_size == 0
         self.req_to_token_pool.write(
@@ -114,7 +117,10 @@ class KVCacheManager:
             assert self.tree is not None and req.last_node is not None
             if req.loan_start is not None:
                 match = self.tree.match_from(
-                    req.last_node, req.loan_start, req.token_ids.prefix(req.cached_len)
+                    req.last_node,
+                    req.loan_start,
+                    req.token_ids.prefix(req.cached_len),
+                    req.cache_salt,
                 )
                 if match.length != req.cached_len:
                     raise AssertionError(
@@ -169,7 +175,7 @@ class KVCacheManager:
         assert req.row is not None and req.last_node is not None, "cache_prefix needs admission"
         self._insert(req)
         match = self.tree.match_from(
-            req.last_node, req.cached_len, req.token_ids.prefix(req.kv_len)
+            req.last_node, req.cached_len, req.token_ids.prefix(req.kv_len), req.cache_salt
         )
         self.req_to_token_pool.write(req.row, 0, match.slots)
         self.tree.lock(match.node)
@@ -198,7 +204,7 @@ class KVCacheManager:
             if finished and step is not None and step.keep_as is not None:
                 assert req.last_node is not None
                 match = self.tree.match_from(
-                    req.last_node, req.cached_len, req.token_ids.prefix(aligned)
+                    req.last_node, req.cached_len, req.token_ids.prefix(aligned), req.cache_salt
                 )
                 self.pins.pin(step.program, step.keep_as, match.node, match.length)
         else:
@@ -212,7 +218,7 @@ class KVCacheManager:
         """Insert [0, kv_len) and free the request's private copies of what was already cached."""
         assert self.tree is not None and req.row is not None
         slots = self.req_to_token_pool.host[req.row, : req.kv_len]
-        already = self.tree.insert(req.token_ids.prefix(req.kv_len), slots)
+        already = self.tree.insert(req.token_ids.prefix(req.kv_len), slots, req.cache_salt)
         if already > req.cached_len:
             self.allocator.free(slots[req.cached_len : already])
 

@@ -82,10 +82,10 @@ class PrefillAdmission:
 
     def _share_in_step(self, req: Req, admitted: list[Req], admitted_ids: list[np.ndarray]) -> bool:
         """Borrow, for ``req`` (admitted, nothing allocated yet), the slots of the request
-        admitted this step that computes the most of its uncached prefix. False: hold ``req``
-        back a round, because at least IN_BATCH_SHARING_THRESHOLD more shared tokens are
-        computed only in later chunks. Without a tree nothing outlives its request, so nothing
-        is lent (or worth waiting for)."""
+        admitted this step with the same cache salt that computes the most of its uncached
+        prefix. False: hold ``req`` back a round, because at least IN_BATCH_SHARING_THRESHOLD
+        more shared tokens are computed only in later chunks. Without a tree nothing outlives
+        its request, so nothing is lent (or worth waiting for)."""
         if not admitted or self.kv.tree is None:
             return True
         ids = req.token_ids.array()
@@ -97,6 +97,8 @@ class PrefillAdmission:
             return True
         token = ids[first]
         for other, other_ids in zip(admitted, admitted_ids, strict=True):
+            if other.cache_salt != req.cache_salt:  # tenants share no KV, computed or cached
+                continue
             if len(other_ids) <= first or other_ids[first] != token:
                 continue
             n = min(len(ids), len(other_ids))

@@ -45,6 +45,8 @@ class Req:
         self.stream = msg.stream
         # A step of a compiled DSL program: where its KV continues from and is pinned to.
         self.program: ProgramStep | None = msg.program
+        # Its radix-tree namespace: KV is shared only between requests of the same salt.
+        self.cache_salt = msg.cache_salt
         self.seed = seed
         self.token_ids = TokenArray(msg.input_ids)
         self.output_ids: list[int] = []

@@ -42,7 +42,8 @@ class DraftSeq:
     Positions [0, kv_len) of row ``row`` hold KV: first ``confirmed`` (tokens of the request's
     own sequence), then ``drafted`` (tokens this worker proposed and fed, not yet known to be
     accepted). [0, cached_len) are the tree's slots, pinned by a lock on ``last_node``;
-    [cached_len, kv_len) are the sequence's private slots.
+    [cached_len, kv_len) are the sequence's private slots. Its KV lives in the draft tree's
+    namespace of ``cache_salt``.
     """
 
     key: str
@@ -52,6 +53,7 @@ class DraftSeq:
     confirmed: np.ndarray  # int32, the request's tokens whose KV is computed
     drafted: list[int] = field(default_factory=list)
     prefilled: bool = False  # caught up with the request's sequence at least once
+    cache_salt: str | None = None
 
     @property
     def kv_len(self) -> int:
@@ -71,11 +73,14 @@ class DraftKVManager:
         self.req_to_token_pool = req_to_token_pool
         self.seqs: dict[str, DraftSeq] = {}
 
-    def prepare(self, key: str, token_ids: np.ndarray) -> tuple[DraftSeq | None, bool]:
+    def prepare(
+        self, key: str, token_ids: np.ndarray, cache_salt: str | None = None
+    ) -> tuple[DraftSeq | None, bool]:
         """The sequence of ``key`` with its KV cut back to what ``token_ids`` still agrees with,
         leaving at least the last token to compute (its logits are the first draft step's).
 
-        Admits an unknown key (a table row and its cached prefix, locked). Returns the sequence
+        Admits an unknown key (a table row and its cached prefix in ``cache_salt``'s
+        namespace, locked; a key keeps the salt it was admitted with). Returns the sequence
         (None when no table row is free) and whether it was admitted by this call. Precondition:
         ``token_ids`` is non-empty.
         """
@@ -86,17 +91,18 @@ class DraftKVManager:
                 self._truncate(seq, start, token_ids)
                 return seq, False
             self.release(key, keep_in_cache=True)  # the sequence changed inside the cached part
-        return self._admit(key, token_ids), True
+        return self._admit(key, token_ids, cache_salt), True
 
-    def _admit(self, key: str, token_ids: np.ndarray) -> DraftSeq | None:
+    def _admit(self, key: str, token_ids: np.ndarray, salt: str | None) -> DraftSeq | None:
         row = self.req_to_token_pool.alloc()
         if row is None:
             return None
-        match = self.tree.match_prefix(token_ids[: token_ids.size - 1])
+        match = self.tree.match_prefix(token_ids[: token_ids.size - 1], salt)
         self.tree.lock(match.node)
         self.req_to_token_pool.write(row, 0, match.slots)
         confirmed = token_ids[: match.length].copy()
-        seq = self.seqs[key] = DraftSeq(key, row, match.node, match.length, confirmed)
+        seq = DraftSeq(key, row, match.node, match.length, confirmed, cache_salt=salt)
+        self.seqs[key] = seq
         return seq
 
     def _agreed_len(self, seq: DraftSeq, token_ids: np.ndarray) -> int:
@@ -145,7 +151,7 @@ class DraftKVManager:
             return
         tokens = seq.confirmed[:n]
         self._insert(seq, tokens)
-        match = self.tree.match_prefix(tokens)
+        match = self.tree.match_prefix(tokens, seq.cache_salt)
         self.req_to_token_pool.write(seq.row, 0, match.slots)
         self.tree.lock(match.node)
         self.tree.unlock(seq.last_node)
@@ -171,7 +177,7 @@ class DraftKVManager:
         """Insert ``tokens`` (a confirmed prefix) with their slots; free the sequence's private
         copies of what the tree already held."""
         slots = self.req_to_token_pool.host[seq.row, : tokens.size]
-        already = self.tree.insert(tokens, slots)
+        already = self.tree.insert(tokens, slots, seq.cache_salt)
         if already > seq.cached_len:
             self.allocator.free(slots[seq.cached_len : already])
 

@@ -52,11 +52,14 @@ class DraftJob:
     token_ids: the request's whole known sequence now (prompt + output so far); an int32 numpy
         array (such as a ``TokenArray`` prefix view) is used without conversion.
     num_tokens: draft tokens wanted (>= 1).
+    cache_salt: the request's cache salt: its draft KV is shared only with requests of the
+        same salt (the draft tree's namespace), as the target's is.
     """
 
     key: str
     token_ids: Sequence[int] | np.ndarray
     num_tokens: int
+    cache_salt: str | None = None
 
 
 class DraftModelWorker:
@@ -193,7 +196,7 @@ class DraftModelWorker:
                 continue
             held = self.kv.seqs.get(job.key)
             held_confirmed = held.confirmed.size if held is not None else 0
-            seq, admitted = self.kv.prepare(job.key, ids)
+            seq, admitted = self.kv.prepare(job.key, ids, job.cache_salt)
             if seq is None:
                 self.stats["jobs_without_room"] += 1
                 continue

@@ -26,8 +26,9 @@ def _kv(slots: int, rows: int = 8) -> KVCacheManager:
     )
 
 
-def _req(rid: str, ids: list[int], max_new_tokens: int = 4) -> Req:
-    return Req(GenerateRequest(rid, ids, SamplingParams(max_new_tokens=max_new_tokens)), seed=0)
+def _req(rid: str, ids: list[int], max_new_tokens: int = 4, salt: str | None = None) -> Req:
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    return Req(GenerateRequest(rid, ids, params, cache_salt=salt), seed=0)
 
 
 def _admission(kv: KVCacheManager, step: int, chunk: int, running: int = 8) -> PrefillAdmission:
@@ -109,6 +110,31 @@ def test_requests_sharing_an_uncached_prefix_borrow_its_slots_in_the_same_step()
         kv.release(req, keep_in_cache=True, finished=True)
     kv.check_invariants([])
     assert kv.tree.match_prefix(prefix + [901]).length == len(prefix) + 1
+
+
+def test_requests_of_different_cache_salts_share_no_kv_in_step_or_cached():
+    kv = _kv(1024)
+    admission = _admission(kv, step=1024, chunk=1024)
+    prefix = list(range(IN_BATCH_SHARING_THRESHOLD + 8))
+    salts = {"a": "x", "b": "y", "c": None, "d": "x"}
+    reqs = [_req(rid, prefix + [900 + i], salt=salt) for i, (rid, salt) in enumerate(salts.items())]
+    chunks, admitted = admission.schedule([], reqs)
+    assert admitted == reqs
+    # One request per salt computes the prefix; only d, with a's salt, reads a's slots.
+    whole = len(prefix) + 1
+    assert [(r.rid, n) for r, n in chunks] == [("a", whole), ("b", whole), ("c", whole), ("d", 1)]
+    assert [r.cached_tokens for r in reqs] == [0, 0, 0, len(prefix)]
+    kv.settle_loans()
+    for req in reqs:
+        kv.release(req, keep_in_cache=True, finished=True)
+    kv.check_invariants([])
+    assert kv.tree is not None
+    for salt in ("x", "y", None):  # three copies, one per salt
+        assert kv.tree.match_prefix(prefix, salt).length == len(prefix)
+    assert kv.tree.match_prefix(prefix, "z").length == 0
+    later = _req("e", prefix + [7], salt="y")
+    assert kv.cached_prefix_len(later) == len(prefix)
+    assert kv.cached_prefix_len(_req("f", prefix + [7], salt="z")) == 0
 
 
 def test_a_short_shared_tail_is_borrowed_not_recomputed():
