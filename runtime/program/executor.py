@@ -29,6 +29,9 @@ Results go out as events, in order per branch::
 
 A failed op stops its branch (later ops of that branch are skipped, as the interpreter's
 branch stops at its first error); the other branches go on.
+
+A program runs under the cache salt of its first segment (every request it makes carries it);
+a later segment with another salt is refused, so no tenant continues another's program.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from runtime.program.spec import (
     TextOp,
     branch_key,
 )
+from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -101,6 +105,7 @@ class Branch:
 class Session:
     program_id: str
     branches: dict[str, Branch]
+    cache_salt: str | None = None
     forks: dict[int, list[str]] = field(default_factory=dict)
     used: float = field(default_factory=time.monotonic)
     busy: bool = False
@@ -126,7 +131,7 @@ class ProgramRunner:
 
     # ---- sessions ----------------------------------------------------------------------
 
-    def _session(self, program_id: str | None) -> Session:
+    def _session(self, program_id: str | None, cache_salt: str | None) -> Session:
         self._expire()
         if program_id is None:
             program_id = uuid.uuid4().hex
@@ -139,8 +144,12 @@ class ProgramRunner:
                         f"{MAX_SESSIONS} programs are running; retry when one ends", 503
                     )
                 self.end(min(idle, key=lambda s: s.used).program_id)
-            session = Session(program_id, {"": Branch("")})
+            session = Session(program_id, {"": Branch("")}, cache_salt)
             self.sessions[program_id] = session
+        if session.cache_salt != cache_salt:
+            raise InvalidRequestValue(
+                "cache_salt", f"program {program_id!r} runs under another cache salt"
+            )
         if session.busy:
             raise RequestError(f"program {program_id!r} is running a segment already", 409)
         return session
@@ -167,7 +176,7 @@ class ProgramRunner:
     async def run(self, request: ProgramRequest) -> AsyncIterator[dict[str, Any]]:
         """Run one segment; yield its events (see the module doc). Unknown branches and a
         busy program raise RequestError before anything runs."""
-        session = self._session(request.program_id)
+        session = self._session(request.program_id, request.cache_salt)
         for key in request.branches:
             if key not in session.branches:
                 raise RequestError(f"branches: the program has no branch {key!r}")
@@ -345,7 +354,9 @@ class _Segment:
         prompt = list(branch.ids)
         step = self._step(branch, keep=True)
         final: dict[str, Any] = {}
-        async for chunk in self.tm.generate(prompt, op.params, stream=self.stream, program=step):
+        async for chunk in self.tm.generate(
+            prompt, op.params, stream=self.stream, program=step, cache_salt=self.session.cache_salt
+        ):
             final = chunk
             if self.stream and chunk.get("delta"):
                 await self.emit(
@@ -462,7 +473,12 @@ class _Segment:
     async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> dict[str, Any]:
         final: dict[str, Any] = {}
         async for chunk in self.tm.generate(
-            ids, SCORE_ONLY, return_logprob=start >= 0, logprob_start_len=start, program=step
+            ids,
+            SCORE_ONLY,
+            return_logprob=start >= 0,
+            logprob_start_len=start,
+            program=step,
+            cache_salt=self.session.cache_salt,
         ):
             final = chunk
         return final

@@ -6,7 +6,9 @@ JSON shape::
      "branches": {"": [op, ...],   # ops per branch: "" is the program's root state; a fork
                   "/1.0": [...]},  #   branch is "<parent>/<fork id>.<index>"
      "stream": false,              # also send each gen's text as it is generated
-     "end": false}                 # the program is over: release what it holds afterwards
+     "end": false,                 # the program is over: release what it holds afterwards
+     "cache_salt": "..."}          # optional: share cached KV only with requests of this salt;
+                                   #   every segment of a program gives the same one
 
     op: {"type": "text", "text": "..."}
         {"type": "gen", "name": "x", "sampling_params": {...native names...}}
@@ -26,6 +28,7 @@ from typing import Any
 
 from runtime.errors import RequestError
 from runtime.program.select_math import CHOICES_METHODS, TOKEN_LENGTH_NORMALIZED
+from runtime.request_checks import check_cache_salt
 from runtime.sampling_params import RequestLimits, SamplingParams
 
 # Bounds that keep one request's work proportional to what it says.
@@ -82,6 +85,7 @@ class ProgramRequest:
     branches: dict[str, tuple[Op, ...]]
     stream: bool
     end: bool
+    cache_salt: str | None = None
 
 
 def branch_key(parent: str, fork_id: int, index: int) -> str:
@@ -93,7 +97,7 @@ def parse_program(body: Any, limits: RequestLimits) -> ProgramRequest:
     """Check a program request; RequestError (400) naming the first bad field."""
     if not isinstance(body, dict):
         raise RequestError("the program request must be a JSON object")
-    unknown = set(body) - {"program_id", "branches", "stream", "end"}
+    unknown = set(body) - {"program_id", "branches", "stream", "end", "cache_salt"}
     if unknown:
         raise RequestError(f"{sorted(unknown)[0]}: unknown field", param=sorted(unknown)[0])
     program_id = body.get("program_id")
@@ -101,6 +105,8 @@ def parse_program(body: Any, limits: RequestLimits) -> ProgramRequest:
         not isinstance(program_id, str) or not 0 < len(program_id) <= 128
     ):
         raise RequestError("program_id: must be a string of 1 to 128 characters")
+    cache_salt = body.get("cache_salt")
+    check_cache_salt(cache_salt)  # InvalidRequestValue, a RequestError naming the field
     stream, end = body.get("stream", False), body.get("end", False)
     for name, value in (("stream", stream), ("end", end)):
         if not isinstance(value, bool):
@@ -114,7 +120,7 @@ def parse_program(body: Any, limits: RequestLimits) -> ProgramRequest:
         if key != "" and not key.startswith("/"):
             raise RequestError(f"branches: {key!r} is not a branch name ('' or '/<fork>.<i>')")
         branches[key] = _ops(ops, f"branches[{key!r}]", limits, counter, 0)
-    return ProgramRequest(program_id, branches, stream, end)
+    return ProgramRequest(program_id, branches, stream, end, cache_salt)
 
 
 def _ops(

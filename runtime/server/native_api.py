@@ -76,7 +76,9 @@ def _generate_input(state: ServerState, body: GenerateReqInput) -> GenerateInput
     params = body.sampling_params
     given = [_given(p) for p in params] if isinstance(params, list) else _given(params)
     limits = state.tokenizer_manager.limits
-    return GenerateInput.parse(body.text, body.input_ids, given, body.rid, logprobs, limits)
+    return GenerateInput.parse(
+        body.text, body.input_ids, given, body.rid, logprobs, limits, cache_salt=body.cache_salt
+    )
 
 
 def _given(params: SamplingParamsInput | None) -> dict[str, Any] | None:

@@ -105,7 +105,7 @@ async def completions(request: Request) -> Response:
         logprob_start_len=0 if body.echo and want_logprobs else -1,
         top_logprobs_num=body.logprobs or 0,
     )
-    subs = expand(prompts, [sampling] * len(prompts), logprobs=logprobs)
+    subs = expand(prompts, [sampling] * len(prompts), logprobs=logprobs, cache_salt=body.cache_salt)
     ctx = _context(state, body, "cmpl", sampling.n)
     ctx.echo_texts = texts if body.echo else []
     return await _respond(
@@ -151,7 +151,7 @@ async def chat_completions(request: Request) -> Response:
         sampling = _after_reasoning(state, reasoning, sampling)
         ctx.reasoning = functools.partial(make_reasoning_parser, reasoning, text)
     logprobs = LogprobOptions(body.logprobs, top_logprobs_num=body.top_logprobs or 0)
-    subs = expand([ids], [sampling], logprobs=logprobs)
+    subs = expand([ids], [sampling], logprobs=logprobs, cache_salt=body.cache_salt)
     if tools_on:
         ctx.tool_names = {f["name"] for f in functions}
         ctx.max_tool_calls = None if body.parallel_tool_calls else 1

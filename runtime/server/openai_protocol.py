@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from runtime.request_checks import INT64_MAX, INT64_MIN
+from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
 from runtime.sampling_params import (
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
@@ -107,6 +107,8 @@ class SamplingRequest(OpenAIModel):
     regex: str | None = None
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | None = None
+    # Extension (vLLM's name): share cached KV only with requests of the same salt.
+    cache_salt: CacheSalt | None = None
 
 
 class CompletionRequest(SamplingRequest):

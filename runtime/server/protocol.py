@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from runtime.generate_input import MAX_TOP_LOGPROBS
-from runtime.request_checks import INT64_MAX
+from runtime.request_checks import INT64_MAX, CacheSalt
 from runtime.sampling_params import SamplingParamsInput
 
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
@@ -21,8 +21,9 @@ class GenerateReqInput(NativeRequest):
     """``POST /generate``: exactly one of ``text`` and ``input_ids``, each single or a batch.
 
     ``sampling_params`` is one dict for all prompts or one per prompt (validated by
-    ``SamplingParams.from_dict``). ``rid`` is one id, or one per prompt for a batch. Checked
-    further and expanded by ``runtime.generate_input.GenerateInput``.
+    ``SamplingParams.from_dict``). ``rid`` is one id, or one per prompt for a batch.
+    ``cache_salt``: share cached KV only with requests of the same salt. Checked further and
+    expanded by ``runtime.generate_input.GenerateInput``.
     """
 
     text: str | list[str] | None = None
@@ -34,6 +35,7 @@ class GenerateReqInput(NativeRequest):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: RequestId | list[RequestId] | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class AbortReqInput(NativeRequest):

@@ -130,7 +130,7 @@ async def create_response(request: Request) -> Response:
         run.reasoning = make_reasoning_parser(reasoning, prompt.text)
         run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
     options = LogprobOptions(logprobs, top_logprobs_num=body.top_logprobs or 0)
-    sub = SubRequest(prompt.ids, sampling, logprobs=options)
+    sub = SubRequest(prompt.ids, sampling, logprobs=options, cache_salt=body.cache_salt)
     streams = open_streams(state, [sub])
 
     def store(final: dict[str, Any]) -> None:

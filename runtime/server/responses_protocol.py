@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.request_checks import INT64_MAX, INT64_MIN
+from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
 from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
 from runtime.server.openai_protocol import OpenAIModel, TemplateKwargs
 
@@ -120,6 +120,8 @@ class ResponsesRequest(OpenAIModel):
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
+    # Share cached KV only with requests of the same salt (as in chat completions).
+    cache_salt: CacheSalt | None = None
 
 
 class InputItemsQuery(BaseModel):
