@@ -230,11 +230,13 @@ class RoutedTokenizerManager(TokenizerManager):
         chosen = self.program_replicas.get(step.program) if step is not None else None
         if chosen is None or chosen in exclude or not self.replicas.handles[chosen].alive:
             # (a program moved off a dead replica starts over from the new one's cache)
-            chosen = self.router.choose(entry.message.input_ids, exclude=exclude)
+            chosen = self.router.choose(
+                entry.message.input_ids, exclude=exclude, cache_salt=entry.message.cache_salt
+            )
             if step is not None and chosen is not None:
                 self.program_replicas[step.program] = chosen
         else:
-            self.router.assign(chosen, entry.message.input_ids, "program")
+            self.router.assign(chosen, entry.message.input_ids, "program", entry.message.cache_salt)
         if chosen is None:
             self._fail_request(entry.message.rid, "no replica is serving; retry later")
             return False
@@ -269,7 +271,9 @@ class RoutedTokenizerManager(TokenizerManager):
                 if out.finished_reason is not None:
                     del self.inflight[out.rid]
                     self.router.finished(
-                        entry.replica, [*entry.message.input_ids, *entry.output_ids]
+                        entry.replica,
+                        [*entry.message.input_ids, *entry.output_ids],
+                        entry.message.cache_salt,
                     )
             super()._dispatch(message)
         elif isinstance(message, ReplicaReady):

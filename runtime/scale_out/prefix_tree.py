@@ -4,6 +4,9 @@ It is approximate on purpose: it records what was *sent* to a replica (prompts, 
 once they finish), not what the replica's own radix cache still holds (which evicts on its own
 schedule), and it is bounded by ``max_tokens`` with least-recently-used pruning of leaves. It
 stores no KV, only int32 token runs, so it lives in the server process without torch.
+
+As in the replicas' radix caches, each cache salt has a root of its own: a prefix sent under one
+salt never counts as cached for another.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class ApproxPrefixTree:
-    """Token-id prefixes with their last use. ``match`` finds the longest recorded prefix of a
-    query; ``insert`` records a sequence; past ``max_tokens`` the least recently used leaves
-    are pruned until the tree holds at most ``prune_to`` (90%) of it."""
+    """Token-id prefixes with their last use, per cache salt. ``match`` finds the longest
+    prefix of a query recorded under its salt; ``insert`` records a sequence; past
+    ``max_tokens`` the least recently used leaves are pruned until the tree holds at most
+    ``prune_to`` (90%) of it."""
 
     def __init__(self, max_tokens: int) -> None:
         if max_tokens < 1:
@@ -45,15 +49,16 @@ class ApproxPrefixTree:
         self.max_tokens = max_tokens
         self.prune_to = max(1, int(max_tokens * 0.9))
         self._clock = itertools.count(1)
-        self.root = _Node(np.empty(0, dtype=_KEY), None, 0)
+        self.roots: dict[str | None, _Node] = {}
         self.tokens = 0
         self.pruned_tokens = 0
 
-    def match(self, ids: Sequence[int] | np.ndarray) -> int:
-        """Length of the longest recorded prefix of ``ids`` (marks its nodes as used)."""
+    def match(self, ids: Sequence[int] | np.ndarray, cache_salt: str | None = None) -> int:
+        """Length of the longest prefix of ``ids`` recorded under ``cache_salt`` (marks its
+        nodes as used)."""
         query = np.asarray(ids, dtype=_KEY)
-        node, done, stamp = self.root, 0, next(self._clock)
-        while done < query.size:
+        node, done, stamp = self.roots.get(cache_salt), 0, next(self._clock)
+        while node is not None and done < query.size:
             child = node.children.get(int(query[done]))
             if child is None:
                 break
@@ -65,11 +70,15 @@ class ApproxPrefixTree:
             node = child
         return done
 
-    def insert(self, ids: Sequence[int] | np.ndarray) -> None:
-        """Record ``ids``; prunes when the tree outgrows ``max_tokens``."""
+    def insert(self, ids: Sequence[int] | np.ndarray, cache_salt: str | None = None) -> None:
+        """Record ``ids`` under ``cache_salt``; prunes when the tree outgrows ``max_tokens``."""
         query = np.array(ids, dtype=_KEY)  # a copy: the tree keeps slices of it
-        node, done, stamp = self.root, 0, next(self._clock)
+        stamp = next(self._clock)
+        node = self.roots.get(cache_salt)
+        if node is None:
+            node = self.roots[cache_salt] = _Node(np.empty(0, dtype=_KEY), None, stamp)
         node.last_access = stamp
+        done = 0
         while done < query.size:
             first = int(query[done])
             child = node.children.get(first)
@@ -107,11 +116,13 @@ class ApproxPrefixTree:
                 del leaf.parent.children[int(leaf.key[0])]
                 self.tokens -= leaf.key.size
                 dropped += leaf.key.size
+        # Forget salts with nothing recorded, so per-tenant roots do not pile up.
+        self.roots = {salt: root for salt, root in self.roots.items() if root.children}
         self.pruned_tokens += dropped
         return dropped
 
     def clear(self) -> None:
-        self.root.children.clear()
+        self.roots.clear()
         self.tokens = 0
 
     def _split(self, node: _Node, at: int) -> _Node:
@@ -125,7 +136,7 @@ class ApproxPrefixTree:
         return upper
 
     def _leaves(self) -> list[_Node]:
-        leaves, stack = [], list(self.root.children.values())
+        leaves, stack = [], [c for root in self.roots.values() for c in root.children.values()]
         while stack:
             node = stack.pop()
             if node.children:

@@ -17,7 +17,8 @@
 
   The chosen replica's tree records the prompt. Sessions of one chat and branches of one DSL
   program (which repeat their history or the program's prefix) therefore land where that
-  prefix already sits, as long as the load allows.
+  prefix already sits, as long as the load allows. Prefixes are matched under the request's
+  cache salt, as the replicas' caches match them: another tenant's prefix is no cache hit.
 
 Not thread-safe: the server's event loop calls it.
 """
@@ -76,9 +77,12 @@ class Router:
     def live(self) -> list[int]:
         return [i for i in range(self.num_replicas) if self.alive[i]]
 
-    def choose(self, ids: Sequence[int], exclude: Sequence[int] = ()) -> int | None:
-        """The replica for a prompt of token ids ``ids`` (None: no live replica); counts the
-        request into that replica's load and records the prompt in its tree."""
+    def choose(
+        self, ids: Sequence[int], exclude: Sequence[int] = (), cache_salt: str | None = None
+    ) -> int | None:
+        """The replica for a prompt of token ids ``ids`` sent with ``cache_salt`` (None: no
+        live replica); counts the request into that replica's load and records the prompt in
+        its tree."""
         candidates = [i for i in self.live() if i not in exclude]
         if not candidates:
             return None
@@ -91,16 +95,18 @@ class Router:
         elif policy == "shortest_queue":
             chosen, reason = self._least_loaded(candidates), policy
         else:
-            chosen, reason = self._cache_aware(ids, candidates)
+            chosen, reason = self._cache_aware(ids, candidates, cache_salt)
         self.decisions[reason] += 1
         self.routed[chosen] += 1
         self.load[chosen] += 1
         self.prompt_tokens += len(ids)
         if policy == "cache_aware":
-            self.trees[chosen].insert(ids)
+            self.trees[chosen].insert(ids, cache_salt)
         return chosen
 
-    def assign(self, replica: int, ids: Sequence[int], reason: str) -> None:
+    def assign(
+        self, replica: int, ids: Sequence[int], reason: str, cache_salt: str | None = None
+    ) -> None:
         """Count a request the caller placed on ``replica`` itself (a compiled program's next
         step goes where its pinned KV is) as ``choose`` counts its own choices."""
         self.decisions[reason] += 1
@@ -108,13 +114,16 @@ class Router:
         self.load[replica] += 1
         self.prompt_tokens += len(ids)
         if self.config.policy == "cache_aware":
-            self.trees[replica].insert(ids)
+            self.trees[replica].insert(ids, cache_salt)
 
-    def finished(self, replica: int, ids: Sequence[int] | None = None) -> None:
-        """A request routed to ``replica`` ended; ``ids``: its prompt and output, to record."""
+    def finished(
+        self, replica: int, ids: Sequence[int] | None = None, cache_salt: str | None = None
+    ) -> None:
+        """A request routed to ``replica`` ended; ``ids``: its prompt and output, to record
+        under its ``cache_salt``."""
         self.load[replica] = max(0, self.load[replica] - 1)
         if ids is not None and self.config.policy == "cache_aware":
-            self.trees[replica].insert(ids)
+            self.trees[replica].insert(ids, cache_salt)
 
     def mark_dead(self, replica: int) -> None:
         """The replica is gone: no more requests, and its cache is gone with it."""
@@ -153,13 +162,15 @@ class Router:
     def _least_loaded(self, candidates: list[int]) -> int:
         return min(candidates, key=lambda i: (self.load[i], self.trees[i].tokens, i))
 
-    def _cache_aware(self, ids: Sequence[int], candidates: list[int]) -> tuple[int, str]:
+    def _cache_aware(
+        self, ids: Sequence[int], candidates: list[int], cache_salt: str | None
+    ) -> tuple[int, str]:
         config = self.config
         loads = [self.load[i] for i in candidates]
         busiest, idlest = max(loads), min(loads)
         if busiest - idlest > config.balance_abs and busiest > config.balance_rel * idlest:
             return self._least_loaded(candidates), "balance"
-        matches = {i: self.trees[i].match(ids) for i in candidates}
+        matches = {i: self.trees[i].match(ids, cache_salt) for i in candidates}
         best = max(candidates, key=lambda i: (matches[i], -self.load[i], -i))
         if ids and matches[best] > 0 and matches[best] >= config.cache_threshold * len(ids):
             self.matched_tokens += matches[best]

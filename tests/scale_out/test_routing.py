@@ -52,6 +52,20 @@ def test_tree_prunes_least_recently_used_first_and_stays_bounded() -> None:
     assert tree.pruned_tokens == 120 - tree.tokens
 
 
+def test_tree_keeps_each_cache_salt_apart_and_forgets_emptied_ones() -> None:
+    tree = ApproxPrefixTree(100)
+    tree.insert(list(range(40)), cache_salt="a")
+    assert tree.match(list(range(40)), cache_salt="a") == 40
+    assert tree.match(list(range(40)), cache_salt="b") == 0  # not even the first token
+    assert tree.match(list(range(40))) == 0  # no salt is a salt of its own
+    tree.insert(list(range(40)))
+    assert tree.match(list(range(40))) == 40 and tree.tokens == 80
+    tree.insert(list(range(100, 160)), cache_salt="c")  # 140 tokens: prune to 90
+    assert tree.tokens <= 90 and "a" not in tree.roots  # the oldest salt went, and its root
+    tree.clear()
+    assert tree.roots == {} and tree.match(list(range(100, 160)), cache_salt="c") == 0
+
+
 def test_tree_random_operations_against_a_set_of_sequences() -> None:
     """match equals the longest common prefix with any inserted sequence (no pruning)."""
     rng = random.Random(0)
@@ -90,6 +104,23 @@ def test_cache_aware_sends_a_shared_prefix_back_to_its_replica() -> None:
     for tail in range(5):
         assert router.choose(header + [600 + tail]) == first
     assert router.decisions["cache_hit"] == 5
+
+
+def test_cache_aware_matches_prefixes_under_the_requests_cache_salt() -> None:
+    router = Router(2, RouterConfig())
+    header = list(range(100))
+    first = router.choose(header + [500], cache_salt="tenant-a")
+    assert first is not None
+    router.finished(first, header + [500, 501], cache_salt="tenant-a")
+    # The same header under another salt is no hit on the first replica (its cache cannot
+    # serve it): the idle replica takes it.
+    assert router.choose(header + [600], cache_salt="tenant-b") == 1 - first
+    assert router.choose(header + [700]) == first  # no salt: no hit either; the less loaded
+    assert router.decisions == {"cache_miss": 3}
+    assert router.choose(header + [800], cache_salt="tenant-a") == first
+    router.assign(1 - first, header, "program", cache_salt="tenant-c")
+    assert router.trees[1 - first].match(header, cache_salt="tenant-c") == 100
+    assert router.decisions["cache_hit"] == 1
 
 
 def test_cache_aware_records_outputs_for_the_next_turn() -> None:
