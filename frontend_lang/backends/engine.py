@@ -15,32 +15,34 @@ from frontend_lang.chat import ChatTemplate
 class Engine(NativeBackend):
     """Runs the model in this process: ``fl.Engine(model_path, max_total_tokens=8192, ...)``
     takes any ``runtime.ServerArgs`` field. Shut it down (or use it as a context manager) to
-    stop the runtime's threads. ``engine`` is the wrapped ``runtime.Engine``."""
+    stop the runtime's threads. ``engine`` is the wrapped ``runtime.Engine``. ``cache_salt``:
+    the programs run on it share cached KV only with requests of the same salt."""
 
     def __init__(
         self,
         model_path: str | Path | None = None,
         chat_template: ChatTemplate | None = None,
+        cache_salt: str | None = None,
         **server_args: Any,
     ) -> None:
-        super().__init__(chat_template)
+        super().__init__(chat_template, cache_salt)
         self.engine = runtime.Engine(model_path, **server_args)
 
     def _call(self, payload: dict[str, Any]) -> Any:
         try:
-            return self.engine.generate(**_engine_kwargs(payload))
+            return self.engine.generate(**_engine_kwargs(self._salted(payload)))
         except (ValueError, runtime.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
     def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         try:
-            yield from self.engine.generate(**_engine_kwargs(payload), stream=True)
+            yield from self.engine.generate(**_engine_kwargs(self._salted(payload)), stream=True)
         except (ValueError, runtime.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
     def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         try:
-            yield from self.engine.run_program(request)
+            yield from self.engine.run_program(self._salted(request))
         except (ValueError, runtime.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 

@@ -17,6 +17,7 @@ from frontend_lang.backends.base import (
     Prompt,
 )
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
+from runtime.request_checks import check_cache_salt
 
 SCORE_ONLY = {"max_new_tokens": 0}
 
@@ -24,12 +25,20 @@ SCORE_ONLY = {"max_new_tokens": 0}
 class NativeBackend(Backend):
     """A backend speaking the native API. Subclasses provide the transport: ``_call`` for one
     request (a batch when ``text`` is a list) and ``_stream`` for a streamed one; both raise
-    BackendError with the runtime's message."""
+    BackendError with the runtime's message. Each transport sends its payloads through
+    ``_salted``, so that every request and program segment carries ``cache_salt``: the
+    program's calls share cached KV only with requests of the same salt."""
 
-    def __init__(self, chat_template: ChatTemplate | None) -> None:
+    def __init__(self, chat_template: ChatTemplate | None, cache_salt: str | None = None) -> None:
+        check_cache_salt(cache_salt)  # a bad salt fails here, not at the program's first call
+        self.cache_salt = cache_salt
         self._chat_template = chat_template
         # run_batch's threads all reach for the template at once: one of them loads it.
         self._template_lock = threading.Lock()
+
+    def _salted(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """``payload`` with this backend's cache salt, if it has one."""
+        return payload if self.cache_salt is None else {**payload, "cache_salt": self.cache_salt}
 
     @abstractmethod
     def _call(self, payload: dict[str, Any]) -> Any:

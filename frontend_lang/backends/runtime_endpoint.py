@@ -18,10 +18,12 @@ from frontend_lang.chat import ChatTemplate, ChatTemplateError
 class RuntimeEndpoint(NativeBackend):
     """A running ``arbor serve`` (or any server with SGLang's native API) at ``url``.
 
-    Requests carry ``Authorization: Bearer <api_key>`` when a key is given. Role blocks are
-    rendered with ``chat_template`` if given, else with the role blocks ``arbor serve`` reports
-    in ``/get_model_info``; against a server that reports none (SGLang's), with the template of
-    the tokenizer it names there, which must then be a folder on this machine."""
+    Requests carry ``Authorization: Bearer <api_key>`` when a key is given, and ``cache_salt``
+    when one is given (they then share cached KV only with requests of the same salt). Role
+    blocks are rendered with ``chat_template`` if given, else with the role blocks ``arbor
+    serve`` reports in ``/get_model_info``; against a server that reports none (SGLang's), with
+    the template of the tokenizer it names there, which must then be a folder on this
+    machine."""
 
     def __init__(
         self,
@@ -29,8 +31,9 @@ class RuntimeEndpoint(NativeBackend):
         api_key: str | None = None,
         chat_template: ChatTemplate | None = None,
         timeout_s: float = 600.0,
+        cache_salt: str | None = None,
     ) -> None:
-        super().__init__(chat_template)
+        super().__init__(chat_template, cache_salt)
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(timeout_s, connect=10.0)
@@ -44,7 +47,7 @@ class RuntimeEndpoint(NativeBackend):
     def _call(self, payload: dict[str, Any]) -> Any:
         try:
             with self._clients.lease() as client:
-                response = client.post("/generate", json=payload)
+                response = client.post("/generate", json=self._salted(payload))
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.url}/generate: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
@@ -52,12 +55,12 @@ class RuntimeEndpoint(NativeBackend):
         return response.json()
 
     def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield from self._sse("/generate", {**payload, "stream": True})
+        yield from self._sse("/generate", {**self._salted(payload), "stream": True})
 
     def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """``POST /program``, streamed. A server without it (404/405) raises
         ProgramsUnsupported, and the program goes on interpreted."""
-        yield from self._sse("/program", {**request, "stream": True}, programs=True)
+        yield from self._sse("/program", {**self._salted(request), "stream": True}, programs=True)
 
     def _sse(
         self, path: str, body: dict[str, Any], programs: bool = False
