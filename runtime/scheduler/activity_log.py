@@ -46,6 +46,7 @@ class RequestRecord(NamedTuple):
     finish_reason: dict[str, Any] | None
     token_ids: np.ndarray  # prompt + output, a read-only view
     locked_node: TreeNode | None  # the deepest node of its cached prefix, as it last locked it
+    cache_salt: str | None = None  # its tree namespace
 
 
 class ActivityLog:
@@ -91,6 +92,7 @@ class ActivityLog:
                 reason.to_dict() if reason is not None else None,
                 req.token_ids.prefix(len(req.token_ids)),
                 req.last_node,
+                req.cache_salt,
             )
         )
 

@@ -11,14 +11,18 @@ the tree's own view it adds what only a process watching over time can know:
 - where recent requests sit in the tree: each finished request's cached path, found once
   (read-only) the first time a snapshot lists it.
 
-Token ids go out as ids: decoding them is the HTTP process's job, not the scheduler's.
+Token ids go out as ids: decoding them is the HTTP process's job, not the scheduler's. Cache
+salts never go out: each namespace root and request is labelled by ``salt_label`` instead, so
+that an observer can tell tenants apart without learning what would let it share their cache.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import time
 from collections import deque
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,14 @@ EVICTED_KEPT_S = 5.0
 EVICTED_MAX = 100
 TIMELINE_SPACING_S = 0.25
 TIMELINE_KEPT = 8192  # at 4 entries a second, the last half hour of activity at least
+
+
+def salt_label(namespace: Hashable) -> str | None:
+    """How observers see a cache salt: None for no salt, else ``salt:`` and the first 12 hex
+    digits of its SHA-256 (a stable name for a tenant that does not give the salt away)."""
+    if namespace is None:
+        return None
+    return "salt:" + hashlib.sha256(str(namespace).encode()).hexdigest()[:12]
 
 
 class ClockTimeline:
@@ -116,6 +128,8 @@ class CacheView:
             "evicted_token_ids": evicted_ids,
             "evicted_s_ago": [now - at for at, _ in self._evicted],
             "requests": self._request_paths(requests),
+            # Each shown namespace root's label (uid -> salt_label).
+            "namespaces": {uid: salt_label(ns) for uid, ns in snap.namespaces.items()},
             "snapshot_ms": 1e3 * (time.perf_counter() - started),
         }
 
@@ -145,7 +159,7 @@ class CacheView:
         assert self.tree is not None
         paths = {
             r.rid: self._paths.get(r.rid)
-            or cached_path(self.tree, r.token_ids, None, r.locked_node)
+            or cached_path(self.tree, r.token_ids, r.cache_salt, r.locked_node)
             for r in requests
         }
         self._paths = paths
@@ -164,6 +178,7 @@ class CacheView:
                     "path": [node.uid for node in nodes],
                     "path_tokens": cached_len,
                     "path_evicted": sum(node.evicted for node in nodes),
+                    "namespace": salt_label(record.cache_salt),
                 }
             )
         return listed

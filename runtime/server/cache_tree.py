@@ -109,6 +109,9 @@ async def render_cache_tree(state: ServerState, raw: dict[str, Any], max_nodes: 
         _node(view, heads[i], tails[i], _state(view), last_access_s=age)
         for i, (view, age) in enumerate(zip(views, raw["last_access_s"], strict=True))
     ]
+    for node in nodes:  # each cache salt has its own root: label it (docs/serving.md)
+        if node["parent"] is None:
+            node["namespace"] = raw["namespaces"].get(node["id"])
     gone = [
         {**_node(view, heads[i], tails[i], "evicted", None), "evicted_s_ago": round(ago, 2)}
         for i, (ago, view) in enumerate(evicted, start=len(views))

@@ -120,6 +120,27 @@ def test_request_paths_and_prefixes(clock: FakeClock):
     assert again["r-a"]["path_evicted"] == 2  # found once, then watched
 
 
+def test_salted_requests_are_shown_under_their_salts_label_never_their_salt():
+    cache = RadixCache(KVSlotAllocator(4096))
+    view = CacheView(cache)
+    ids = np.arange(1, 40, dtype=np.int32)
+    salts = ("tenant-a", None)
+    for salt in salts:
+        slots = cache.allocator.alloc(ids.size)
+        assert slots is not None and cache.insert(ids, slots, salt) == 0
+    requests = [record(f"r{i}", ids)._replace(cache_salt=salt) for i, salt in enumerate(salts)]
+    snap = view.snapshot(10, requests)
+    assert "tenant-a" not in repr(pickle.dumps(snap))  # what leaves the scheduler
+    label = cache_view.salt_label("tenant-a")
+    assert label is not None and label.startswith("salt:") and len(label) == 17
+    assert sorted(snap["namespaces"].values(), key=str) == [None, label]
+    roots = {ns: uid for uid, ns in snap["namespaces"].items()}
+    parents = {v.uid: v.parent_uid for v in views(snap)}
+    for listed, salt in zip(snap["requests"], (label, None), strict=True):
+        assert listed["namespace"] == salt and listed["path_tokens"] == ids.size
+        assert parents[listed["path"][0]] == roots[salt]  # its path starts at its salt's root
+
+
 def test_without_a_tree():
     assert CacheView(None).snapshot(10, []) == {"enabled": False}
 

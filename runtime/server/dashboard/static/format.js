@@ -33,6 +33,10 @@ export function fmtAge(seconds) {
 }
 
 // A request's name: the caller's rid, or "#n" for the server's own id "<instance>-n".
+// Requests share cache only within one cache salt: each salt's prefixes hang off a root of
+// their own, labelled by the salt's fingerprint (the salt itself never reaches the page).
+export const namespaceName = (n) => (n.namespace ? `cache ${n.namespace}` : "cache without salt");
+
 export const requestName = (r) => (r.id === r.rid ? "#" + r.rid.split("-").pop() : r.id);
 
 // One line of decoded text with its line breaks and tabs made visible.

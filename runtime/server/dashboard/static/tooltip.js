@@ -1,6 +1,6 @@
 // Hovering a node of the tree shows its whole prefix, from the root, with the node's own part
 // highlighted (fetched from /cache_tree/prefix and remembered).
-import { $, el, fmtAge, fmtInt } from "./format.js";
+import { $, el, fmtAge, fmtInt, namespaceName } from "./format.js";
 
 const HOVER_DELAY_MS = 150;
 const REMEMBERED = 500;
@@ -32,7 +32,9 @@ async function showPrefix(row, n, event) {
   const body = el("pre");
   tip.replaceChildren(head, body);
   if (!n || n.state === "root") {
-    head.textContent = "namespace root: every cached prefix starts here";
+    head.textContent = n
+      ? `${namespaceName(n)}: every prefix cached under it starts here`
+      : "namespace root: every cached prefix starts here";
     place(tip, event);
     return;
   }

@@ -1,6 +1,6 @@
 // The radix tree panel: one row per node of the snapshot, reused across updates, with folded
 // and just-evicted nodes, and the path of the selected request highlighted.
-import { $, el, fmtAge, fmtInt, oneLine, requestName, setText } from "./format.js";
+import { $, el, fmtAge, fmtInt, namespaceName, oneLine, requestName, setText } from "./format.js";
 
 const INDENT_PX = 16;
 const STATES = ["root", "locked", "evictable", "evicted"];
@@ -140,7 +140,7 @@ function nodeRow(n, depth, total, onPath) {
   const root = n.state === "root";
   tokens.textContent = `${fmtInt(root ? n.subtree_tokens : n.tokens)} tok`;
   text.textContent = root
-    ? "namespace root · all cached prefixes start here"
+    ? `${namespaceName(n)} · its cached prefixes start here`
     : oneLine(n.text) + (n.elided_tokens > 0 || n.tail_text ? " …" : "");
   meta.replaceChildren(...metaParts(n));
   bar.style.width = ((100 * n.subtree_tokens) / total).toFixed(2) + "%";
