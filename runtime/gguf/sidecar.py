@@ -48,7 +48,7 @@ def open_gguf(path: Path) -> GGUFModel:
     key = hashlib.sha256(
         f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{SIDECAR_VERSION}".encode()
     ).hexdigest()[:16]
-    folder = cache_root() / "gguf" / f"{path.stem}-{key}"
+    folder = cache_root() / "gguf-converted" / f"{path.stem}-{key}"
     with exclusive(folder):
         if not (folder / INDEX_FILE).is_file():
             _build(path, folder)

@@ -3,10 +3,11 @@
     with ServerProcess(model_path, "--max-total-tokens", "8192") as server:
         httpx.post(f"{server.url}/generate", json={...})
 
-Constructing one starts the server; ``wait_ready`` (or entering the context) waits until
-``/health`` answers 200; ``stop`` (or leaving the context, even on an error) sends SIGTERM —
-the server then stops its own children — and SIGKILL if it has not exited in time. The
-server's output goes to a temporary log file, quoted when it fails to start.
+``model_path`` None serves the built-in model. Constructing one starts the server;
+``wait_ready`` (or entering the context) waits until ``/health`` answers 200; ``stop`` (or
+leaving the context, even on an error) sends SIGTERM — the server then stops its own children
+— and SIGKILL if it has not exited in time. The server's output goes to a temporary log file,
+quoted when it fails to start.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(
         self,
-        model_path: str | Path,
+        model_path: str | Path | None,
         *serve_args: str,
         api_key: str | None = None,
         startup_timeout_s: float = 180.0,
@@ -47,7 +48,8 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
         command = [
-            sys.executable, "-m", "runtime.cli", "serve", "--model-path", str(model_path),
+            sys.executable, "-m", "runtime.cli", "serve",
+            *(["--model-path", str(model_path)] if model_path else []),
             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
             *serve_args,
         ]  # fmt: skip

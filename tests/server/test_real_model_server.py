@@ -1,0 +1,128 @@
+"""`arbor serve` with no model path serves the built-in real model (SmolLM2-135M-Instruct,
+Q4_1 GGUF), and real clients get real answers: the openai client's chat (plain and streamed),
+a JSON-schema extraction, and a DSL program over HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+import frontend_lang as fl
+from runtime.model_files import builtin_model_path, locate_model
+from runtime.server import ServerProcess
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 40},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def real_server() -> Iterator[ServerProcess]:
+    with ServerProcess(None, "--max-total-tokens", "8192") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def real_client(real_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{real_server.url}/v1", api_key="-", timeout=120.0) as client:
+        yield client
+
+
+def test_serves_the_builtin_model_under_its_gguf_name(
+    real_server: ServerProcess, real_client: openai.OpenAI
+) -> None:
+    path = builtin_model_path()
+    [model] = real_client.models.list().data
+    assert model.id == locate_model(path).served_name == "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    info = httpx.get(f"{real_server.url}/get_model_info", timeout=10.0).json()
+    assert info["model_path"] == path
+
+
+def test_chat_answers_a_known_question_and_stops_at_eos(
+    real_client: openai.OpenAI,
+) -> None:
+    model = real_client.models.list().data[0].id
+    reply = real_client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        max_tokens=48,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    choice = reply.choices[0]
+    assert "Paris" in (choice.message.content or "")
+    assert choice.finish_reason == "stop" and "<|im_end|>" not in (choice.message.content or "")
+    path = Path(builtin_model_path())
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ids = reference.apply_chat_template(QUESTION, add_generation_prompt=True, return_dict=False)
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(ids)
+    chunks = real_client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        max_tokens=48,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == choice.message.content
+
+
+def test_json_schema_extraction(real_client: openai.OpenAI) -> None:
+    reply = real_client.chat.completions.create(
+        model=real_client.models.list().data[0].id,
+        messages=[
+            {
+                "role": "user",
+                "content": "Extract the person's name, age and city: "
+                "Maria Lopez, 34, is a civil engineer who lives in Madrid.",
+            }
+        ],
+        max_tokens=96,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
+    )
+    person: dict[str, Any] = json.loads(reply.choices[0].message.content or "")
+    jsonschema.validate(person, PERSON)
+    assert person["name"] == "Maria Lopez" and person["city"] == "Madrid"
+
+
+@fl.function
+def _travel(s: Any, city: str) -> None:
+    s += fl.user(f"Is {city} in Europe or in Asia? Answer with one word.")
+    with s.assistant():
+        s += fl.select("continent", choices=["Europe", "Asia"])
+    forks = s.fork(2)
+    for branch, topic in zip(forks, ("a famous food", "a famous building"), strict=True):
+        branch += fl.user(f"Name {topic} of {city}, in one short sentence.")
+        with branch.assistant():
+            branch += fl.gen("fact", max_tokens=32, stop="\n", temperature=0)
+    forks.join()
+
+
+def test_dsl_program_over_http(real_server: ServerProcess) -> None:
+    backend = fl.RuntimeEndpoint(real_server.url)
+    try:
+        state = _travel.run(city="Rome", backend=backend)
+    finally:
+        backend.shutdown()
+    assert state["continent"] == "Europe"
+    assert len(state["fact"]) == 2 and all(fact.strip() for fact in state["fact"])
+    assert "<|im_end|>" not in state.text()
