@@ -238,6 +238,11 @@ class ServerArgs:
     api_key: str | None = _flag(
         None, "require 'Authorization: Bearer KEY' on every request but /health and /metrics"
     )
+    admin_api_key: str | None = _flag(
+        None,
+        "require this key, not --api-key's, on the routes that show cached prompts or internals "
+        "(/cache_tree, /dashboard, /flush_cache, /get_server_info's process details)",
+    )
     served_model_name: str | None = _flag(
         None, "the model's name in the OpenAI API (default: --model-path)"
     )
@@ -325,6 +330,8 @@ class ServerArgs:
                 "schema_validation_attempts must be in [1, 16], got "
                 f"{self.schema_validation_attempts}"
             )
+        if self.admin_api_key is not None and self.admin_api_key in ("", self.api_key):
+            raise ValueError("admin_api_key must be a non-empty key other than api_key")
 
     def _check_scale_out(self) -> None:
         if self.dp_size < 1:
@@ -426,9 +433,9 @@ class ServerArgs:
         return self.model_path
 
     def reported(self) -> dict[str, Any]:
-        """Every field as ``get_server_info`` reports it: all but the API key, a secret."""
+        """Every field as ``get_server_info`` reports it: all but the API keys, secrets."""
         fields = dataclasses.asdict(self)
-        del fields["api_key"]
+        del fields["api_key"], fields["admin_api_key"]
         return fields
 
     @classmethod

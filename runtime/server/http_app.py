@@ -2,8 +2,9 @@
 routes live in their own modules.
 
 Every error leaves as ``{"error": {...}}`` (see ``errors``) with its status: 400 for bad input
-(naming the field), 401 without the API key, 404 unknown route or model, 413 oversized body,
-503 when the scheduler is gone.
+(naming the field), 401 without the API key, 403 for the API key on an admin route (with
+``--admin-api-key``), 404 unknown route or model, 413 oversized body, 503 when the scheduler is
+gone.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from runtime.server import (
 )
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
 from runtime.server.openapi import openapi_json
-from runtime.server.state import ServerState, get_state
+from runtime.server.state import ADMIN_SCOPE_KEY, ServerState, get_state
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +46,19 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})
 # to, but it asks for Basic credentials and sends them on by itself. GET only, so a site that
 # makes a browser send them (the browser does so for any site) can change nothing.
 BROWSER_PATH_PREFIXES = ("/dashboard", "/cache_tree")
+# Routes that show cached prompt text (which holds every tenant's prompts) or change the cache
+# for everyone: with --admin-api-key only that key opens them. /get_server_info is open to the
+# API key but shows its process details only to the admin (native_api.get_server_info).
+ADMIN_PATH_PREFIXES = ("/dashboard", "/cache_tree", "/flush_cache")
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Arbor", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.arbor = state
-    if state.args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key)
+    if state.args.api_key or state.args.admin_api_key:
+        app.add_middleware(
+            ApiKeyMiddleware, api_key=state.args.api_key, admin_api_key=state.args.admin_api_key
+        )
     _add_error_handlers(app)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
@@ -92,35 +99,74 @@ async def metrics(request: Request) -> Response:
 
 
 class ApiKeyMiddleware:
-    """Refuse (401) every request without ``Authorization: Bearer <api_key>`` (the scheme in
-    any case, RFC 7235), except OPEN_PATHS; GETs of BROWSER_PATH_PREFIXES also take
+    """Refuse (401) every request without ``Authorization: Bearer <key>`` (the scheme in any
+    case, RFC 7235), except OPEN_PATHS; GETs of BROWSER_PATH_PREFIXES also take
     ``Authorization: Basic`` with the key as password, and their 401 asks a browser for it.
-    Plain ASGI, so streaming responses and disconnects pass through untouched."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    Keys: ``api_key`` opens every route (none: they are open); ``admin_api_key``, when given,
+    opens every route too and is the only key that opens ADMIN_PATH_PREFIXES: the API key gets
+    a 403 there. Each HTTP scope gets ADMIN_SCOPE_KEY. Plain ASGI, so streaming responses and
+    disconnects pass through untouched."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
         self.app = app
-        self.expected = api_key.encode()
+        self.api_key = api_key.encode() if api_key else None
+        self.admin_key = admin_api_key.encode() if admin_api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            browser = scope["method"] == "GET" and _is_browser_path(scope["path"])
-            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
-            scheme = scheme.lower()
-            if scheme == b"basic" and browser:
-                given = _basic_password(given.strip())
-            elif scheme != b"bearer":
-                given = b""
-            if not given or not hmac.compare_digest(given.strip(), self.expected):
-                body = error_body(401, "Incorrect or missing API key", code="invalid_api_key")
-                challenge = {"WWW-Authenticate": 'Basic realm="Arbor", charset="UTF-8"'}
-                headers = challenge if browser else None
-                await JSONResponse(body, status_code=401, headers=headers)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        browser = scope["method"] == "GET" and _is_path_under(path, BROWSER_PATH_PREFIXES)
+        given = _credential(scope, browser)
+        has_admin_key = self.admin_key is not None and _matches(given, self.admin_key)
+        has_api_key = self.api_key is not None and _matches(given, self.api_key)
+        allowed = has_admin_key or has_api_key or self.api_key is None
+        scope[ADMIN_SCOPE_KEY] = has_admin_key or (self.admin_key is None and allowed)
+        if path in OPEN_PATHS:
+            await self.app(scope, receive, send)
+        elif (
+            self.admin_key is not None
+            and not has_admin_key
+            and _is_path_under(path, ADMIN_PATH_PREFIXES)
+        ):
+            if has_api_key:
+                body = error_body(403, "this route needs the admin key", code="admin_key_required")
+                await JSONResponse(body, status_code=403)(scope, receive, send)
+            else:
+                await _refuse(scope, receive, send, browser)
+        elif not allowed:
+            await _refuse(scope, receive, send, browser)
+        else:
+            await self.app(scope, receive, send)
 
 
-def _is_browser_path(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in BROWSER_PATH_PREFIXES)
+async def _refuse(scope: Scope, receive: Receive, send: Send, browser: bool) -> None:
+    """401; a browser's page is asked for Basic credentials."""
+    body = error_body(401, "Incorrect or missing API key", code="invalid_api_key")
+    challenge = {"WWW-Authenticate": 'Basic realm="Arbor", charset="UTF-8"'}
+    await JSONResponse(body, status_code=401, headers=challenge if browser else None)(
+        scope, receive, send
+    )
+
+
+def _credential(scope: Scope, browser: bool) -> bytes:
+    """The key the request gives: a Bearer token, or on a browser path the password of Basic
+    credentials; empty if none."""
+    scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+    scheme = scheme.lower()
+    if scheme == b"basic" and browser:
+        return _basic_password(given.strip())
+    return given.strip() if scheme == b"bearer" else b""
+
+
+def _matches(given: bytes, key: bytes) -> bool:
+    return bool(given) and hmac.compare_digest(given, key)
+
+
+def _is_path_under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 def _basic_password(credentials: bytes) -> bytes:

@@ -22,7 +22,7 @@ from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
 from runtime.server.request_body import parse_model
-from runtime.server.state import ServerState, get_state, open_streams
+from runtime.server.state import ServerState, caller_is_admin, get_state, open_streams
 from runtime.server.streams import (
     Events,
     collect_finals,
@@ -34,6 +34,10 @@ from runtime.server.streams import (
 
 router = APIRouter()
 
+# /get_server_info entries only the admin sees (with --admin-api-key): where the processes run
+# and how to reach them, and a routed server's per-replica rows (pids, addresses, last errors)
+# and router state. The process facts (``ServerState.process_info``) are the admin's too.
+ADMIN_ONLY_INFO = frozenset({"tp_worker_pids", "replicas", "router"})
 _LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")
 _TOP_LOGPROB_KEYS = ("input_top_logprobs", "output_top_logprobs")
 
@@ -119,12 +123,15 @@ async def get_model_info(request: Request) -> Response:
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> Response:
     """The server arguments as the scheduler runs them (device defaults filled in, without the
-    API key), the tool-call format in use, the scheduler's live statistics (KV usage, cache hit
-    rate, running/queued requests, throughput) and the child processes."""
+    API keys), the tool-call format in use and the scheduler's live statistics (KV usage, cache
+    hit rate, running/queued requests, throughput); for the admin (any caller without
+    ``--admin-api-key``) also the processes, and a routed server's replicas and router."""
     state = get_state(request)
     scheduler_info = await _control(state, "server_info")
-    tool_call_format = {"tool_call_format": state.tool_call_format}
-    return JSONResponse({**scheduler_info, **tool_call_format, **state.process_info})
+    info = {**scheduler_info, "tool_call_format": state.tool_call_format}
+    if not caller_is_admin(request):
+        return JSONResponse({k: v for k, v in info.items() if k not in ADMIN_ONLY_INFO})
+    return JSONResponse({**info, **state.process_info})
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

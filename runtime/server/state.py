@@ -81,6 +81,17 @@ def get_state(request: Request) -> ServerState:
     return request.app.state.arbor
 
 
+# Set in each HTTP scope by the API key middleware (runtime/server/http_app.py): whether the
+# caller holds the admin key. Without --admin-api-key nobody is set apart and every caller the
+# API key lets in is the admin, as when no middleware runs.
+ADMIN_SCOPE_KEY = "arbor.admin"
+
+
+def caller_is_admin(request: Request) -> bool:
+    """Whether the caller may see what ``--admin-api-key`` guards."""
+    return bool(request.scope.get(ADMIN_SCOPE_KEY, True))
+
+
 def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[dict[str, Any]]]:
     """One result stream per sub-request, each yielding a chunk per output step (so the metrics
     see time to first token and inter-token latency even for non-streaming clients)."""

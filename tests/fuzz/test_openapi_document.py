@@ -26,7 +26,9 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def app() -> Any:
-    args = SimpleNamespace(api_key=None, model_name=MODEL_NAME, model_path=MODEL_PATH)
+    args = SimpleNamespace(
+        api_key=None, admin_api_key=None, model_name=MODEL_NAME, model_path=MODEL_PATH
+    )
     return create_app(SimpleNamespace(args=args))  # type: ignore[arg-type]
 
 

@@ -100,7 +100,8 @@ def test_closing_the_page_ends_its_watch(scheduler: FakeScheduler):
     """Through the real ASGI server: a client that goes away stops counting as a watcher, and
     the scheduler is no longer polled."""
     state = SimpleNamespace(
-        args=SimpleNamespace(api_key=None, model_name="tiny"), metrics=ServerMetrics()
+        args=SimpleNamespace(api_key=None, admin_api_key=None, model_name="tiny"),
+        metrics=ServerMetrics(),
     )
     app = create_app(state)  # type: ignore[arg-type]
     feed: DashboardFeed = app.state.dashboard_feed
