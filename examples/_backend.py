@@ -11,7 +11,9 @@ import frontend_lang as fl
 
 def parse_args(description: str | None, max_tokens: int = 32) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model-path", help="model folder (default: the tiny test model)")
+    parser.add_argument(
+        "--model-path", help="a GGUF file or model folder (default: the built-in real model)"
+    )
     parser.add_argument("--url", help="run on a live `arbor serve` at this URL instead")
     parser.add_argument("--max-tokens", type=int, default=max_tokens)
     return parser.parse_args()
@@ -20,16 +22,11 @@ def parse_args(description: str | None, max_tokens: int = 32) -> argparse.Namesp
 @contextmanager
 def open_backend(args: argparse.Namespace) -> Iterator[fl.Backend]:
     """A RuntimeEndpoint for ``--url``, else an in-process Engine on ``--model-path`` (or the
-    tiny random-weight test model, whose text is noise but whose mechanics are real)."""
+    built-in SmolLM2-135M-Instruct)."""
     if args.url:
         backend: fl.Backend = fl.RuntimeEndpoint(args.url)
     else:
-        path = args.model_path
-        if path is None:
-            from runtime.test_model import cached_test_model
-
-            path = cached_test_model("tiny", "llama")
-        backend = fl.Engine(path, max_total_tokens=8192)
+        backend = fl.Engine(args.model_path, max_total_tokens=8192)
     try:
         yield backend
     finally:

