@@ -142,3 +142,31 @@ def test_k_quant_tensors_read_as_gguf_dequantizes_them(tmp_path: Path, tensor_ty
     assert ours.shape == (rows, cols) and ours.dtype == torch.float32
     np.testing.assert_array_equal(ours.numpy(), expected)
     assert tensor_type in TENSOR_TYPES
+
+
+def test_gguf_target_and_draft_speculate_as_the_folders_do(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Both models of draft speculation as GGUF files: greedy text equals plain decoding."""
+    import runtime
+    from runtime.test_model import cached_draft_model
+
+    target = write_gguf(tiny_model_path, tmp_path / "target.gguf")
+    draft = write_gguf(cached_draft_model(tiny_model_path), tmp_path / "draft.gguf")
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    prompts = ["def parse(self, value):", "import os\nimport sys\n"]
+    plain = runtime.Engine(tiny_model_path, max_total_tokens=2048)
+    try:
+        expected = [r["output_ids"] for r in plain.generate(prompts, params)]
+    finally:
+        plain.shutdown()
+    speculative = runtime.Engine(
+        target,
+        max_total_tokens=2048,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=str(draft),
+    )
+    try:
+        assert [r["output_ids"] for r in speculative.generate(prompts, params)] == expected
+    finally:
+        speculative.shutdown()
