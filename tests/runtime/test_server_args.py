@@ -21,6 +21,7 @@ from runtime.server_args import (
     EVICTION_POLICIES,
     GRAMMAR_BACKENDS,
     LOG_LEVELS,
+    QUANTIZATIONS,
     SCHEDULE_POLICIES,
     SPECULATIVE_ALGORITHMS,
     SPECULATIVE_POLICIES,
@@ -145,10 +146,11 @@ def test_duplicated_names_match_what_implements_them():
 
     from grammar import backend
     from radix_cache import eviction
-    from runtime import model_config
+    from runtime import model_config, model_loader
     from runtime.scheduler.schedule_policy import make_policy
 
     assert set(DTYPES) == {"auto", *model_config._DTYPES}
+    assert QUANTIZATIONS == model_loader.QUANTIZATIONS
     # The registries' own entries (tests register more in the same process).
     builtin_policies = {
         n for n, c in eviction._POLICIES.items() if c.__module__ == "radix_cache.eviction"
