@@ -12,9 +12,10 @@ import argparse
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import DynamicCache
 
 from benchmarks.common import best_time, print_table, write_json
+from benchmarks.suite.systems.model_source import load_hf_model
 from runtime.model_runner import ModelRunner
 from runtime.test_model import cached_test_model
 
@@ -87,7 +88,7 @@ def main() -> None:
     batches = [1, 8] if args.quick else [1, 8, 32]
     steps = 8 if args.quick else 32
     runner = ModelRunner(path, dtype="float32", kv_slots=64 * 1024, max_requests=64)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = load_hf_model(path)
     prompt = [(13 * j) % 1000 + 10 for j in range(512)]
 
     results: list[dict[str, Any]] = []

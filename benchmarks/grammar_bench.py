@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 import kernels
 from benchmarks.common import best_time, print_table, write_json
@@ -37,6 +36,7 @@ from grammar import (
     create_backend,
 )
 from runtime.model_config import ModelConfig
+from runtime.model_files import load_tokenizer
 from runtime.model_runner import ModelRunner
 from runtime.test_model import cached_test_model
 from tests.grammar.decoder import ConstrainedDecoder
@@ -215,7 +215,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     torch.set_num_threads(1)  # CPU-time accounting: one thread, so CPU time is the work done
     path = cached_test_model("small", "llama", vocab_size=VOCAB)  # ~2 min the first time
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     config = ModelConfig.from_pretrained(path)
     backend = create_backend("xgrammar", tokenizer, config.vocab_size, config.eos_token_ids)
 

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from benchmarks.common import print_table, write_json
+from benchmarks.suite.systems.model_source import load_hf_model
 from runtime import Engine
 from runtime.test_model import cached_test_model
 
@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model_path or str(cached_test_model(args.preset, "llama"))
     n = 16 if args.quick else args.requests
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_hf_model(path)
     vocab = model.config.vocab_size
     pad = model.config.pad_token_id or 0
     rows = []

@@ -151,15 +151,14 @@ def generate_and_validate(
     first finished one that validates returned (``retry_*`` counts)."""
     from grammar import create_backend, output_validator
     from runtime.model_config import ModelConfig
+    from runtime.model_files import load_tokenizer
     from runtime.model_runner import ModelRunner
     from runtime.test_model import cached_test_model
     from tests.grammar.decoder import ConstrainedDecoder
 
     path = cached_test_model("tiny", "llama")
     config = ModelConfig.from_pretrained(path)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     backend = create_backend("xgrammar", tokenizer, config.vocab_size, config.eos_token_ids)
     runner = ModelRunner(str(path), kv_slots=16384, max_requests=16, context_len=1024)
     decoder = ConstrainedDecoder(runner, tokenizer, backend)
@@ -217,13 +216,12 @@ def main() -> None:
     )
     parser.add_argument("--out", default=None, help="JSON results path")
     args = parser.parse_args()
-    from transformers import AutoTokenizer
-
     from runtime.model_config import ModelConfig
+    from runtime.model_files import load_tokenizer
     from runtime.test_model import cached_test_model
 
     path = cached_test_model("tiny", "llama")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     config = ModelConfig.from_pretrained(path)
     samples = corpus(args.limit)
     sources = len({name.split("#")[0] for name, _ in samples})

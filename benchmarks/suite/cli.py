@@ -1,9 +1,10 @@
 """``arbor bench``: run a workload on Arbor and on the baselines, side by side.
 
-    arbor bench WORKLOAD [--model-path DIR]
+    arbor bench WORKLOAD [--model-path DIR|FILE.gguf]
                          [--baseline transformers|llama.cpp|llama-server|all|none]
                          [--quick] [--plot out.png] [--out result.json]
-    arbor bench serve --rate R [--model-path DIR] [--requests-from random|few-shot|json] ...
+    arbor bench serve --rate R [--model-path DIR|FILE.gguf]
+                      [--requests-from random|few-shot|json] ...
 
 (equivalently ``python -m benchmarks.suite ...`` from the repository root). Workloads:
 few-shot, multi-turn, tree-of-thought, agent, json, random. Arbor runs the workload first; each
@@ -36,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="arbor bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model-path", help="HF model folder (default: the small test model)")
+    common.add_argument(
+        "--model-path", help="HF model folder or GGUF file (default: the small test model)"
+    )
     common.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
     common.add_argument("--requests", type=int, help="override the workload's request count")
     common.add_argument("--seed", type=int, default=0)
@@ -63,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
             "arbor-compiled row; the baselines replay the interpreted run's calls)",
         )
         offline.add_argument(
-            "--gguf", help="llama.cpp, llama-server: use this GGUF instead of converting"
+            "--gguf",
+            help="llama.cpp, llama-server: run this GGUF (default: the model's own GGUF file, "
+            "else the folder's float32 conversion)",
         )
         offline.add_argument(
             "--llama-server-bin",
@@ -117,10 +122,15 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
     checks: dict[str, Any] = {}
     note = _replay_note(ours)
     if "transformers" in baselines:
+        from benchmarks.suite.systems.gguf_export import UnsupportedModel
         from benchmarks.suite.systems.transformers_baseline import TransformersBaseline
 
-        baseline = TransformersBaseline(model_path, args.hf_batch)
-        runs.append(measured(lambda: baseline.replay(ours.calls, note)))
+        try:
+            baseline = TransformersBaseline(model_path, args.hf_batch)
+        except UnsupportedModel as exc:
+            unavailable["transformers"] = str(exc)
+        else:
+            runs.append(measured(lambda: baseline.replay(ours.calls, note)))
     if "llama.cpp" in baselines:
         from benchmarks.suite.systems import llama_cpp_baseline
 

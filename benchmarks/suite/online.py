@@ -175,11 +175,11 @@ def _meets_slo(timing: Timing, config: OnlineConfig) -> bool:
 def run_serve(args: argparse.Namespace, model_path: str, argv: list[str]) -> int:
     """``arbor bench serve``: start the server, warm it up, flush its cache, drive it, print
     the table, write JSON (and a chart), and stop the server whatever happens."""
-    from transformers import AutoTokenizer
+    from runtime.model_files import load_tokenizer
 
     workload = create_workload(args.requests_from, args.quick, args.requests, args.seed)
     assert isinstance(workload, RequestListWorkload)
-    requests = workload.requests(AutoTokenizer.from_pretrained(model_path))
+    requests = workload.requests(load_tokenizer(model_path))
     config = OnlineConfig(
         rate=args.rate,
         max_seconds=args.max_seconds or (120.0 if args.quick else 300.0),

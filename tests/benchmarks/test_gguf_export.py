@@ -89,7 +89,8 @@ def test_llama_cpp_matches_transformers(tiny_model_path: Path) -> None:
     pytest.importorskip("llama_cpp")
     from llama_cpp import Llama
 
-    from benchmarks.suite.systems.llama_cpp_baseline import check_against_transformers, converted
+    from benchmarks.suite.systems.llama_cpp_baseline import check_against_transformers
+    from benchmarks.suite.systems.model_source import converted
 
     llm = Llama(model_path=str(converted(str(tiny_model_path))), n_ctx=1024, verbose=False)
     check = check_against_transformers(llm, str(tiny_model_path))

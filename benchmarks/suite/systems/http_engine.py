@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-from transformers import AutoTokenizer
 
 from frontend_lang.backends.client_pool import ClientPool, shared_ssl_context
+from runtime.model_files import load_tokenizer
 
 TIMEOUT = httpx.Timeout(600.0, connect=30.0)
 
@@ -23,7 +23,7 @@ TIMEOUT = httpx.Timeout(600.0, connect=30.0)
 class HttpEngine:
     def __init__(self, url: str, model_path: str) -> None:
         self.url = url.rstrip("/")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         # One httpx.Client per concurrent call: the workloads call from many threads at once
         # (run_batch), and one shared sync client failed reads with EBADF under that load. The
         # clients share one TLS context: making one per client cost ~25 ms of CPU each, seconds

@@ -1,18 +1,17 @@
-"""Baseline: llama.cpp through ``llama-cpp-python``, on a GGUF conversion of the same folder.
+"""Baseline: llama.cpp through ``llama-cpp-python``, on the same GGUF file, or on a GGUF
+conversion of the same folder.
 
 ``Llama`` runs one sequence at a time and keeps the KV of the previous prompt, reusing its
 longest common prefix (a one-slot prefix cache). A user loops over the work: groups (sessions,
 programs) one after another, each group's calls in order. Generating calls take
 ``len(output_ids)`` greedy tokens from ``Llama.generate`` (which never stops at EOS by itself);
 prefill-only calls (select's scoring) evaluate the prompt. Before any number is trusted, the
-conversion is checked against transformers on the same folder: the tokenizer, the last-token
-logits of a long prompt and 32 greedy tokens.
+file is checked against transformers on the same model: the tokenizer, the last-token logits
+of a long prompt and 32 greedy tokens.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,11 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.suite.contention import measured
-from benchmarks.suite.systems.gguf_export import UnsupportedModel, export_gguf
+from benchmarks.suite.systems.gguf_export import UnsupportedModel
+from benchmarks.suite.systems.model_source import context_length, llama_cpp_file, load_hf_model
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing, replay_arrival
 
 NOTE = "one sequence at a time, group by group; reuses the previous prompt's prefix"
-GGUF_CACHE = Path.home() / ".cache" / "arbor" / "gguf"
 CHECK_TEXT = "def parse(self, value):\n    return value.strip() + 'ok'  # Hello, world!\n"
 
 
@@ -41,8 +40,8 @@ class Outcome:
 
 
 def replay(model_path: str, calls: list[Call], note: str = "", gguf: str | None = None) -> Outcome:
-    """Convert (cached), load, check, then replay ``calls``; any failure is an Outcome with a
-    reason, so the rest of the benchmark still runs."""
+    """Convert a folder (cached), load, check, then replay ``calls``; any failure is an
+    Outcome with a reason, so the rest of the benchmark still runs."""
     try:
         from llama_cpp import Llama
     except ImportError as exc:
@@ -51,37 +50,25 @@ def replay(model_path: str, calls: list[Call], note: str = "", gguf: str | None 
             "and llama-cpp-python (builds from source, ~9 min)"
         )
     try:
-        path = Path(gguf) if gguf else converted(model_path)
+        path = Path(gguf) if gguf else llama_cpp_file(model_path)
     except (UnsupportedModel, ImportError, OSError) as exc:
         return Outcome(reason=f"GGUF conversion failed: {exc}")
     longest = max(len(c.prompt_ids) + c.output_len for c in calls) + 8
     llm = Llama(
         model_path=str(path),
-        n_ctx=min(max(longest, 1024), _context(model_path)),
+        n_ctx=min(max(longest, 1024), context_length(model_path)),
         n_threads=torch.get_num_threads(),
         n_threads_batch=torch.get_num_threads(),
         verbose=False,
     )
-    check = check_against_transformers(llm, model_path)
+    try:
+        check = check_against_transformers(llm, model_path)
+    except UnsupportedModel as exc:
+        return Outcome(reason=f"no check against transformers possible: {exc}")
     if not check["ok"]:
         return Outcome(reason=f"conversion check failed: {check}", check=check)
     full_note = "; ".join(x for x in (NOTE, note) if x)
     return Outcome(run=measured(lambda: LlamaCppReplay(llm).run(calls, full_note)), check=check)
-
-
-def converted(model_path: str) -> Path:
-    """The folder's GGUF, converted once and cached by the folder's config and weight files."""
-    folder = Path(model_path)
-    digest = hashlib.sha256((folder / "config.json").read_bytes())
-    for weights in sorted(folder.glob("*.safetensors")):
-        stat = weights.stat()
-        digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    out = GGUF_CACHE / f"{folder.name}-{digest.hexdigest()[:12]}-f32.gguf"
-    if not out.exists():
-        partial = out.with_suffix(".partial")
-        export_gguf(folder, partial)
-        partial.rename(out)
-    return out
 
 
 def check_against_transformers(llm: Any, model_path: str) -> dict[str, Any]:
@@ -113,10 +100,10 @@ def transformers_reference(
 ) -> tuple[list[int], np.ndarray, list[int]]:
     """What transformers (float32) makes of ``text``: its token ids, the logits after the last
     one (shape [vocab]) and ``new_tokens`` greedy tokens (EOS not stopping them)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from runtime.model_files import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(model_path)
+    model = load_hf_model(model_path)
     ids = tokenizer(text).input_ids
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, -1].numpy()
@@ -195,8 +182,3 @@ def _take(
         if len(tokens) == count:
             break
     return tuple(tokens)
-
-
-def _context(model_path: str) -> int:
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    return int(config.get("max_position_embeddings", 4096))

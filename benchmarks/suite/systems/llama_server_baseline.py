@@ -1,5 +1,6 @@
-"""Baseline: llama.cpp's own HTTP server, ``llama-server``, on the same float32 GGUF as the
-llama.cpp baseline: what a CPU user would deploy for serving.
+"""Baseline: llama.cpp's own HTTP server, ``llama-server``, on the same GGUF as the llama.cpp
+baseline (the model's own file, or a folder's float32 conversion): what a CPU user would deploy
+for serving.
 
 The server runs on 127.0.0.1 with ``-np`` slots and continuous batching; each slot keeps the
 KV of its last prompt (``cache_prompt``) and a request goes to the slot whose cache shares
@@ -32,7 +33,6 @@ from benchmarks.suite.systems.gguf_export import UnsupportedModel
 from benchmarks.suite.systems.llama_cpp_baseline import (
     CHECK_TEXT,
     Outcome,
-    converted,
     transformers_reference,
 )
 from benchmarks.suite.systems.llama_server_build import BuildError, find_or_build
@@ -42,6 +42,7 @@ from benchmarks.suite.systems.llama_server_stream import (
     completion_body,
     parse_event,
 )
+from benchmarks.suite.systems.model_source import llama_cpp_file
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing
 
 NOTE = "continuous batching, a prompt cache per slot; each call sent when ready"
@@ -78,14 +79,14 @@ def replay(
     binary: str | None = None,
     log: Callable[[str], None] = print,
 ) -> Outcome:
-    """Find or build the server, convert (cached), start, check, replay ``calls``, stop. Any
-    failure is an Outcome with a reason, so the rest of the benchmark still runs."""
+    """Find or build the server, convert a folder (cached), start, check, replay ``calls``,
+    stop. Any failure is an Outcome with a reason, so the rest of the benchmark still runs."""
     try:
         server_binary = find_or_build(binary, log)
     except BuildError as exc:
         return Outcome(reason=f"llama-server unavailable: {exc}")
     try:
-        path = Path(gguf) if gguf else converted(model_path)
+        path = Path(gguf) if gguf else llama_cpp_file(model_path)
     except (UnsupportedModel, ImportError, OSError) as exc:
         return Outcome(reason=f"GGUF conversion failed: {exc}")
     config = ServerConfig(
@@ -99,7 +100,10 @@ def replay(
     log(f"llama-server: {' '.join(config.command())}")
     try:
         with LlamaServer(config.command(), config.url) as server:
-            check = check_against_transformers(config.url, model_path)
+            try:
+                check = check_against_transformers(config.url, model_path)
+            except UnsupportedModel as exc:
+                return Outcome(reason=f"no check against transformers possible: {exc}")
             if not check["ok"]:
                 return Outcome(reason=f"llama-server check failed: {check}", check=check)
             settings = f"-np {config.slots}, -c {config.context}, -t {config.threads}"

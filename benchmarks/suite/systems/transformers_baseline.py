@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
+from benchmarks.suite.systems.model_source import load_hf_model
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing, replay_arrival
 
 NOTE = "batched generate, calls replayed wave by wave"
@@ -39,12 +39,13 @@ class StepTimes(BaseStreamer):
 
 
 class TransformersBaseline:
-    """A model folder loaded with ``AutoModelForCausalLM`` in float32 (as Arbor runs on CPU)."""
+    """A model folder or GGUF file loaded with ``AutoModelForCausalLM`` in float32 (as Arbor
+    runs on CPU; a GGUF file's weights dequantized)."""
 
     name = "transformers"
 
     def __init__(self, model_path: str, batch_size: int = 16) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.model = load_hf_model(model_path)
         config = self.model.config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.batch_size = batch_size
