@@ -12,6 +12,9 @@ from typing import Any
 import torch
 
 RESULTS_DIR = Path(__file__).parent / "results"
+# Plain English prose (written for the project, ~840 tokens for SmolLM2's tokenizer): real text
+# for real models, where random token ids would test nothing a user sends.
+ENGLISH_PASSAGE = Path(__file__).parent / "data" / "english_passage.txt"
 
 
 def best_time(fn: Callable[[], Any], repeat: int = 3) -> float:

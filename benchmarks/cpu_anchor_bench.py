@@ -1,35 +1,57 @@
-"""Arbor vs llama.cpp on the same weights: prefill and decode speed by batch size.
+"""Arbor vs llama.cpp (and transformers) on the same weights: load, memory, prefill, decode.
 
-Arbor: the model runner alone (one packed forward per step, native kernels, oneDNN
-projections): prefill of one ``--prompt-len`` prompt, and decode steps of B sequences at
-context ``--prompt-len``. llama.cpp on the same float32 GGUF: llama-cpp-python for prefill and
-batch-1 decode (one sequence, token by token), llama-server (``-np B``, continuous batching)
-for B > 1, where the decode rate is the sum of the B slots' own rates as the server reports
-them (``timings.predicted_per_second``) while all B decode together. Sampling is greedy.
+On a preset (the default; random weights): Arbor's model runner alone (one packed forward per
+step, native kernels, oneDNN projections): prefill of one ``--prompt-len`` prompt, and decode
+steps of B sequences at context ``--prompt-len``. llama.cpp on the same float32 GGUF:
+llama-cpp-python for prefill and batch-1 decode (one sequence, token by token), llama-server
+(``-np B``, continuous batching) for B > 1, where the decode rate is the sum of the B slots' own
+rates as the server reports them (``timings.predicted_per_second``) while all B decode
+together. Sampling is greedy.
+
+On a real model (``--model-path FILE.gguf``, or a folder): Arbor (float32, the file's weights
+dequantized), transformers (``gguf_file=``, dequantized to float32) and llama.cpp (the file as
+it is), each loaded in a process of its own (benchmarks/cpu_anchor_worker.py): load time,
+resident memory, single-stream prefill of ``--prompt-len`` tokens and decode after it, and
+decode of B sequences of ``--batch-context`` tokens (llama.cpp: on llama-server, as above).
+Prompts are English text (benchmarks/data/). ``--rounds N`` runs every system N times,
+interleaved, and keeps each number's best (a shared machine's bursts hit one round).
 
     python -m benchmarks.cpu_anchor_bench [--preset qwen2.5-0.5b-shape] [--batches 1,8,32]
         [--prompt-len 128] [--steps 32]
+    python -m benchmarks.cpu_anchor_bench --model-path FILE.gguf [--batches 1,32]
+        [--prompt-len 512] [--batch-context 128] [--steps 32] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
 
 import kernels
-from benchmarks.common import best_time, print_table, write_json
-from benchmarks.suite.systems.llama_cpp_baseline import converted
+from benchmarks.common import ENGLISH_PASSAGE, best_time, print_table, write_json
 from benchmarks.suite.systems.llama_server_baseline import free_port
-from benchmarks.suite.systems.llama_server_build import find_or_build
-from benchmarks.suite.systems.llama_server_process import LlamaServer, ServerConfig
+from benchmarks.suite.systems.llama_server_build import BuildError, find_or_build
+from benchmarks.suite.systems.llama_server_process import LlamaServer, ServerConfig, ServerError
+from benchmarks.suite.systems.model_source import converted, llama_cpp_file
+from runtime.model_files import load_tokenizer, locate_model
 from runtime.model_runner import ModelRunner
 from runtime.test_model import cached_test_model
+
+SYSTEMS = ("arbor", "transformers", "llama.cpp")
+# Lower is better for these; every other number is a rate.
+LOWER_IS_BETTER = ("load_s", "rss_load_mb", "rss_peak_mb", "rss_run_mb")
 
 
 def _prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
@@ -106,14 +128,15 @@ def llama_cpp(gguf: str, prompt_len: int, steps: int, vocab: int) -> dict[str, f
     return result
 
 
-def llama_server(gguf: str, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
+def llama_server(gguf: str, prompts: list[list[int]], steps: int) -> float:
+    """Decode tokens/s of ``prompts`` (equal lengths) on llama-server with a slot each: the
+    sum of the slots' own rates (BuildError when there is no binary and none can be built)."""
     config = ServerConfig(
-        find_or_build(None), Path(gguf), batch, prompt_len + steps + 64,
+        find_or_build(None), Path(gguf), len(prompts), len(prompts[0]) + steps + 64,
         torch.get_num_threads(), free_port(),
     )  # fmt: skip
 
     async def run() -> float:
-        prompts = _prompts(batch, prompt_len, vocab)
         async with httpx.AsyncClient(base_url=config.url, timeout=None) as client:
             body = {"n_predict": steps, "temperature": 0, "top_k": 1, "ignore_eos": True,
                     "cache_prompt": False}  # fmt: skip
@@ -128,25 +151,155 @@ def llama_server(gguf: str, batch: int, prompt_len: int, steps: int, vocab: int)
         return max(asyncio.run(run()) for _ in range(2))
 
 
+def real_model(args: argparse.Namespace, batches: list[int]) -> None:
+    """The three systems on ``args.model_path``, each in its own process, ``args.rounds``
+    times interleaved; prints the table and writes the JSON."""
+    model_path = str(Path(args.model_path).expanduser().resolve())
+    locate_model(model_path)  # builds a GGUF file's converted folder once, before any timing
+    gguf = str(llama_cpp_file(model_path))
+    spec = _spec(args, model_path, gguf, max(batches))
+    load_before = os.getloadavg()
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for number in range(args.rounds):
+        rounds.append({system: _run_worker(system, spec) for system in SYSTEMS})
+        print(f"round {number + 1}:", json.dumps(rounds[-1]), flush=True)
+    best = {system: _best([r[system] for r in rounds]) for system in SYSTEMS}
+    server: dict[str, Any] = {}
+    for batch in (b for b in batches if b > 1):
+        key = f"decode_b{batch}"
+        try:
+            server[key] = llama_server(gguf, spec["batch_prompts"][:batch], args.steps)
+        except (BuildError, ServerError, OSError) as exc:
+            server[key] = f"llama-server unavailable: {exc}"
+        best["llama.cpp"][key] = server[key]
+    load_after = os.getloadavg()
+    rows = _table_rows(best, batches)
+    print(f"\n{model_path}: {args.rounds} round(s), best of each; load average before "
+          f"{_load(load_before)}, after {_load(load_after)}\n")  # fmt: skip
+    print_table(["", *SYSTEMS, "arbor / transformers", "arbor / llama.cpp"], rows)
+    for system, result in best.items():
+        for key, value in result.items():
+            if isinstance(value, str):
+                print(f"  {system} {key}: {value}")
+    payload = {
+        "model_path": model_path, "gguf": gguf, "prompt_len": spec["prompt_len"],
+        "batch_context": args.batch_context, "steps": args.steps, "batches": batches,
+        "rounds": rounds, "best": best, "llama_server": server,
+        "load_average": {"before": load_before, "after": load_after},
+        "command": ["python", "-m", "benchmarks.cpu_anchor_bench", *sys.argv[1:]],
+    }  # fmt: skip
+    write_json("cpu_anchor_bench_model", payload, args.out)
+
+
+def _spec(args: argparse.Namespace, model_path: str, gguf: str, batch: int) -> dict[str, Any]:
+    """What every worker runs: the single-stream prompt (the passage's first ``prompt_len``
+    tokens, repeated if short) and ``batch`` prompts of ``batch_context`` tokens at different
+    offsets into it."""
+    ids = load_tokenizer(model_path)(ENGLISH_PASSAGE.read_text()).input_ids
+    prompt_len = args.prompt_len or 512
+    text = ids * (prompt_len // len(ids) + 1)
+    stride = max(1, (len(ids) - args.batch_context) // max(batch, 1))
+    batch_prompts = [
+        text[i * stride : i * stride + args.batch_context] for i in range(batch)
+    ]  # fmt: skip
+    return {
+        "model_path": model_path, "gguf": gguf, "prompt": text[:prompt_len],
+        "prompt_len": prompt_len, "steps": args.steps, "repeat": 3,
+        "batch_prompts": batch_prompts if batch > 1 else [],
+        "threads": torch.get_num_threads(),
+    }  # fmt: skip
+
+
+def _run_worker(system: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """``system``'s measurements from a fresh process, or ``{"unavailable": reason}``."""
+    if system == "llama.cpp" and importlib.util.find_spec("llama_cpp") is None:
+        return {"unavailable": "llama_cpp not importable: pip install llama-cpp-python "
+                "(builds from source, ~9 min)"}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_file.write_text(json.dumps(spec))
+        command = [sys.executable, "-m", "benchmarks.cpu_anchor_worker", system]
+        done = subprocess.run(
+            [*command, str(spec_file), str(out_file)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            return {"unavailable": f"worker exited with {done.returncode}: {tail}"}
+        return dict(json.loads(out_file.read_text()))
+
+
+def _best(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each number's best over the rounds: the lowest time and memory, the highest rate, and
+    the highest share of the CPU others took (the worst round's); a number beats a reason."""
+    best: dict[str, Any] = {}
+    for result in results:
+        for key, value in result.items():
+            old = best.get(key)
+            if isinstance(value, float) and isinstance(old, float):
+                best[key] = (min if key in LOWER_IS_BETTER else max)(old, value)
+            elif not isinstance(old, float):
+                best[key] = value
+    return best
+
+
+def _table_rows(best: dict[str, dict[str, Any]], batches: list[int]) -> list[list[Any]]:
+    labels = {
+        "load_s": "load s", "rss_load_mb": "RSS after load, MB",
+        "rss_peak_mb": "peak RSS of load, MB", "rss_run_mb": "RSS after 1-stream runs, MB",
+        "prefill": "prefill tok/s", "decode_b1": "decode tok/s, 1 stream",
+        **{f"decode_b{b}": f"decode tok/s, batch {b}" for b in batches if b > 1},
+        "others_cpu_share": "others' CPU (worst round)",
+    }  # fmt: skip
+    rows = []
+    for key, label in labels.items():
+        values = [best[s].get(key, "-") for s in SYSTEMS]
+        cells = [v if isinstance(v, float) else "n/a" if isinstance(v, str) else v for v in values]
+        if key == "others_cpu_share":
+            cells = [f"{v:.0%}" if isinstance(v, float) else v for v in cells]
+        ours = values[0]
+        ratios = [
+            f"{ours / v:.2f}x" if isinstance(ours, float) and isinstance(v, float) and v else "-"
+            for v in values[1:]
+        ]
+        rows.append([label, *cells, *(ratios if key != "others_cpu_share" else ["", ""])])
+    return rows
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in load)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="qwen2.5-0.5b-shape")
-    parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument(
+        "--model-path", help="a GGUF file (or model folder): Arbor, transformers and llama.cpp "
+        "on it, instead of Arbor and llama.cpp on the preset",
+    )  # fmt: skip
+    parser.add_argument("--batches", help="decode batch sizes (default 1,8,32; model: 1,32)")
+    parser.add_argument("--prompt-len", type=int, help="default 128 (model: 512)")
+    parser.add_argument("--batch-context", type=int, default=128, help="model: batch prompts")
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1, help="model: rounds, best kept")
+    parser.add_argument("--out", help="JSON results path")
     args = parser.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    default_batches = "1,32" if args.model_path else "1,8,32"
+    batches = [int(b) for b in (args.batches or default_batches).split(",")]
+    if args.model_path:
+        real_model(args, batches)
+        return
+    prompt_len = args.prompt_len or 128
     model = str(cached_test_model(args.preset, "llama"))
     kernels.set_kernel_backend("auto")
-    ours = arbor(model, batches, args.prompt_len, args.steps)
+    ours = arbor(model, batches, prompt_len, args.steps)
     print("arbor", ours, flush=True)
     gguf = str(converted(model))
     vocab = _vocab(model)
-    theirs = llama_cpp(gguf, args.prompt_len, args.steps, vocab)
+    theirs = llama_cpp(gguf, prompt_len, args.steps, vocab)
     for batch in batches:
         if batch > 1:
             theirs[f"decode_b{batch}"] = llama_server(
-                gguf, batch, args.prompt_len, args.steps, vocab
+                gguf, _prompts(batch, prompt_len, vocab), args.steps
             )
     print("llama.cpp", theirs, flush=True)
     rows = [
@@ -154,9 +307,9 @@ def main() -> None:
         for key in ours
     ]
     print_table(["tokens/s", "arbor", "llama.cpp", "arbor / llama.cpp"], rows)
-    payload = {"preset": args.preset, "prompt_len": args.prompt_len, "steps": args.steps,
+    payload = {"preset": args.preset, "prompt_len": prompt_len, "steps": args.steps,
                "arbor": ours, "llama_cpp": theirs}  # fmt: skip
-    write_json("cpu_anchor_bench", payload)
+    write_json("cpu_anchor_bench", payload, args.out)
 
 
 def _vocab(model: str) -> int:
