@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 
 from runtime.errors import RequestError
 
@@ -140,8 +140,21 @@ def _valid_cache_salt(salt: str) -> str:
     return salt
 
 
-# ``cache_salt`` in the request models of every HTTP API (pydantic checks that it is a str).
-CacheSalt = Annotated[str, AfterValidator(_valid_cache_salt)]
+# ``cache_salt`` in the request models of every HTTP API (pydantic checks that it is a str;
+# the schema states the rule for OpenAPI clients, the validator words the error).
+CacheSalt = Annotated[
+    str,
+    AfterValidator(_valid_cache_salt),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_CACHE_SALT_LENGTH,
+            "pattern": "^[\\x20-\\x7e]+$",
+            "description": "Share cached KV only with requests of the same salt.",
+        }
+    ),
+]
 
 
 def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:

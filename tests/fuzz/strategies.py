@@ -173,6 +173,35 @@ def sampling_params(draw: st.DrawFn) -> dict[str, Json]:
     return params
 
 
+# ---- cache salts ------------------------------------------------------------------------
+
+PRINTABLE_ASCII = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+# What ``cache_salt`` may be: 1 to 256 printable ASCII characters, at the edges too.
+valid_salts = st.one_of(
+    st.text(PRINTABLE_ASCII, min_size=1, max_size=24),
+    st.sampled_from([" ", "~", "x" * 256, '"\\/{}[]', "salt with spaces"]),
+)
+
+
+@st.composite
+def _salt_with_one_bad_character(draw: st.DrawFn) -> str:
+    salt = draw(st.text(PRINTABLE_ASCII, max_size=12))
+    bad = draw(st.characters(codec="utf-8").filter(lambda c: not " " <= c <= "~") | LONE_SURROGATES)
+    at = draw(st.integers(0, len(salt)))
+    return salt[:at] + bad + salt[at:]
+
+
+# Values ``cache_salt`` must refuse (a 400 naming it): empty, too long, a character that is not
+# printable ASCII (controls, DEL, non-ASCII, lone surrogates), or not a string at all.
+invalid_salts = st.one_of(
+    st.just(""),
+    st.text(PRINTABLE_ASCII, min_size=257, max_size=400),
+    _salt_with_one_bad_character(),
+    st.sampled_from(["\x00", "\x7f", "tab\t", "new\nline", "\u00e9", "\ufeff"]),
+    hostile_values.filter(lambda v: v is not None and not isinstance(v, str)),
+)
+
+
 @st.composite
 def encoded_bodies(draw: st.DrawFn, body: Json) -> bytes:
     """``body`` as JSON bytes: ``Infinity``/``NaN`` literals allowed; a lone surrogate either

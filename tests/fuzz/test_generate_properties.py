@@ -1,8 +1,9 @@
-"""``/generate`` with generated sampling params, JSON schemas and regexes (see strategies):
-each request answers 200 or a 4xx with a message within REQUEST_TIMEOUT_S and keeps the
-server's invariant; a constrained output that finished by a stop (not by running out of
-tokens) satisfies its constraint: the JSON parses and validates against the schema (with
-formats checked), the regex full-matches."""
+"""``/generate`` with generated sampling params, JSON schemas, regexes and cache salts (see
+strategies): each request answers 200 or a 4xx with a message within REQUEST_TIMEOUT_S and
+keeps the server's invariant; a constrained output that finished by a stop (not by running out
+of tokens) satisfies its constraint: the JSON parses and validates against the schema (with
+formats checked), the regex full-matches; a valid salt is served (its repeat from its cache),
+an invalid one is a 400 naming ``cache_salt``."""
 
 from __future__ import annotations
 
@@ -22,18 +23,21 @@ from tests.fuzz.fuzz_server import REQUEST_TIMEOUT_S, FuzzServer, check_reply
 from tests.fuzz.strategies import (
     INT64_MAX,
     encoded_bodies,
+    invalid_salts,
     json_schemas,
     regexes,
     sampling_params,
     texts,
+    valid_salts,
 )
 
 pytestmark = pytest.mark.timeout(0 if LONG_RUN else 300)
 
 # Shares of ARBOR_FUZZ_SECONDS in the long run (test_api_random_cases has the other half).
-SAMPLING_SHARE = 0.2
+SAMPLING_SHARE = 0.15
 SCHEMA_SHARE = 0.2
 REGEX_SHARE = 0.1
+SALT_SHARE = 0.05
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -151,3 +155,32 @@ def test_regex_outputs_match(fuzz_server: FuzzServer) -> None:
             assert re.fullmatch(regex, text), f"output {text!r} does not match: {request}"
 
     run_rounds(case, REGEX_SHARE)
+
+
+def test_cache_salts(fuzz_server: FuzzServer) -> None:
+    @fuzz_settings(slice_examples=24)
+    @given(
+        salt=st.tuples(valid_salts, st.just(True)) | st.tuples(invalid_salts, st.just(False)),
+        stream=st.booleans(),
+    )
+    def case(salt: tuple[Any, bool], stream: bool) -> None:
+        value, valid = salt
+        body = {
+            "text": "A prompt every salt sends, long enough to fill a few pages.",
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "cache_salt": value,
+            "stream": stream,
+        }
+        raw = json.dumps(body).encode()  # a lone surrogate goes escaped: the salt's own error
+        response, request = post_generate(fuzz_server, raw)
+        if not valid:
+            assert response.status_code == 400, request
+            assert response.json()["error"]["param"] == "cache_salt", (request, response.text)
+            return
+        assert response.status_code == 200, (request, response.text)
+        if not stream:  # its repeat is served from the salt's cache (the last token runs)
+            again, _ = post_generate(fuzz_server, raw)
+            meta = again.json()["meta_info"]
+            assert meta["cached_tokens"] == meta["prompt_tokens"] - 1, (request, meta)
+
+    run_rounds(case, SALT_SHARE)
