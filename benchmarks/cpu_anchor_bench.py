@@ -41,6 +41,12 @@ import torch
 
 import kernels
 from benchmarks.common import ENGLISH_PASSAGE, best_time, print_table, write_json
+from benchmarks.suite.systems.llama_cpp_load import (
+    NO_EXTRA_BUFFERS_NOTE,
+    extra_buffers_crash,
+    open_llama,
+    server_flags,
+)
 from benchmarks.suite.systems.llama_server_baseline import free_port
 from benchmarks.suite.systems.llama_server_build import BuildError, find_or_build
 from benchmarks.suite.systems.llama_server_process import LlamaServer, ServerConfig, ServerError
@@ -98,10 +104,8 @@ def arbor(model: str, batches: list[int], prompt_len: int, steps: int) -> dict[s
 
 
 def llama_cpp(gguf: str, prompt_len: int, steps: int, vocab: int) -> dict[str, float]:
-    from llama_cpp import Llama
-
-    llm = Llama(
-        model_path=gguf, n_ctx=prompt_len + steps + 16, n_batch=max(512, prompt_len),
+    llm = open_llama(
+        gguf, n_ctx=prompt_len + steps + 16, n_batch=max(512, prompt_len),
         n_threads=torch.get_num_threads(), verbose=False, logits_all=False,
     )  # fmt: skip
     prompt = _prompts(1, prompt_len, vocab)[0]
@@ -133,7 +137,7 @@ def llama_server(gguf: str, prompts: list[list[int]], steps: int) -> float:
     sum of the slots' own rates (BuildError when there is no binary and none can be built)."""
     config = ServerConfig(
         find_or_build(None), Path(gguf), len(prompts), len(prompts[0]) + steps + 64,
-        torch.get_num_threads(), free_port(),
+        torch.get_num_threads(), free_port(), extra_flags=tuple(server_flags(gguf)),
     )  # fmt: skip
 
     async def run() -> float:
@@ -181,10 +185,14 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
         for key, value in result.items():
             if isinstance(value, str):
                 print(f"  {system} {key}: {value}")
+    no_extra_buffers = extra_buffers_crash(gguf)
+    if no_extra_buffers:
+        print(f"  llama.cpp: {NO_EXTRA_BUFFERS_NOTE}")
     payload = {
         "model_path": model_path, "gguf": gguf, "prompt_len": spec["prompt_len"],
         "batch_context": args.batch_context, "steps": args.steps, "batches": batches,
         "rounds": rounds, "best": best, "llama_server": server,
+        "llama_cpp_extra_buffers_off": no_extra_buffers,
         "load_average": {"before": load_before, "after": load_after},
         "command": ["python", "-m", "benchmarks.cpu_anchor_bench", *sys.argv[1:]],
     }  # fmt: skip

@@ -37,6 +37,7 @@ import torch
 import kernels
 from benchmarks.common import best_time
 from benchmarks.suite.contention import others_share, sample
+from benchmarks.suite.systems.llama_cpp_load import extra_buffers_crash, open_llama
 from benchmarks.suite.systems.model_source import load_hf_model
 from runtime.model_runner import ModelRunner
 
@@ -66,7 +67,7 @@ def memory_mb() -> tuple[float, float]:
 
 def measure(system: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Load ``spec["model_path"]`` as ``system`` and measure it (the module docstring)."""
-    load = _loader(system)
+    load = _loader(system, spec["gguf"])
     gc.collect()
     rss_before, _ = memory_mb()
     start = time.perf_counter()
@@ -88,9 +89,9 @@ def measure(system: str, spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _loader(system: str) -> Callable[[dict[str, Any]], SystemRuns]:
-    """The system's constructor, with the modules its load will import already imported (so
-    that their memory is not counted as the model's)."""
+def _loader(system: str, gguf_path: str) -> Callable[[dict[str, Any]], SystemRuns]:
+    """The system's constructor, with the modules its load will import already imported and
+    llama.cpp's buffer probe done (so that neither counts as the model's load)."""
     if system == "arbor":
         kernels.set_kernel_backend("auto")
         return ArborRuns
@@ -103,6 +104,7 @@ def _loader(system: str) -> Callable[[dict[str, Any]], SystemRuns]:
     if system == "llama.cpp":
         import llama_cpp  # noqa: F401
 
+        extra_buffers_crash(gguf_path)  # the probe's child process, before the baseline
         return LlamaCppRuns
     raise SystemExit(f"unknown system {system!r}; choose arbor, transformers or llama.cpp")
 
@@ -180,16 +182,16 @@ class TransformersRuns:
 
 class LlamaCppRuns:
     """llama-cpp-python's ``Llama`` on the file as it is (its own quantized kernels), one
-    sequence, its defaults otherwise (f16 KV cache), Arbor's thread count."""
+    sequence, its defaults otherwise (f16 KV cache; extra buffer types where they run:
+    llama_cpp_load.py), Arbor's thread count."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        from llama_cpp import Llama
-
         threads = torch.get_num_threads()
-        self.llm = Llama(
-            model_path=spec["model_path"], n_ctx=len(spec["prompt"]) + spec["steps"] + 16,
-            n_batch=max(512, len(spec["prompt"])), n_threads=threads, n_threads_batch=threads,
-            verbose=False,
+        context = len(spec["prompt"]) + spec["steps"] + 16
+        # n_batch is also the rows of Llama.scores, which must hold every decoded position
+        self.llm = open_llama(
+            spec["gguf"], n_ctx=context, n_batch=context, n_threads=threads,
+            n_threads_batch=threads, verbose=False,
         )  # fmt: skip
 
     def for_batch(self, prompts: list[list[int]], steps: int) -> SystemRuns:

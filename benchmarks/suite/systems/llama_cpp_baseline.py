@@ -22,6 +22,11 @@ from tqdm import tqdm
 
 from benchmarks.suite.contention import measured
 from benchmarks.suite.systems.gguf_export import UnsupportedModel
+from benchmarks.suite.systems.llama_cpp_load import (
+    NO_EXTRA_BUFFERS_NOTE,
+    extra_buffers_crash,
+    open_llama,
+)
 from benchmarks.suite.systems.model_source import context_length, llama_cpp_file, load_hf_model
 from benchmarks.suite.trace import Call, Clock, SystemRun, Timing, replay_arrival
 
@@ -43,7 +48,7 @@ def replay(model_path: str, calls: list[Call], note: str = "", gguf: str | None 
     """Convert a folder (cached), load, check, then replay ``calls``; any failure is an
     Outcome with a reason, so the rest of the benchmark still runs."""
     try:
-        from llama_cpp import Llama
+        import llama_cpp  # noqa: F401
     except ImportError as exc:
         return Outcome(
             reason=f"llama_cpp not importable ({exc}); pip install -e '.[bench]' "
@@ -54,8 +59,8 @@ def replay(model_path: str, calls: list[Call], note: str = "", gguf: str | None 
     except (UnsupportedModel, ImportError, OSError) as exc:
         return Outcome(reason=f"GGUF conversion failed: {exc}")
     longest = max(len(c.prompt_ids) + c.output_len for c in calls) + 8
-    llm = Llama(
-        model_path=str(path),
+    llm = open_llama(
+        str(path),
         n_ctx=min(max(longest, 1024), context_length(model_path)),
         n_threads=torch.get_num_threads(),
         n_threads_batch=torch.get_num_threads(),
@@ -67,7 +72,8 @@ def replay(model_path: str, calls: list[Call], note: str = "", gguf: str | None 
         return Outcome(reason=f"no check against transformers possible: {exc}")
     if not check["ok"]:
         return Outcome(reason=f"conversion check failed: {check}", check=check)
-    full_note = "; ".join(x for x in (NOTE, note) if x)
+    buffers = NO_EXTRA_BUFFERS_NOTE if extra_buffers_crash(str(path)) else ""
+    full_note = "; ".join(x for x in (NOTE, buffers, note) if x)
     return Outcome(run=measured(lambda: LlamaCppReplay(llm).run(calls, full_note)), check=check)
 
 

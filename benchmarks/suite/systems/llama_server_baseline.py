@@ -35,6 +35,7 @@ from benchmarks.suite.systems.llama_cpp_baseline import (
     Outcome,
     transformers_reference,
 )
+from benchmarks.suite.systems.llama_cpp_load import server_flags
 from benchmarks.suite.systems.llama_server_build import BuildError, find_or_build
 from benchmarks.suite.systems.llama_server_process import LlamaServer, ServerConfig, ServerError
 from benchmarks.suite.systems.llama_server_stream import (
@@ -96,6 +97,7 @@ def replay(
         slot_context(calls),
         torch.get_num_threads(),
         free_port(),
+        extra_flags=tuple(server_flags(str(path))),
     )
     log(f"llama-server: {' '.join(config.command())}")
     try:
@@ -106,7 +108,10 @@ def replay(
                 return Outcome(reason=f"no check against transformers possible: {exc}")
             if not check["ok"]:
                 return Outcome(reason=f"llama-server check failed: {check}", check=check)
-            settings = f"-np {config.slots}, -c {config.context}, -t {config.threads}"
+            settings = ", ".join(
+                [f"-np {config.slots}", f"-c {config.context}", f"-t {config.threads}",
+                 *config.extra_flags]
+            )  # fmt: skip
             full_note = "; ".join(x for x in (f"{NOTE} ({settings})", note) if x)
             start = sample((server.pid,))
             run = LlamaServerReplay(config.url).run(calls, full_note)

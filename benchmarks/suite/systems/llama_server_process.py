@@ -37,6 +37,7 @@ class ServerConfig:
     threads: int
     port: int
     host: str = "127.0.0.1"
+    extra_flags: tuple[str, ...] = ()  # what this machine needs (llama_cpp_load.server_flags)
 
     @property
     def context(self) -> int:
@@ -52,7 +53,7 @@ class ServerConfig:
             str(self.binary), "--model", str(self.gguf), "--host", self.host,
             "--port", str(self.port), "--parallel", str(self.slots), "--ctx-size",
             str(self.context), "--cont-batching", "--threads", str(self.threads),
-            "--threads-batch", str(self.threads), "--no-webui",
+            "--threads-batch", str(self.threads), "--no-webui", *self.extra_flags,
         ]  # fmt: skip
 
 
