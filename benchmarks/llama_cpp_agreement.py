@@ -1,0 +1,154 @@
+"""Next-token agreement between Arbor and llama.cpp on the same GGUF file, over real text.
+
+Both read the same token ids (the English passage in benchmarks/data/, tokenized by Arbor's
+tokenizer; llama.cpp's own tokenization of it is compared, not used) in one prefill with logits
+at every position. Agreement is the share of positions whose top-1 (argmax) token is the same.
+Also reported: how often each system's top-1 is the text's actual next token (both close to
+each other and far above chance: both run the model, not agree on noise), the largest |logit
+difference|, and each disagreement with the gap between the two candidates in Arbor's logits
+(a near tie flips under any change of rounding).
+
+Arbor runs its model runner in float32 with ``quantization`` (``none``: the file's blocks
+dequantized at load; the quantized-execution work runs them as they are and uses this same
+tool). llama.cpp (llama-cpp-python) runs the file as it is, with its defaults (f16 KV cache;
+extra buffer types unless they crash: benchmarks/suite/systems/llama_cpp_load.py) and
+``logits_all=True``, on Arbor's thread count.
+
+    python -m benchmarks.llama_cpp_agreement [--model-path FILE.gguf] [--quantization none]
+        [--text FILE] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import ENGLISH_PASSAGE, print_table, write_json
+from benchmarks.suite.systems.llama_cpp_load import extra_buffers_crash, open_llama
+from runtime.model_files import load_tokenizer, resolve_model_path
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Top-1 agreement over ``positions`` next-token predictions; ``disagreements`` lists
+    (position, Arbor's token, llama.cpp's token, Arbor's logit gap between the two)."""
+
+    positions: int
+    agreed: int
+    arbor_text_top1: float
+    llama_cpp_text_top1: float
+    max_abs_logit_diff: float
+    disagreements: list[tuple[int, int, int, float]] = field(default_factory=list)
+    tokenizer_equal: bool | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.agreed / self.positions if self.positions else 0.0
+
+
+def compare(ours: np.ndarray, theirs: np.ndarray, ids: list[int]) -> Agreement:
+    """Agreement of two systems' logits ``ours`` and ``theirs`` ([positions, vocab] each, row
+    i predicting the token after ``ids[i]``; the vocabularies may differ in padding: the
+    shorter one is compared) over every position."""
+    if ours.shape[0] != theirs.shape[0] or ours.shape[0] != len(ids):
+        raise ValueError(f"logits {ours.shape} and {theirs.shape} for {len(ids)} tokens")
+    vocab = min(ours.shape[1], theirs.shape[1])
+    ours, theirs = ours[:, :vocab], theirs[:, :vocab]
+    our_top, their_top = ours.argmax(-1), theirs.argmax(-1)
+    rows = np.arange(len(ids))
+    differ = np.flatnonzero(our_top != their_top)
+    gaps = ours[differ, our_top[differ]] - ours[differ, their_top[differ]]
+    following = np.asarray(ids[1:])
+    return Agreement(
+        positions=len(ids),
+        agreed=int((our_top == their_top).sum()),
+        arbor_text_top1=float((our_top[:-1] == following).mean()),
+        llama_cpp_text_top1=float((their_top[:-1] == following).mean()),
+        max_abs_logit_diff=float(np.abs(ours[rows] - theirs[rows]).max()),
+        disagreements=[
+            (int(p), int(our_top[p]), int(their_top[p]), float(g))
+            for p, g in zip(differ, gaps, strict=True)
+        ],
+    )
+
+
+def arbor_logits(model_path: str, ids: list[int], quantization: str = "none") -> np.ndarray:
+    """Arbor's float32 logits at every position of ``ids`` ([len(ids), vocab]), one prefill."""
+    from runtime.model_runner import ModelRunner
+
+    runner = ModelRunner(
+        model_path, dtype="float32", quantization=quantization, kernel_backend="auto",
+        kv_slots=len(ids) + 8, max_requests=1, context_len=len(ids) + 8,
+    )  # fmt: skip
+    row = runner.req_to_token_pool.alloc()
+    assert row is not None
+    runner.req_to_token_pool.write(row, 0, torch.arange(1, len(ids) + 1))  # slot 0: padding
+    logits = runner.forward(runner.build_batch([row], [0], [ids], logits="all"))
+    return logits.float().numpy()
+
+
+def llama_cpp_logits(gguf: str, ids: list[int], text: str) -> tuple[np.ndarray, bool]:
+    """llama.cpp's logits at every position of ``ids`` ([len(ids), n_vocab]), and whether its
+    own tokenization of ``text`` gives ``ids``."""
+    threads = torch.get_num_threads()
+    llm = open_llama(
+        gguf, n_ctx=len(ids) + 8, n_batch=512, logits_all=True, n_threads=threads,
+        n_threads_batch=threads, verbose=False,
+    )  # fmt: skip
+    # add_bos=True adds BOS where the file says the model wants one, as the tokenizer does
+    tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float32), tokens == ids
+
+
+def measure(
+    model_path: str | None = None, text: str | None = None, quantization: str = "none"
+) -> Agreement:
+    """Agreement on ``model_path`` (a GGUF file; default the built-in model) over ``text``
+    (default the English passage). Needs llama-cpp-python."""
+    path = resolve_model_path(model_path)
+    text = ENGLISH_PASSAGE.read_text() if text is None else text
+    ids = list(load_tokenizer(path)(text).input_ids)
+    theirs, tokenizer_equal = llama_cpp_logits(path, ids, text)
+    ours = arbor_logits(path, ids, quantization)
+    return replace(compare(ours, theirs, ids), tokenizer_equal=tokenizer_equal)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", help="a GGUF file (default: the built-in model)")
+    parser.add_argument("--quantization", default="none", help="Arbor's (default none)")
+    parser.add_argument("--text", help=f"a UTF-8 text file (default {ENGLISH_PASSAGE.name})")
+    parser.add_argument("--out", help="JSON results path")
+    args = parser.parse_args()
+    text = Path(args.text).read_text() if args.text else None
+    result = measure(args.model_path, text, args.quantization)
+    print_table(
+        ["positions", "top-1 agreement", "arbor = text", "llama.cpp = text", "max |logit diff|",
+         "tokenizer equal"],
+        [[result.positions, f"{result.rate:.2%}", f"{result.arbor_text_top1:.2%}",
+          f"{result.llama_cpp_text_top1:.2%}", result.max_abs_logit_diff,
+          result.tokenizer_equal]],
+    )  # fmt: skip
+    gaps = sorted(d[3] for d in result.disagreements)
+    if gaps:
+        print(f"\n{len(gaps)} disagreements; Arbor's logit gap between the two candidates: "
+              f"median {gaps[len(gaps) // 2]:.3f}, max {gaps[-1]:.3f}")  # fmt: skip
+    payload: dict[str, Any] = {
+        "model_path": resolve_model_path(args.model_path),
+        "quantization": args.quantization,
+        "llama_cpp_extra_buffers_off": extra_buffers_crash(resolve_model_path(args.model_path)),
+        "text": args.text or str(ENGLISH_PASSAGE),
+        **asdict(result),
+        "rate": result.rate,
+    }
+    write_json("llama_cpp_agreement", payload, args.out)
+
+
+if __name__ == "__main__":
+    main()
