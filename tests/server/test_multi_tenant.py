@@ -169,10 +169,11 @@ def test_time_to_first_token_across_salts_is_the_cold_one(tenant: httpx.Client) 
                 warm.append(elapsed)
     typical_warm = statistics.median(warm)
     summary = f"cold {sorted(cold)}\nwarm {sorted(warm)}\ncross-salt {sorted(cross)}"
-    # Computing 2,048 tokens takes far longer than computing one (20-40x here, measured on the
-    # tiny model); the margins below leave a loaded machine room for a factor of 4 to 10.
-    assert statistics.median(cross) > 4 * typical_warm, summary
-    assert min(cross) > 2 * typical_warm, summary  # no single repeat looks cached
+    # Computing 2,048 tokens takes far longer than computing one: over HTTP on the loaded 2-core
+    # machine, medians of 178 ms cold, 178 ms cross-salt and 18 ms warm (20 trials). Broken
+    # isolation makes the ratio about 1; these bounds leave a noisy machine a factor of 3.
+    assert statistics.median(cross) > 3 * typical_warm, summary
+    assert min(cross) > 1.5 * typical_warm, summary  # no single repeat looks cached
     assert statistics.median(cross) > 0.5 * statistics.median(cold), summary
 
 
