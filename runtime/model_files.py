@@ -86,12 +86,18 @@ def locate_model(model_path: str | Path) -> ModelFiles:
     """The files of ``model_path`` (a folder or a GGUF file), checked enough to name what is
     wrong before anything loads: ModelLoadError for a missing path, a folder without
     config.json or weights, a file that is not GGUF, a corrupt or truncated GGUF, or an
-    architecture or tensor type this runtime does not run. Cached per process."""
-    return _locate(str(Path(model_path).expanduser().resolve()))
+    architecture or tensor type this runtime does not run. Cached per process, per version of
+    a file (a GGUF file replaced at the same path is read anew)."""
+    path = Path(model_path).expanduser().resolve()
+    version = (0, 0)
+    if path.is_file():
+        stat = path.stat()
+        version = (stat.st_size, stat.st_mtime_ns)
+    return _locate(str(path), version)
 
 
 @functools.lru_cache(maxsize=16)
-def _locate(resolved: str) -> ModelFiles:
+def _locate(resolved: str, version: tuple[int, int]) -> ModelFiles:
     path = Path(resolved)
     if path.is_dir():
         return _locate_folder(path)

@@ -99,11 +99,10 @@ def test_converted_folder_is_built_once_and_rebuilt_when_the_file_changes(
     stamp = (first / "arbor_gguf.json").stat().st_mtime_ns
     from runtime import model_files
 
-    model_files._locate.cache_clear()
+    model_files._locate.cache_clear()  # as a new process finds it
     assert locate_model(path).config_dir == first  # found, not rebuilt
     assert (first / "arbor_gguf.json").stat().st_mtime_ns == stamp
     write_gguf(tiny_model_path, path, "Q8_0")  # a new file at the same path
-    model_files._locate.cache_clear()
     second = locate_model(path).config_dir
     assert second != first
     index = json.loads((second / "arbor_gguf.json").read_text())
