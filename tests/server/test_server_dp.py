@@ -121,6 +121,27 @@ def test_dsl_fork_program_lands_on_the_replica_holding_its_prefix(
     assert decisions().get("cache_hit", 0) - after_compiled.get("cache_hit", 0) >= 3
 
 
+def test_the_router_and_the_replicas_keep_cache_salts_apart(routed: ServerProcess) -> None:
+    decisions = lambda: _info(routed)["router"]["decisions"]  # noqa: E731
+    text = "A prompt two tenants share, long enough to be worth routing by its prefix. " * 4
+    body = {"text": text, "sampling_params": {**GREEDY, "max_new_tokens": 1}}
+
+    def cached(salt: str) -> int:
+        response = httpx.post(
+            f"{routed.url}/generate", json={**body, "cache_salt": salt}, timeout=60
+        )
+        response.raise_for_status()
+        return int(response.json()["meta_info"]["cached_tokens"])
+
+    assert cached("dp-tenant-a") == 0
+    before = decisions()
+    assert cached("dp-tenant-b") == 0  # routed as a miss, computed from scratch
+    after = decisions()
+    assert after.get("cache_miss", 0) == before.get("cache_miss", 0) + 1
+    assert cached("dp-tenant-a") > 0  # back to the replica holding its own prefix
+    assert decisions().get("cache_hit", 0) == after.get("cache_hit", 0) + 1
+
+
 def test_metrics_report_each_replica_and_the_router(routed: ServerProcess) -> None:
     text = httpx.get(f"{routed.url}/metrics", timeout=30).text
     for replica in ("0", "1"):
