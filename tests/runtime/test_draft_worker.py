@@ -113,6 +113,23 @@ def test_requests_sharing_a_prefix_compute_it_once(draft_path: Path):
     worker.check_invariants()
 
 
+def test_requests_of_different_cache_salts_share_no_draft_kv(draft_path: Path):
+    worker = make_worker(draft_path)
+    shared, tail_a, tail_b = random_prompts([100, 5, 7], seed=4)
+    tail_b[0] = (tail_a[0] + 1) % 4000
+    worker.propose([DraftJob("a", shared + tail_a, 2, "tenant-a")], greedy)
+    before = worker.stats["extend_tokens"]
+    drafts = worker.propose([DraftJob("b", shared + tail_b, 2, "tenant-b")], greedy)
+    assert worker.stats["extend_tokens"] - before == 107  # the shared part computed again
+    assert worker.stats["cache_hit_tokens"] == 0
+    assert drafts == [reference(draft_path, shared + tail_b, 2)]
+    worker.propose([DraftJob("c", shared + tail_b, 2, "tenant-a")], greedy)
+    assert worker.stats["cache_hit_tokens"] == 100  # its own salt's prefix
+    for key in "abc":
+        worker.release(key)
+    assert_all_cached_or_free(worker)
+
+
 def test_a_full_pool_shortens_drafts_and_never_raises(draft_path: Path):
     worker = make_worker(draft_path, kv_slots=64, max_requests=3)  # 63 usable slots
     prompts = random_prompts([30, 25, 100, 20, 10], seed=4)
