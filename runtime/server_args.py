@@ -297,13 +297,13 @@ class ServerArgs:
     log_level: str = _flag("info", "what the three processes log", LOG_LEVELS)
 
     def __post_init__(self) -> None:
+        if not self.model_path:  # the built-in model (ModelLoadError when not installed)
+            object.__setattr__(self, "model_path", builtin_model_path())
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices and not (value is None and f.default is None):
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
-        if not self.model_path:  # the built-in model (ModelLoadError when not installed)
-            object.__setattr__(self, "model_path", builtin_model_path())
         self._check_tp_size()
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
