@@ -21,7 +21,8 @@ def iter_gguf_tensors(
     """Yield (Hugging Face name, tensor) for each entry, one tensor in memory at a time:
     plain types in their own dtype (F32, F16, BF16), quantized blocks dequantized to float32,
     Llama's q/k rows back in rotate-half order."""
-    data = np.memmap(path, mode="r")
+    # A plain ndarray view: numpy runs memmap's Python hooks on every array derived from one.
+    data = np.memmap(path, mode="r").view(np.ndarray)
     for entry in entries:
         raw = data[entry.offset : entry.offset + entry.nbytes]
         try:
