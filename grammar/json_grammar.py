@@ -9,7 +9,9 @@ pattern, or a bounded run of characters that need no JSON escaping.
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import re
 from typing import Any
 
@@ -18,8 +20,10 @@ import xgrammar as xgr
 from grammar.errors import GrammarError
 from grammar.schema_check import check_schema
 from grammar.schema_lower import lower_schema
+from grammar.schema_refs import backend_refs, table_key
 from grammar.schema_rules import STRING_PLACEHOLDER, VALUE_PLACEHOLDER, Rule, StringRule
 from grammar.schema_unique import WHITESPACE
+from grammar.schema_walk import iter_subschemas
 
 _STRING_PLACEHOLDER = re.compile(rf'Regex\("\^{STRING_PLACEHOLDER}(\d+)\$", json_string=true\)')
 # A const string prints as an EBNF literal of its JSON text: "\"ARBORVALUE3\"".
@@ -32,6 +36,22 @@ _EBNF_TOKEN = re.compile(
 _PLAIN_CHAR = '[^"\\\\\\0-\\x1f]'
 # An escaped backslash, or a \xHH escape (taken alone so "\\x41" is left as it is).
 _HEX_ESCAPE = re.compile(r"\\\\|\\x([0-9a-fA-F]{2})")
+_BACKEND_ERRORS = (RuntimeError, ValueError, TypeError)
+# Subschemas tried alone to find the one the backend refuses.
+_MAX_PROBES = 200
+# The backend's refusals the checks may let through, in our words.
+_KNOWN = [
+    (re.compile(r"Schema 'false' cannot accept any value"), "it admits no value"),
+    (
+        re.compile(r"minItems is greater than the number of prefixItems.*: (\d+) > (\d+)"),
+        "it admits no array (minItems {0}, but at most {1} items)",
+    ),
+    (
+        re.compile(r"prefixItems contains false"),
+        "it admits no array (a prefixItems entry is false)",
+    ),
+]
+logger = logging.getLogger(__name__)
 
 
 def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: int) -> str:
@@ -47,10 +67,36 @@ def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: 
     else:
         style = {"any_whitespace": False, "separators": (",", ":")}
     try:
-        grammar = xgr.Grammar.from_json_schema(json.dumps(lowered), strict_mode=True, **style)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise GrammarError(f"cannot compile JSON schema: {backend_message(exc)}") from None
+        grammar = _convert(lowered, style)
+    except _BACKEND_ERRORS as exc:
+        raise _refusal(lowered, style, exc) from None
     return splice_rules(printed_ebnf(grammar), rules, max_whitespace)
+
+
+def _convert(lowered: dict[str, Any], style: dict[str, Any]) -> xgr.Grammar:
+    text = json.dumps(backend_refs(copy.deepcopy(lowered)))
+    return xgr.Grammar.from_json_schema(text, strict_mode=True, **style)
+
+
+def _refusal(lowered: dict[str, Any], style: dict[str, Any], exc: Exception) -> GrammarError:
+    """The backend's refusal of a lowered schema in our words, at the pointer of the smallest
+    subschema it refuses alone (tried deepest first, at most _MAX_PROBES). The checks before
+    should leave nothing for it to refuse; an unknown message is logged, not shown."""
+    message = backend_message(exc)
+    reason = next((r.format(*m.groups()) for p, r in _KNOWN if (m := p.search(message))), None)
+    if reason is None:
+        logger.warning("xgrammar refused a lowered JSON schema: %s", message)
+        reason = "the grammar backend cannot convert it (see the server log)"
+    key = table_key(lowered)
+    table = {key: lowered[key]} if isinstance(lowered.get(key), dict) else {}
+    where = "/"
+    for pointer, sub in list(reversed(list(iter_subschemas(lowered))))[:_MAX_PROBES]:
+        try:
+            _convert({**sub, **table} if pointer else lowered, style)
+        except _BACKEND_ERRORS:
+            where = pointer or "/"
+            break
+    return GrammarError(f"JSON schema at {where} cannot be enforced: {reason}")
 
 
 def printed_ebnf(grammar: xgr.Grammar) -> str:

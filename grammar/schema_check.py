@@ -21,9 +21,10 @@ from grammar.schema_lengths import StringTooComplex, string_dfa, string_patterns
 from grammar.schema_merge import distribute_combinators
 from grammar.schema_names import KeysUnsupported, plan_keys
 from grammar.schema_numbers import StepTooLarge, multiple_of_ebnf
-from grammar.schema_rewrite import canonical
+from grammar.schema_refs import hoist_refs, resolve_ref
+from grammar.schema_rewrite import DEFS, canonical
 from grammar.schema_unique import unique_array_problem
-from grammar.schema_walk import iter_subschemas, prune_unused_definitions, resolve_local_ref
+from grammar.schema_walk import escape_pointer, iter_subschemas
 
 # Keywords the backend ignores outright, with the reason users see.
 _IGNORED = {
@@ -73,40 +74,37 @@ def check_schema(schema: Any, best_effort: bool = False) -> dict[str, Any]:
         raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
     if not isinstance(schema.get("$schema", ""), str):
         raise GrammarError("invalid JSON schema at /$schema: it must be a URI string")
-    # Definitions no reference reaches cannot shape a value: they are neither validated nor
-    # checked (a whole SchemaStore schema carries hundreds; checking them cost 0.3 s).
-    schema = prune_unused_definitions(schema)
+    # Every reference target into one table, before anything looks at the schema, so each
+    # pass sees the same targets (schema_refs); definitions no reference reaches are left
+    # out: a feature there cannot shape a value (and checking them cost 0.3 s on the biggest
+    # SchemaStore schemas).
+    schema = hoist_refs(schema, best_effort)
     validator_class = jsonschema.validators.validator_for(
         schema, default=jsonschema.Draft202012Validator
     )
     try:
         validator_class.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        where = "".join(f"/{p}" for p in exc.path) or "/"
+        where = _error_pointer(list(exc.path))
         raise GrammarError(f"invalid JSON schema at {where}: {exc.message}") from None
     try:
         schema = distribute_combinators(schema)
     except UnsupportedSchemaFeature:
         if not best_effort:
             raise
-    # After the rewrite, which drops what drafts 4-7 ignore beside a $ref.
-    for pointer, sub in iter_subschemas(schema):
-        _check_refs(schema, pointer, sub)
     if not best_effort:
         for pointer, sub in iter_subschemas(schema):
             _check_subschema(schema, pointer, sub)
     return schema  # type: ignore[no-any-return]
 
 
-def _check_refs(root: dict[str, Any], pointer: str, sub: dict[str, Any]) -> None:
-    ref = sub.get("$ref")
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return
-    try:
-        resolve_local_ref(root, ref)
-    except KeyError:
-        where = pointer or "/"
-        raise GrammarError(f"invalid JSON schema at {where}: $ref {ref!r} points nowhere") from None
+def _error_pointer(path: list[Any]) -> str:
+    """The JSON pointer of a metaschema error's path in a hoisted schema."""
+    if len(path) >= 2 and path[0] in DEFS and str(path[1]).startswith("/"):
+        pointer, path = str(path[1]), path[2:]  # a table entry: named by its own pointer
+    else:
+        pointer = ""
+    return pointer + "".join(f"/{escape_pointer(str(p))}" for p in path) or "/"
 
 
 def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) -> None:
@@ -116,8 +114,6 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
     for keyword, reason in _IGNORED.items():
         if keyword in sub:
             raise reject(keyword, reason)
-    if pointer and "$id" in sub:
-        raise reject("$id", "nested '$id' changes reference resolution, which is not supported")
     all_of = sub.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         raise reject("allOf", "several subschemas are not enforced (the value is unconstrained)")
@@ -141,10 +137,7 @@ def _check_subschema(root: dict[str, Any], pointer: str, sub: dict[str, Any]) ->
             "the bounds; widen them",
         )
     _check_string(pointer, sub, reject)
-    ref = sub.get("$ref")
-    if isinstance(ref, str):
-        if not ref.startswith("#"):
-            raise reject("$ref", f"non-local reference {ref!r} cannot be resolved")
+    if isinstance(sub.get("$ref"), str):
         siblings = sorted(set(sub) - _ANNOTATIONS - {"$ref"})
         if siblings:
             raise reject("$ref", f"keywords next to '$ref' are ignored: {', '.join(siblings)}")
@@ -277,10 +270,7 @@ def _types(root: dict[str, Any], sub: Any, hops: int = 0) -> set[str] | None:
     if isinstance(sub.get("$ref"), str):
         if hops >= _MAX_REF_HOPS:
             return None
-        try:
-            return _types(root, resolve_local_ref(root, sub["$ref"]), hops + 1)
-        except KeyError:
-            return None
+        return _types(root, resolve_ref(root, sub["$ref"]).schema, hops + 1)
     values = _values(sub)
     if values is not None:
         return {_json_type(v) for v in values}
@@ -325,12 +315,16 @@ def _json_type(value: Any) -> str:
     return {str: "string", list: "array", dict: "object", type(None): "null"}[type(value)]
 
 
-def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
-    """Whether no JSON value can satisfy both ``a`` and ``b`` (a sufficient, not exact, test)."""
-    if isinstance(a, dict) and isinstance(a.get("$ref"), str):
-        return _disjoint(root, resolve_local_ref(root, a["$ref"]), b)
-    if isinstance(b, dict) and isinstance(b.get("$ref"), str):
-        return _disjoint(root, a, resolve_local_ref(root, b["$ref"]))
+def _disjoint(root: dict[str, Any], a: Any, b: Any, hops: int = 0) -> bool:
+    """Whether no JSON value can satisfy both ``a`` and ``b`` (a sufficient, not exact, test;
+    past _MAX_REF_HOPS references, e.g. arrays of themselves, it answers no)."""
+    for side in (a, b):
+        if isinstance(side, dict) and isinstance(side.get("$ref"), str):
+            if hops >= _MAX_REF_HOPS:
+                return False
+            target = resolve_ref(root, side["$ref"]).schema
+            a, b = (target, b) if side is a else (a, target)
+            return _disjoint(root, a, b, hops + 1)
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a is False or b is False
     types_a, types_b = _types(root, a), _types(root, b)
@@ -345,7 +339,7 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any) -> bool:
     if types_a == types_b == {"array"} and _nonempty(a) and _nonempty(b):
         items_a, items_b = a.get("items"), b.get("items")
         if isinstance(items_a, dict) and isinstance(items_b, dict):
-            if _disjoint(root, items_a, items_b):  # their first items differ
+            if _disjoint(root, items_a, items_b, hops + 1):  # their first items differ
                 return True
     props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required") or ()) & set(b.get("required") or ()):

@@ -62,12 +62,15 @@ def lower_schema(
     grammar share one list). Raises GrammarError if a subschema's enum/const values all violate
     its other keywords, a pattern cannot be translated, or a subschema admits no value.
     """
-    values = _filtered_values(schema)
     lowered = copy.deepcopy(schema)
+    # Subschemas are tracked by identity: a pointer may name two of them (a reference target
+    # and what a merge made where it was written), see schema_refs.
+    subschemas = list(iter_subschemas(lowered))
+    values = _filtered_values(schema, subschemas)
     rules = [] if rules is None else rules
-    spelled: list[str] = []  # subschemas inside values that rules of ours now spell whole
-    for pointer, sub in list(iter_subschemas(lowered)):
-        if not any(pointer == outer or pointer.startswith(outer + "/") for outer in spelled):
+    spelled: set[int] = set()  # subschemas inside values that rules of ours now spell whole
+    for pointer, sub in subschemas:
+        if id(sub) not in spelled:
             try:
                 _lower_here(schema, pointer, sub, rules, values, spelled)
             except _AdmitsNothing as exc:
@@ -84,25 +87,26 @@ def _lower_here(
     pointer: str,
     sub: dict[str, Any],
     rules: list[Rule],
-    values: dict[str, list[Any]],
-    spelled: list[str],
+    values: dict[int, list[Any]],
+    spelled: set[int],
 ) -> None:
     """Lower one subschema in place (the walk reaches its subschemas later)."""
     _drop_annotation_format(sub)
     _clamp_integer_bounds(pointer, sub)
     _default_array_items(sub)
-    if pointer in values:
+    if id(sub) in values:
         for key in set(sub) - _KEEP_WITH_VALUES:
             if key not in ("$defs", "definitions"):
                 del sub[key]
         sub.pop("const", None)
-        sub["enum"] = values[pointer]
+        sub["enum"] = values[id(sub)]
         return
     taken, rest = _lower_multiple_of(sub, rules)
     if not taken:
+        inside = {key: sub[key] for key in ("items", "prefixItems", "contains") if key in sub}
         taken, rest = _lower_unique_items(root, sub, rules)
         if taken:
-            spelled += [f"{pointer}/{key}" for key in ("items", "prefixItems", "contains")]
+            spelled.update(id(inner) for _, inner in iter_subschemas(inside))
     if taken:
         if rest is not None and rest is not sub:  # the value's other JSON types, as they were
             try:
@@ -289,14 +293,17 @@ def _drop_false_properties(pointer: str, sub: dict[str, Any]) -> None:
         del properties[name]
 
 
-def _filtered_values(schema: dict[str, Any]) -> dict[str, list[Any]]:
-    """For each subschema with enum/const: the values that also satisfy its other keywords."""
+def _filtered_values(
+    schema: dict[str, Any], subschemas: list[tuple[str, dict[str, Any]]]
+) -> dict[int, list[Any]]:
+    """For each of ``subschemas`` (of a copy of ``schema``) with enum/const, by identity: the
+    values that also satisfy its other keywords (references resolve in ``schema``)."""
     # Formats asserted, as generation enforces them (jsonschema only annotates by default).
     validator = jsonschema.Draft202012Validator(
         schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
     )
-    result: dict[str, list[Any]] = {}
-    for pointer, sub in iter_subschemas(schema):
+    result: dict[int, list[Any]] = {}
+    for pointer, sub in subschemas:
         if "const" in sub:
             values = [sub["const"]]
         elif isinstance(sub.get("enum"), list):
@@ -316,7 +323,7 @@ def _filtered_values(schema: dict[str, Any]) -> dict[str, list[Any]]:
                 f"JSON schema at {pointer or '/'} admits no value: none of its enum/const "
                 "values satisfies its other keywords"
             )
-        result[pointer] = kept
+        result[id(sub)] = kept
     return result
 
 

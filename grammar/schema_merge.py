@@ -10,7 +10,7 @@ backend enforces exactly:
   (``S and anyOf(B1..Bn)`` is ``anyOf(S and B1, .., S and Bn)``; the same holds for oneOf,
   since every branch gets the same conjunct); branches that admit nothing are dropped;
 - ``$ref`` beside other keywords: in drafts 2019-09 and 2020-12 the referenced schema is merged
-  with them; in drafts 4 to 7, which ignore a reference's siblings, they are dropped.
+  with them (drafts 4 to 7 ignore a reference's siblings: ``schema_refs`` dropped them).
 
 ``merge`` is exact for the keywords it knows: types intersect (integer within number),
 enum/const values intersect, bounds tighten, ``required`` unites, ``properties`` merge by name
@@ -35,6 +35,7 @@ from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.schema_lengths import fold_format_into_pattern, fold_lengths_into_pattern
+from grammar.schema_refs import resolve_ref, table_key
 from grammar.schema_rewrite import (
     ANNOTATIONS,
     COMBINATORS,
@@ -47,44 +48,142 @@ from grammar.schema_rewrite import (
     property_test,
     split_by_type,
 )
-from grammar.schema_walk import (
-    LISTS,
-    MAPS,
-    SINGLE,
-    escape_pointer,
-    is_old_draft,
-    resolve_local_ref,
-)
+from grammar.schema_walk import LISTS, MAPS, SINGLE, entry_pointer, escape_pointer, iter_subschemas
 
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _OBJECT = ("properties", "patternProperties", "additionalProperties")
 _MAX_INLINED_REFS = 16
+# Subschemas whose merges may inline references, rewritten one inside another.
+_MAX_NESTED_MERGES = 64
 
 
 def distribute_combinators(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` in which no combinator or ``$ref`` has constraining siblings."""
-    root = copy.deepcopy(schema)
-    rewritten = _Rewriter(root, is_old_draft(root)).rewrite(root, "")
-    if rewritten is False:
+    """A copy of a hoisted ``schema`` (``schema_refs.hoist_refs``) in which no combinator or
+    ``$ref`` has constraining siblings; its table entries are rewritten too, and hold
+    whatever a recursion needed (below)."""
+    key = table_key(schema)
+    rewriter = _Rewriter(schema)
+    root = rewriter.rewrite(copy.deepcopy(rewriter.target("#", "")), "")
+    if root is False:
         raise GrammarError("the JSON schema admits no value: its combined keywords conflict")
-    if rewritten is True:
-        rewritten = {}
-    for key in DEFS:  # references resolve against the root's definitions
-        if key in root and key not in rewritten:
-            rewritten[key] = root[key]
-    return rewritten
+    if root is True:
+        root = {}
+    table: dict[str, Schema] = {}
+    for name in schema.get(key) or {}:
+        entry = rewriter.entry(name)
+        assert entry is not None  # nothing is being rewritten any more
+        table[name] = entry
+    table = _reachable(root, key, {**table, **rewriter.added})
+    if table:
+        root[key] = table
+    return root
+
+
+def _reachable(root: dict[str, Any], key: str, table: dict[str, Schema]) -> dict[str, Schema]:
+    """The entries of ``table`` that references from ``root`` lead to (merging may have
+    inlined the only reference to one). GrammarError if one admits no value: a reference to it
+    where ``False`` would be dropped (an ``anyOf`` branch) survived only inside a recursion."""
+    names = {_ref_to(key, name): name for name in table}
+    kept: dict[str, Schema] = {}
+    pending: list[Schema] = [root]
+    while pending:
+        for _, sub in iter_subschemas(pending.pop()):
+            name = names.get(sub.get("$ref", ""))
+            if name is not None and name not in kept:
+                if table[name] is False:
+                    raise GrammarError(f"the JSON schema at {name} admits no value")
+                kept[name] = table[name]
+                pending.append(table[name])
+    return {name: entry for name, entry in table.items() if name in kept}
 
 
 class _Rewriter:
-    def __init__(self, root: dict[str, Any], old_draft: bool) -> None:
-        self.root = root
-        self.old_draft = old_draft
+    """Rewrites subschemas of the hoisted document ``source``, which it never modifies:
+    merging a reference inlines a copy of its target as written.
+
+    Inlining can recur without end: a target holding the reference with the same siblings
+    (``{"$ref": "#", "required": ["a"]}`` inside the root) yields, once merged, a subschema
+    holding it again. A subschema met again while it is being rewritten therefore becomes a
+    reference to a new table entry that holds its rewritten form: recursion stays recursion.
+    """
+
+    def __init__(self, source: dict[str, Any]) -> None:
+        self.source = source
+        self.key = table_key(source)
+        self.added: dict[str, Schema] = {}  # entries made for recursions, by name
+        self._named: dict[str, str] = {}  # canonical text of a subschema -> its entry's name
+        self._active: dict[str, list[Any]] = {}  # canonical text -> [pointer, name or None]
+        self._entries: dict[str, Schema | None] = {}  # table name -> rewritten (None: busy)
+        self._by_ref = {_ref_to(self.key, name): name for name in source.get(self.key) or {}}
+
+    def entry(self, name: str) -> Schema | None:
+        """The table entry ``name`` rewritten (once); None while it is being rewritten."""
+        if name not in self._entries:
+            self._entries[name] = None
+            entry = self.source[self.key][name]
+            self._entries[name] = self.rewrite(copy.deepcopy(entry), name)
+        return self._entries[name]
+
+    def target(self, ref: str, pointer: str) -> Schema:
+        """The value ``ref`` (a reference of the hoisted document) points to, as written; the
+        root without its table."""
+        if ref == "#":
+            return {k: v for k, v in self.source.items() if k != self.key}
+        for name, entry in self.added.items():
+            if ref == _ref_to(self.key, name):
+                return entry
+        return resolve_ref(self.source, ref, pointer).schema  # type: ignore[no-any-return]
 
     def rewrite(self, sub: Any, pointer: str) -> Schema:
         """``sub`` with its own combinators resolved, then its subschemas rewritten."""
         if not isinstance(sub, dict):
             return sub  # type: ignore[no-any-return]
+        ref = sub.get("$ref")
+        if ref in self._by_ref and not _constraining(sub, exclude=("$ref",)):
+            # A reference to an entry that admits nothing is False here, where its parent
+            # knows what that means (an optional property never written, a branch dropped).
+            return False if self.entry(self._by_ref[ref]) is False else sub
+        if not _resolves_here(sub):
+            return self._rewrite(sub, pointer)
+        key = canonical(sub)
+        if key in self._named:
+            return {"$ref": _ref_to(self.key, self._named[key])}
+        if key in self._active:  # met again inside its own rewrite: refer to it
+            frame = self._active[key]
+            if frame[1] is None:
+                frame[1] = self._entry_name(frame[0])
+            return {"$ref": _ref_to(self.key, frame[1])}
+        if len(self._active) >= _MAX_NESTED_MERGES:
+            raise UnsupportedSchemaFeature(
+                "$ref", pointer, "references combined with other keywords nest too deeply"
+            )
+        self._active[key] = [pointer, None]
+        try:
+            rewritten = self._rewrite(sub, pointer)
+        finally:
+            name = self._active.pop(key)[1]
+        if name is None:
+            return rewritten
+        self.added[name] = rewritten
+        self._named[key] = name
+        return {"$ref": _ref_to(self.key, name)}
+
+    def _entry_name(self, pointer: str) -> str:
+        """A table name for the subschema at ``pointer``: its pointer (as messages show it)
+        plus ``/$ref``, which no target's pointer ends with (a ``$ref`` holds a string)."""
+        taken = (
+            set(self.added)
+            | set(self.source.get(self.key) or ())
+            | {frame[1] for frame in self._active.values()}
+        )
+        name, n = f"{pointer}/$ref", 1
+        while name in taken:
+            n += 1
+            name = f"{pointer}/$ref~{n}"  # '~' then a digit: never an escaped pointer either
+        return name
+
+    def _rewrite(self, sub: Any, pointer: str) -> Schema:
         sub = self._expand_conditional(self._resolve_here(sub, pointer), pointer)
         sub = expand_dependencies(split_by_type(sub), pointer)
         if isinstance(sub, bool):
@@ -102,7 +201,7 @@ class _Rewriter:
         for key in MAPS:
             if isinstance(sub.get(key), dict):
                 sub[key] = {
-                    name: self.rewrite(s, f"{pointer}/{key}/{escape_pointer(name)}")
+                    name: self.rewrite(s, entry_pointer(pointer, key, name))
                     for name, s in sub[key].items()
                 }
         for key in LISTS:
@@ -138,12 +237,9 @@ class _Rewriter:
         """Fold ``allOf`` into ``sub``, merge a ``$ref`` with its siblings, and distribute the
         siblings of ``anyOf``/``oneOf`` into the branches."""
         if isinstance(sub.get("$ref"), str) and _constraining(sub, exclude=("$ref",)):
-            if self.old_draft:
-                kept = ("$ref", *DEFS)
-                sub = {k: v for k, v in sub.items() if k in kept or k in ANNOTATIONS}
-            else:
-                ref = sub.pop("$ref")
-                sub = {"allOf": [{"$ref": ref}, *sub.pop("allOf", [])], **sub}
+            # Drafts up to 7 ignore these siblings: hoisting dropped them there.
+            ref = sub.pop("$ref")
+            sub = {"allOf": [{"$ref": ref}, *sub.pop("allOf", [])], **sub}
         all_of = sub.get("allOf")
         if isinstance(all_of, list):
             rest: Schema = {k: v for k, v in sub.items() if k != "allOf"}
@@ -221,12 +317,7 @@ class _Rewriter:
         ref = sub.get("$ref")
         if not isinstance(ref, str):
             return sub
-        if not ref.startswith("#"):
-            raise UnsupportedSchemaFeature("$ref", pointer, f"non-local reference {ref!r}")
-        try:
-            target = copy.deepcopy(resolve_local_ref(self.root, ref))
-        except KeyError:
-            raise GrammarError(f"invalid JSON schema at {pointer or '/'}: $ref {ref!r}") from None
+        target = copy.deepcopy(self.target(ref, pointer))
         rest = {k: v for k, v in sub.items() if k != "$ref"}
         if isinstance(target, bool):
             return target if not rest else self.merge(target, rest, pointer)
@@ -361,6 +452,21 @@ class _Rewriter:
         if extra is not True:
             out["additionalProperties"] = extra
         return out
+
+
+def _resolves_here(sub: dict[str, Any]) -> bool:
+    """Whether ``_Rewriter._resolve_here`` or ``_expand_conditional`` merge anything in
+    ``sub`` (and so may inline references)."""
+    if "if" in sub or isinstance(sub.get("allOf"), list):
+        return True
+    if isinstance(sub.get("$ref"), str) and _constraining(sub, exclude=("$ref",)):
+        return True
+    has = [key for key in ("anyOf", "oneOf") if isinstance(sub.get(key), list)]
+    return len(has) > 1 or (len(has) == 1 and _constraining(sub, exclude=("anyOf", "oneOf")))
+
+
+def _ref_to(key: str, name: str) -> str:
+    return f"#/{key}/{escape_pointer(name)}"
 
 
 def _free(extra: Schema) -> bool:

@@ -43,8 +43,8 @@ from grammar.schema_lengths import (
     string_dfa,
     string_patterns,
 )
+from grammar.schema_refs import resolve_ref
 from grammar.schema_rewrite import ANNOTATIONS, DEFS
-from grammar.schema_walk import resolve_local_ref
 
 _NAME_KEYWORDS = frozenset(
     {"type", "pattern", "format", "minLength", "maxLength", "enum", "const", "$ref"}
@@ -149,10 +149,7 @@ def _names_dfa(root: dict[str, Any], names: Any, hops: int) -> Dfa | None:
     if isinstance(names.get("$ref"), str):
         if hops >= _MAX_REF_HOPS or set(names) - ANNOTATIONS - {"$ref"} - set(DEFS):
             raise KeysUnsupported("propertyNames", "a reference beside other keywords")
-        try:
-            return _names_dfa(root, resolve_local_ref(root, names["$ref"]), hops + 1)
-        except KeyError:
-            raise KeysUnsupported("propertyNames", "its reference points nowhere") from None
+        return _names_dfa(root, resolve_ref(root, names["$ref"]).schema, hops + 1)
     if isinstance(names.get("anyOf"), list) and not set(names) - ANNOTATIONS - {"anyOf"}:
         # A typeless name schema becomes a union by type: only its string branches name keys.
         union = _EMPTY

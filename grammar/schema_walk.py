@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote
 
 # Keywords whose value is one subschema, a map of name -> subschema, or a list of subschemas.
 SINGLE = (
@@ -35,6 +34,15 @@ def escape_pointer(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+def entry_pointer(pointer: str, key: str, name: str) -> str:
+    """The JSON pointer of the subschema ``name`` of the map ``key`` in the subschema at
+    ``pointer``. The root table of reference targets (``schema_refs.hoist_refs``) names each
+    entry by its pointer in the schema as written, which is what messages must show."""
+    if not pointer and key in ("$defs", "definitions") and name.startswith("/"):
+        return name
+    return f"{pointer}/{key}/{escape_pointer(name)}"
+
+
 def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     """Every object subschema, the root first, as (JSON pointer, subschema); booleans skipped.
 
@@ -55,7 +63,7 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[
         mapping = schema.get(key)
         if isinstance(mapping, dict):
             for name, sub in mapping.items():
-                yield from iter_subschemas(sub, f"{pointer}/{key}/{escape_pointer(name)}")
+                yield from iter_subschemas(sub, entry_pointer(pointer, key, name))
     dependencies = schema.get("dependencies")
     if isinstance(dependencies, dict):
         for name, sub in dependencies.items():
@@ -65,57 +73,3 @@ def iter_subschemas(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[
         if isinstance(subs, list):
             for i, sub in enumerate(subs):
                 yield from iter_subschemas(sub, f"{pointer}/{key}/{i}")
-
-
-def resolve_local_ref(root: dict[str, Any], ref: str) -> Any:
-    """The value a local ``$ref`` ("#" or "#/a/b") points to in ``root``; KeyError if none."""
-    if ref == "#":
-        return root
-    if not ref.startswith("#/"):
-        raise KeyError(ref)
-    node: Any = root
-    for token in unquote(ref[2:]).split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        try:
-            node = node[int(token)] if isinstance(node, list) else node[token]
-        except (IndexError, ValueError, TypeError):
-            raise KeyError(ref) from None
-    return node
-
-
-def prune_unused_definitions(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` without the root ``$defs``/``definitions`` entries that no reference reachable
-    from the root leads to (they cannot shape any value, so their features must not refuse the
-    schema); the schema itself when all are used."""
-    pools = {
-        key: schema[key] for key in ("$defs", "definitions") if isinstance(schema.get(key), dict)
-    }
-    if not pools:
-        return schema
-    kept: dict[str, set[str]] = {key: set() for key in pools}
-    root = {k: v for k, v in schema.items() if k not in pools}
-    if is_old_draft(schema) and isinstance(root.get("$ref"), str):
-        root = {"$ref": root["$ref"]}  # drafts 4-7 ignore a reference's siblings
-    pending: list[Any] = [root]
-    while pending:
-        refs = {
-            unquote(sub["$ref"])
-            for node in pending
-            for _, sub in iter_subschemas(node)
-            if isinstance(sub.get("$ref"), str)
-        }
-        pending = []
-        for key, pool in pools.items():
-            for name in pool:
-                target = f"#/{key}/{escape_pointer(name)}"
-                if name not in kept[key] and any(
-                    r == target or r.startswith(target + "/") for r in refs
-                ):
-                    kept[key].add(name)
-                    pending.append(pool[name])
-    if all(len(kept[key]) == len(pool) for key, pool in pools.items()):
-        return schema
-    pruned = dict(schema)
-    for key, pool in pools.items():
-        pruned[key] = {name: sub for name, sub in pool.items() if name in kept[key]}
-    return pruned

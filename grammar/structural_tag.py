@@ -20,6 +20,7 @@ from grammar.json_grammar import backend_message, printed_ebnf, splice_rules
 from grammar.options import GrammarOptions
 from grammar.schema_check import check_schema
 from grammar.schema_lower import lower_schema
+from grammar.schema_refs import backend_refs
 from grammar.schema_rules import Rule
 
 
@@ -42,7 +43,8 @@ def structural_tag_ebnf(tag: dict[str, Any], options: GrammarOptions) -> str:
     whitespace = max(1, options.max_whitespace)
     for fmt in _schema_formats(tag):
         checked = check_schema(fmt["json_schema"], best_effort=options.best_effort)
-        fmt["json_schema"], _ = lower_schema(checked, rules)
+        lowered, _ = lower_schema(checked, rules)
+        fmt["json_schema"] = backend_refs(lowered)
         fmt["max_whitespace_cnt"] = whitespace
     try:
         grammar = xgr.Grammar.from_structural_tag(json.dumps(tag))

@@ -9,6 +9,7 @@ own compile cache is off: ``GrammarService`` keeps the one bounded cache.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from grammar.structural_tag import structural_tag_ebnf
 from grammar.tool_call_formats import get_format
 from grammar.tool_calls import tool_calls_ebnf
 
+logger = logging.getLogger(__name__)
 Encode = Callable[[str], list[int]]
 # Below this many matchers a plain loop beats xgrammar's threaded batch fill (thread hand-off
 # costs ~1 ms; a mask outside long strings fills in microseconds).
@@ -127,7 +129,14 @@ class XGrammarBackend(GrammarBackend):
         except (RuntimeError, ValueError) as exc:
             message = backend_message(exc)
             kind = lowered.spec.kind
-            raise GrammarError(f"cannot compile the {kind} grammar: {message}") from None
+            if kind == "ebnf":  # the user's own grammar: the backend's words are the answer
+                raise GrammarError(f"cannot compile the {kind} grammar: {message}") from None
+            # Any other kind's EBNF is ours (checked, lowered, spliced): a failure is our bug,
+            # and the backend's words would tell a user nothing they wrote.
+            logger.error("xgrammar refused the EBNF of a %s constraint: %s", kind, message)
+            raise GrammarError(
+                f"cannot compile the {kind} grammar: an internal error (see the server log)"
+            ) from None
         return XGrammarCompiled(lowered.spec, compiled, self._encode)
 
     def ebnf(self, spec: GrammarSpec) -> tuple[str, str]:
