@@ -18,6 +18,7 @@ import httpx
 QUESTION = "What is the capital of France?"
 KNOWN_ANSWER = "Paris"
 PASSAGE = "Maria Lopez, 34, is a civil engineer who lives in Madrid."
+EXTRACTION_PROMPT = f"Extract the person's name, age and city: {PASSAGE}"
 PERSON_SCHEMA = {
     "type": "object",
     "properties": {
@@ -83,13 +84,12 @@ def _chat(client: Any, model: str, prompt: str | None, max_new_tokens: int) -> N
         print(f"   the answer {verdict} the known answer {KNOWN_ANSWER!r}")
 
 
-def _extraction(client: Any, model: str) -> None:
-    print(f"\n2. JSON-schema extraction\n   text: {PASSAGE}")
-    response = client.chat.completions.create(
+def extract_person(client: Any, model: str) -> Any:
+    """The demo's extraction: PASSAGE's person as PERSON_SCHEMA's JSON, greedy, with an
+    ``openai`` client; returns the chat completion."""
+    return client.chat.completions.create(
         model=model,
-        messages=[
-            {"role": "user", "content": f"Extract the person's name, age and city: {PASSAGE}"}
-        ],
+        messages=[{"role": "user", "content": EXTRACTION_PROMPT}],
         max_tokens=96,
         temperature=0,
         response_format={
@@ -97,7 +97,11 @@ def _extraction(client: Any, model: str) -> None:
             "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True},
         },
     )
-    choice = response.choices[0]
+
+
+def _extraction(client: Any, model: str) -> None:
+    print(f"\n2. JSON-schema extraction\n   text: {PASSAGE}")
+    choice = extract_person(client, model).choices[0]
     print(f"   output: {choice.message.content}")
     if choice.finish_reason == "length":
         print("   (stopped at max_tokens before the object was complete)")
@@ -105,10 +109,10 @@ def _extraction(client: Any, model: str) -> None:
         print(f"   parsed: {json.loads(choice.message.content)}")
 
 
-def _program(url: str) -> None:
-    """A DSL program over HTTP: a constrained choice, then two branches forked from it that
-    share its prefix in the server's radix cache."""
-    import frontend_lang as fl
+def travel_program() -> Any:
+    """The demo's DSL program (``city`` in, ``continent`` and two ``fact`` out): a constrained
+    choice, then two branches forked from it that share its prefix in the radix cache."""
+    import frontend_lang as fl  # the DSL is a client of the runtime: imported only to run it
 
     @fl.function
     def travel(s: Any, city: str) -> None:
@@ -122,10 +126,16 @@ def _program(url: str) -> None:
                 branch += fl.gen("fact", max_tokens=40, stop="\n", temperature=0)
         forks.join()
 
+    return travel
+
+
+def _program(url: str) -> None:
+    import frontend_lang as fl
+
     print("\n3. DSL program (select + fork), city = Rome")
     backend = fl.RuntimeEndpoint(url)
     try:
-        state = travel.run(city="Rome", backend=backend)
+        state = travel_program().run(city="Rome", backend=backend)
     finally:
         backend.shutdown()
     print(f"   continent (select): {state['continent']}")

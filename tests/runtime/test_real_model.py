@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 import frontend_lang as fl
 import runtime
 from runtime.model_files import builtin_model_path, load_tokenizer
+from runtime.server.demo import travel_program
 
 NEW_TOKENS = 32
 QUESTIONS = [
@@ -165,27 +166,11 @@ def test_generation_stops_at_eos_and_never_shows_it(engine: runtime.Engine) -> N
     assert "<|im_end|>" not in out["text"] and out["text"].strip().endswith(".")
 
 
-@fl.function
-def _city(s: Any, city: str) -> None:
-    s += fl.system("You are a concise assistant.")
-    s += fl.user(f"Is {city} in Europe or in Asia?")
-    with s.assistant():
-        s += fl.select("continent", choices=["Europe", "Asia"])
-    forks = s.fork(2)
-    for branch, topic in zip(forks, ("a food", "a building"), strict=True):
-        branch += fl.user(f"Name {topic} {city} is known for, in one sentence.")
-        with branch.assistant():
-            branch += fl.gen("fact", max_tokens=24, temperature=0, stop="\n")
-    forks.join()
-    s += fl.user("Say goodbye.")
-    with s.assistant():
-        s += fl.gen("bye", max_tokens=12, temperature=0)
-
-
 def test_compiled_and_interpreted_programs_give_equal_greedy_text(backend: fl.Engine) -> None:
-    interpreted = _city.run(city="Rome", backend=backend, compile=False)
-    compiled = _city.run(city="Rome", backend=backend, compile=True)
+    """The demo's program: a select, then a fork into two greedy branches."""
+    travel = travel_program()
+    interpreted = travel.run(city="Rome", backend=backend, compile=False)
+    compiled = travel.run(city="Rome", backend=backend, compile=True)
     assert interpreted.text() == compiled.text()
     assert interpreted["continent"] == compiled["continent"] == "Europe"
     assert interpreted["fact"] == compiled["fact"] and len(compiled["fact"]) == 2
-    assert interpreted["bye"] == compiled["bye"] and compiled["bye"]

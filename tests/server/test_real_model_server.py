@@ -18,17 +18,8 @@ from transformers import AutoTokenizer
 import frontend_lang as fl
 from runtime.model_files import builtin_model_path, locate_model
 from runtime.server import ServerProcess
+from runtime.server.demo import PERSON_SCHEMA, extract_person, travel_program
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 40},
-    },
-    "required": ["name", "age", "city"],
-    "additionalProperties": False,
-}
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -83,46 +74,18 @@ def test_chat_answers_a_known_question_and_stops_at_eos(
 
 
 def test_json_schema_extraction(real_client: openai.OpenAI) -> None:
-    reply = real_client.chat.completions.create(
-        model=real_client.models.list().data[0].id,
-        messages=[
-            {
-                "role": "user",
-                "content": "Extract the person's name, age and city: "
-                "Maria Lopez, 34, is a civil engineer who lives in Madrid.",
-            }
-        ],
-        max_tokens=96,
-        temperature=0,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
-        },
-    )
+    reply = extract_person(real_client, real_client.models.list().data[0].id)
     person: dict[str, Any] = json.loads(reply.choices[0].message.content or "")
-    jsonschema.validate(person, PERSON)
+    jsonschema.validate(person, PERSON_SCHEMA)
     assert person["name"] == "Maria Lopez" and person["city"] == "Madrid"
-
-
-@fl.function
-def _travel(s: Any, city: str) -> None:
-    s += fl.user(f"Is {city} in Europe or in Asia? Answer with one word.")
-    with s.assistant():
-        s += fl.select("continent", choices=["Europe", "Asia"])
-    forks = s.fork(2)
-    for branch, topic in zip(forks, ("a famous food", "a famous building"), strict=True):
-        branch += fl.user(f"Name {topic} of {city}, in one short sentence.")
-        with branch.assistant():
-            branch += fl.gen("fact", max_tokens=32, stop="\n", temperature=0)
-    forks.join()
 
 
 def test_dsl_program_over_http(real_server: ServerProcess) -> None:
     backend = fl.RuntimeEndpoint(real_server.url)
     try:
-        state = _travel.run(city="Rome", backend=backend)
+        state = travel_program().run(city="Rome", backend=backend)
     finally:
         backend.shutdown()
     assert state["continent"] == "Europe"
     assert len(state["fact"]) == 2 and all(fact.strip() for fact in state["fact"])
-    assert "<|im_end|>" not in state.text()
+    assert not any("<|im_end|>" in fact for fact in state["fact"])
