@@ -63,17 +63,22 @@ def distribute_combinators(schema: dict[str, Any]) -> dict[str, Any]:
     ``$ref`` has constraining siblings; its table entries are rewritten too, and hold
     whatever a recursion needed (below)."""
     key = table_key(schema)
-    rewriter = _Rewriter(schema)
-    root = rewriter.rewrite(copy.deepcopy(rewriter.target("#", "")), "")
+    empty: set[str] = set()
+    while True:  # again while entries turn out to admit nothing (rarely more than once)
+        rewriter = _Rewriter(schema, empty)
+        root = rewriter.rewrite(copy.deepcopy(rewriter.target("#", "")), "")
+        table = {
+            name: rewriter.rewrite(copy.deepcopy(entry), name)
+            for name, entry in (schema.get(key) or {}).items()
+        }
+        found = {name for name, entry in table.items() if entry is False}
+        if found <= empty:
+            break
+        empty |= found
     if root is False:
         raise GrammarError("the JSON schema admits no value: its combined keywords conflict")
     if root is True:
         root = {}
-    table: dict[str, Schema] = {}
-    for name in schema.get(key) or {}:
-        entry = rewriter.entry(name)
-        assert entry is not None  # nothing is being rewritten any more
-        table[name] = entry
     table = _reachable(root, key, {**table, **rewriter.added})
     if table:
         root[key] = table
@@ -82,8 +87,8 @@ def distribute_combinators(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _reachable(root: dict[str, Any], key: str, table: dict[str, Schema]) -> dict[str, Schema]:
     """The entries of ``table`` that references from ``root`` lead to (merging may have
-    inlined the only reference to one). GrammarError if one admits no value: a reference to it
-    where ``False`` would be dropped (an ``anyOf`` branch) survived only inside a recursion."""
+    inlined the only reference to one). GrammarError if one admits no value: only a
+    reference to an entry made for a recursion can still point at ``False``."""
     names = {_ref_to(key, name): name for name in table}
     kept: dict[str, Schema] = {}
     pending: list[Schema] = [root]
@@ -108,22 +113,14 @@ class _Rewriter:
     reference to a new table entry that holds its rewritten form: recursion stays recursion.
     """
 
-    def __init__(self, source: dict[str, Any]) -> None:
+    def __init__(self, source: dict[str, Any], empty: set[str]) -> None:
         self.source = source
         self.key = table_key(source)
         self.added: dict[str, Schema] = {}  # entries made for recursions, by name
         self._named: dict[str, str] = {}  # canonical text of a subschema -> its entry's name
         self._active: dict[str, list[Any]] = {}  # canonical text -> [pointer, name or None]
-        self._entries: dict[str, Schema | None] = {}  # table name -> rewritten (None: busy)
-        self._by_ref = {_ref_to(self.key, name): name for name in source.get(self.key) or {}}
-
-    def entry(self, name: str) -> Schema | None:
-        """The table entry ``name`` rewritten (once); None while it is being rewritten."""
-        if name not in self._entries:
-            self._entries[name] = None
-            entry = self.source[self.key][name]
-            self._entries[name] = self.rewrite(copy.deepcopy(entry), name)
-        return self._entries[name]
+        # References to the table entries known to admit nothing.
+        self._empty = {_ref_to(self.key, name) for name in empty}
 
     def target(self, ref: str, pointer: str) -> Schema:
         """The value ``ref`` (a reference of the hoisted document) points to, as written; the
@@ -139,11 +136,10 @@ class _Rewriter:
         """``sub`` with its own combinators resolved, then its subschemas rewritten."""
         if not isinstance(sub, dict):
             return sub  # type: ignore[no-any-return]
-        ref = sub.get("$ref")
-        if ref in self._by_ref and not _constraining(sub, exclude=("$ref",)):
-            # A reference to an entry that admits nothing is False here, where its parent
-            # knows what that means (an optional property never written, a branch dropped).
-            return False if self.entry(self._by_ref[ref]) is False else sub
+        if sub.get("$ref") in self._empty and not _constraining(sub, exclude=("$ref",)):
+            # False here, where the parent knows what that means (an optional property never
+            # written, a branch dropped); the backend refuses a reference to false.
+            return False
         if not _resolves_here(sub):
             return self._rewrite(sub, pointer)
         key = canonical(sub)

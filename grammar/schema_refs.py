@@ -55,7 +55,12 @@ class Target:
 
 
 def table_key(schema: dict[str, Any]) -> str:
-    """The root keyword that holds the reference targets of a hoisted ``schema``."""
+    """The root keyword that holds (or will hold) the reference targets of a hoisted
+    ``schema``: the one it has (hoisting leaves no other, and lowering may drop ``$schema``),
+    else ``definitions`` in drafts up to 7 (whose metaschema checks those), else ``$defs``."""
+    for key in DEFS:
+        if isinstance(schema.get(key), dict):
+            return key
     return "definitions" if is_old_draft(schema) else "$defs"
 
 
@@ -151,7 +156,7 @@ class _Hoister:
         self.old = is_old_draft(schema)
         self.id_keyword = _id_keyword(schema)
         self.base = base_uri(schema)
-        self.key = table_key(schema)
+        self.key = "definitions" if self.old else "$defs"
         self.targets: dict[str, Any] = {}  # pointer -> the value there, in discovery order
         # (tree, target, where): the tree at pointer ``tree`` applies ``target`` to its own
         # value (through in-place keywords only), by the reference or cut at ``where``.

@@ -128,6 +128,19 @@ ENFORCED: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "draft-07 whose root a rule of ours takes over",  # lowering drops its $schema
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": ["integer", "object"],
+            "multipleOf": 3,
+            "minimum": 0,
+            "maximum": 30,
+            "properties": {"a": {"$ref": "#/definitions/x"}},
+            "additionalProperties": False,
+            "definitions": {"x": {"type": "string", "maxLength": 3}},
+        },
+    ),
+    (
         "a reference into an array of subschemas",
         {
             "type": "object",
