@@ -163,19 +163,17 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     gguf = str(llama_cpp_file(model_path))
     spec = _spec(args, model_path, gguf, max(batches))
     load_before = os.getloadavg()
+    try:
+        find_or_build(None)  # once: a failed build is not retried every round
+        no_server = ""
+    except BuildError as exc:
+        no_server = f"llama-server unavailable: {exc}"
     rounds: list[dict[str, dict[str, Any]]] = []
     for number in range(args.rounds):
         rounds.append({system: _run_worker(system, spec) for system in SYSTEMS})
+        rounds[-1]["llama.cpp"].update(_server_rates(gguf, spec, batches, args.steps, no_server))
         print(f"round {number + 1}:", json.dumps(rounds[-1]), flush=True)
     best = {system: _best([r[system] for r in rounds]) for system in SYSTEMS}
-    server: dict[str, Any] = {}
-    for batch in (b for b in batches if b > 1):
-        key = f"decode_b{batch}"
-        try:
-            server[key] = llama_server(gguf, spec["batch_prompts"][:batch], args.steps)
-        except (BuildError, ServerError, OSError) as exc:
-            server[key] = f"llama-server unavailable: {exc}"
-        best["llama.cpp"][key] = server[key]
     load_after = os.getloadavg()
     rows = _table_rows(best, batches)
     print(f"\n{model_path}: {args.rounds} round(s), best of each; load average before "
@@ -191,7 +189,7 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     payload = {
         "model_path": model_path, "gguf": gguf, "prompt_len": spec["prompt_len"],
         "batch_context": args.batch_context, "steps": args.steps, "batches": batches,
-        "rounds": rounds, "best": best, "llama_server": server,
+        "rounds": rounds, "best": best,
         "llama_cpp_extra_buffers_off": no_extra_buffers,
         "load_average": {"before": load_before, "after": load_after},
         "command": ["python", "-m", "benchmarks.cpu_anchor_bench", *sys.argv[1:]],
@@ -216,6 +214,23 @@ def _spec(args: argparse.Namespace, model_path: str, gguf: str, batch: int) -> d
         "batch_prompts": batch_prompts if batch > 1 else [],
         "threads": torch.get_num_threads(),
     }  # fmt: skip
+
+
+def _server_rates(
+    gguf: str, spec: dict[str, Any], batches: list[int], steps: int, no_server: str
+) -> dict[str, float | str]:
+    """llama.cpp's batch decode rates, from llama-server (or why there are none)."""
+    rates: dict[str, float | str] = {}
+    for batch in (b for b in batches if b > 1):
+        key = f"decode_b{batch}"
+        if no_server:
+            rates[key] = no_server
+            continue
+        try:
+            rates[key] = llama_server(gguf, spec["batch_prompts"][:batch], steps)
+        except (BuildError, ServerError, OSError) as exc:
+            rates[key] = f"llama-server unavailable: {exc}"
+    return rates
 
 
 def _run_worker(system: str, spec: dict[str, Any]) -> dict[str, Any]:
