@@ -50,6 +50,15 @@ _KNOWN = [
         re.compile(r"prefixItems contains false"),
         "it admits no array (a prefixItems entry is false)",
     ),
+    (re.compile(r"Invalid range: "), "it admits no number (its bounds leave none)"),
+    (
+        re.compile(r"minLength (\d+) is greater than maxLength (\d+)"),
+        "minLength {0} > maxLength {1}",
+    ),
+    (
+        re.compile(r"min(Items|Properties) is greater than max\w+: (\d+) > (\d+)"),
+        "min{0} {1} > max{0} {2}",
+    ),
 ]
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from grammar.schema_numbers import StepTooLarge, multiple_of_ebnf
 from grammar.schema_refs import hoist_refs, resolve_ref
 from grammar.schema_rewrite import DEFS, canonical
 from grammar.schema_unique import unique_array_problem
+from grammar.schema_vocabulary import read_as_own_draft
 from grammar.schema_walk import escape_pointer, iter_subschemas
 
 # Keywords the backend ignores outright, with the reason users see.
@@ -40,8 +41,6 @@ _IGNORED = {
     "dependencies": "property dependencies are not enforced",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "recursive references are not supported",
-    "$dynamicAnchor": "dynamic anchors are not supported",
-    "$anchor": "anchors are not supported; use '$defs' and '#/$defs/...' references",
 }
 _LENGTHS = ("minLength", "maxLength")
 _MAX_REF_HOPS = 32
@@ -87,6 +86,7 @@ def check_schema(schema: Any, best_effort: bool = False) -> dict[str, Any]:
     except jsonschema.SchemaError as exc:
         where = _error_pointer(list(exc.path))
         raise GrammarError(f"invalid JSON schema at {where}: {exc.message}") from None
+    read_as_own_draft(schema, best_effort)
     try:
         schema = distribute_combinators(schema)
     except UnsupportedSchemaFeature:

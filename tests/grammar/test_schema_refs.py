@@ -18,6 +18,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012, specification_with
 
 from grammar import GrammarError, GrammarService, GrammarSpec, UnsupportedSchemaFeature
+from grammar.json_grammar import json_schema_ebnf
 from grammar.schema_check import check_schema
 from grammar.schema_lower import lower_schema
 from grammar.schema_refs import backend_refs, hoist_refs, resolve_ref
@@ -242,6 +243,46 @@ def test_references_we_do_not_follow_are_refused_by_name(
 def test_broken_references_are_refused_in_our_words(schema: dict[str, Any], message: str) -> None:
     with pytest.raises(GrammarError, match=message):
         GrammarSpec.for_json_schema(schema)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"m": {"type": "integer", "minimum": 2, "maximum": 1}},
+            },
+            "at /properties/m cannot be enforced: it admits no number",
+        ),
+        ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems 3 > maxItems 1"),
+        (
+            {
+                "type": "array",
+                "items": {"$ref": "#/$defs/t"},
+                "$defs": {"t": {"type": "array", "prefixItems": [False]}},
+            },
+            "at /[$]defs/t cannot be enforced: it admits no array",
+        ),
+        (  # draft 4's boolean bounds: xgrammar said "Value must be a number"
+            {
+                "$schema": "http://json-schema.org/draft-04/schema#",
+                "minimum": 5,
+                "exclusiveMinimum": True,
+            },
+            None,
+        ),
+    ],
+)
+def test_what_the_backend_refuses_is_said_in_our_words(
+    schema: dict[str, Any], message: str | None
+) -> None:
+    if message is None:
+        json_schema_ebnf(schema, best_effort=False, max_whitespace=0)
+        return
+    with pytest.raises(GrammarError, match=message) as caught:
+        json_schema_ebnf(schema, best_effort=False, max_whitespace=0)
+    assert "server log" not in str(caught.value)
 
 
 def test_the_backend_reads_plain_references_only() -> None:
