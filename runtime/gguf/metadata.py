@@ -95,10 +95,10 @@ class GGUFHeader:
 
 def read_header(path: Path) -> GGUFHeader:
     """Parse ``path`` (raising ModelLoadError naming the file and what is wrong with it)."""
-    import gguf
+    from runtime.gguf.reader import FastReader
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = FastReader(str(path))
     except Exception as exc:  # the gguf package raises ValueError, IndexError, struct errors
         raise ModelLoadError(f"{path}: not a readable GGUF file ({_one_line(exc)})") from None
     fields = _Fields(reader, path)

@@ -79,8 +79,11 @@ def _save_tokenizer(path: Path, folder: Path) -> None:
     tokens, whether BOS is added, the chat template), saved as tokenizer.json & co."""
     from transformers import AutoTokenizer
 
+    from runtime.gguf.reader import fast_gguf_reader
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with fast_gguf_reader():
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # transformers raises many kinds for what it cannot convert
         text = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ModelLoadError(f"{path}: its tokenizer cannot be converted ({text})") from None
