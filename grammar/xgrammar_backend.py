@@ -131,11 +131,12 @@ class XGrammarBackend(GrammarBackend):
             kind = lowered.spec.kind
             if kind == "ebnf":  # the user's own grammar: the backend's words are the answer
                 raise GrammarError(f"cannot compile the {kind} grammar: {message}") from None
-            # Any other kind's EBNF is ours (checked, lowered, spliced): a failure is our bug,
-            # and the backend's words would tell a user nothing they wrote.
+            # Any other kind's EBNF is ours (checked, lowered, spliced): the backend's words
+            # would tell a user nothing they wrote.
             logger.error("xgrammar refused the EBNF of a %s constraint: %s", kind, message)
             raise GrammarError(
-                f"cannot compile the {kind} grammar: an internal error (see the server log)"
+                f"cannot compile the {kind} grammar: the grammar backend refused it (see the "
+                "server log)"
             ) from None
         return XGrammarCompiled(lowered.spec, compiled, self._encode)
 
