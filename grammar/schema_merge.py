@@ -241,7 +241,10 @@ class _Rewriter:
             rest: Schema = {k: v for k, v in sub.items() if k != "allOf"}
             for i, branch in enumerate(all_of):
                 rest = self.merge(rest, branch, f"{pointer}/allOf/{i}")
-            return rest
+            # A merge with nothing to merge returns its other side as it is, which may hold a
+            # combinator or a reference beside other keywords ({"allOf": [{"type": "object",
+            # "anyOf": [{"const": null}]}]} wrote null).
+            return self._resolve_here(rest, pointer) if isinstance(rest, dict) else rest
         has = [key for key in ("anyOf", "oneOf") if isinstance(sub.get(key), list)]
         if not has or (len(has) == 1 and not _constraining(sub, exclude=("anyOf", "oneOf"))):
             return sub
@@ -525,10 +528,28 @@ def _same(x: Any, y: Any) -> bool:
 
 
 def _normalised(out: dict[str, Any]) -> Schema:
-    """Finish a merged schema: const and enum become one enum of their common values."""
+    """Finish a merged schema: const and enum become one enum of their common values; False
+    when none of them has one of its types (then an ``anyOf`` branch can be dropped)."""
     if "const" in out and "enum" in out:
         wanted = canonical(out.pop("const"))
         out["enum"] = [v for v in out["enum"] if canonical(v) == wanted]
         if not out["enum"]:
             return False
+    values = [out["const"]] if "const" in out else out.get("enum")
+    if isinstance(values, list) and "type" in out:
+        types = _types(out["type"])
+        if not any(_json_types(v) & types for v in values):
+            return False
     return out
+
+
+def _json_types(value: Any) -> set[str]:
+    """The ``type`` names a JSON value satisfies."""
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return {"integer", "number"}
+    if isinstance(value, float):
+        return {"number"}
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return {names.get(type(value), "null")}

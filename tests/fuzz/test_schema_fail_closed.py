@@ -170,15 +170,14 @@ def test_schemas_are_refused_by_name_or_every_output_validates(
     @fuzz_settings(slice_examples=40)
     @given(schema=documents())
     def case(schema: dict[str, Any]) -> None:
-        try:
-            spec = GrammarSpec.for_json_schema(schema)
+        try:  # what the request path prepares (grammar.sandbox.prepare)
+            compiled = service.compile(GrammarSpec.for_json_schema(schema))
         except GrammarError as exc:
             # The checks refuse in our words; "see the server log" marks a backend refusal.
             assert "server log" not in str(exc), f"{exc} for {json.dumps(schema)}"
             return
-        compiled = service.compile(spec)
         if not compiled.admits_output(decoder.vocab_size):
-            return  # the request path refuses it (grammar.sandbox.prepare)
+            return  # refused there as admitting no output
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
         outputs = decoder.generate([compiled] * len(SEEDS), SEEDS, MAX_TOKENS, 1.0, BIAS)

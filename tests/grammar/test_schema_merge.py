@@ -67,6 +67,20 @@ PROBES: list[tuple[str, dict[str, Any]]] = [
             ],
         },
     ),
+    (  # the fail-closed property test found null written: the folded allOf kept its anyOf
+        "allOf around a combinator with siblings",
+        {
+            "allOf": [
+                {
+                    "type": "object",
+                    "anyOf": [
+                        {"const": None},
+                        {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                    ],
+                }
+            ]
+        },
+    ),
     (
         "required in a branch names a parent property",
         {
