@@ -10,8 +10,8 @@ compiled in process; either it is refused with a ``GrammarError`` that does not 
 backend, or it is sampled at temperature 1 on the tiny model and every finished output must
 satisfy ``jsonschema``'s validator for the schema's own draft.
 
-``make test`` runs a bounded, derandomized slice; ``make fuzz`` runs fresh rounds for
-SCHEMA_REFS_SHARE of ARBOR_FUZZ_SECONDS (tests/fuzz/budget.py).
+``make test`` runs a bounded, derandomized slice (60 schemas); ``make fuzz`` runs fresh
+rounds for SCHEMA_REFS_SHARE of ARBOR_FUZZ_SECONDS (tests/fuzz/budget.py).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_schemas_are_refused_by_name_or_every_output_validates(
 ) -> None:
     decoder, service = compiler
 
-    @fuzz_settings(slice_examples=40)
+    @fuzz_settings(slice_examples=60)
     @given(schema=documents())
     def case(schema: dict[str, Any]) -> None:
         try:  # what the request path prepares (grammar.sandbox.prepare)
