@@ -100,7 +100,7 @@ def read_header(path: Path) -> GGUFHeader:
     try:
         reader = FastReader(str(path))
     except Exception as exc:  # the gguf package raises ValueError, IndexError, struct errors
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({_one_line(exc)})") from None
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({one_line(exc)})") from None
     fields = _Fields(reader, path)
     arch = fields.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -139,7 +139,7 @@ class _Fields:
             return field.contents()
         except Exception as exc:
             raise ModelLoadError(
-                f"{self._path}: GGUF metadata {key!r} is unreadable ({_one_line(exc)})"
+                f"{self._path}: GGUF metadata {key!r} is unreadable ({one_line(exc)})"
             ) from None
 
     def need(self, key: str) -> Any:
@@ -261,6 +261,7 @@ def _checkpoint_dtype(embedding_type: str) -> str:
     return {"F32": "float32", "BF16": "bfloat16"}.get(embedding_type, "float16")
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line, cut to 300 characters, for a ModelLoadError."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]

@@ -19,7 +19,7 @@ from typing import Any
 
 from runtime.cache_dir import building, cache_root, exclusive
 from runtime.errors import ModelLoadError
-from runtime.gguf.metadata import GGUFHeader, TensorEntry, read_header
+from runtime.gguf.metadata import GGUFHeader, TensorEntry, one_line, read_header
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,9 @@ def _save_tokenizer(path: Path, folder: Path) -> None:
         with fast_gguf_reader():
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # transformers raises many kinds for what it cannot convert
-        text = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ModelLoadError(f"{path}: its tokenizer cannot be converted ({text})") from None
+        raise ModelLoadError(
+            f"{path}: its tokenizer cannot be converted ({one_line(exc)})"
+        ) from None
     tokenizer.save_pretrained(str(folder))
 
 
