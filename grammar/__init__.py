@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grammar.lazy_exports import lazy_exports
+from lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from grammar.backend import (
@@ -52,37 +52,6 @@ if TYPE_CHECKING:
     from grammar.spec import KINDS, GrammarSpec
     from grammar.stop_regex import StopRegex
     from grammar.validate import output_validator
-
-_WHERE = {
-    "grammar.backend": (
-        "CompiledGrammar",
-        "GrammarBackend",
-        "GrammarMatcher",
-        "LoweredGrammar",
-        "allocate_bitmask",
-        "allow_token",
-        "create_backend",
-        "register_backend",
-    ),
-    "grammar.errors": ("GrammarCompileTimeout", "GrammarError", "UnsupportedSchemaFeature"),
-    "grammar.jump_forward": (
-        "DraftVerdict",
-        "commit_draft",
-        "fill_draft_masks",
-        "sample_inverse_cdf",
-        "verify_draft",
-    ),
-    "grammar.masking": ("apply_filled_masks", "apply_grammar_masks"),
-    "grammar.options": ("GrammarOptions",),
-    "grammar.regex": ("to_backend_regex",),
-    "grammar.sandbox": ("CompileSandbox", "Prepared"),
-    "grammar.schema_check": ("check_schema",),
-    "grammar.schema_formats": ("SUPPORTED_FORMATS",),
-    "grammar.service": ("CacheStats", "CompileHandle", "GrammarService"),
-    "grammar.spec": ("KINDS", "GrammarSpec"),
-    "grammar.stop_regex": ("StopRegex",),
-    "grammar.validate": ("output_validator",),
-}
 
 __all__ = [
     "KINDS",
@@ -118,6 +87,4 @@ __all__ = [
     "verify_draft",
 ]
 
-__getattr__ = lazy_exports(
-    __name__, {name: module for module, names in _WHERE.items() for name in names}
-)
+__getattr__ = lazy_exports(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grammar.lazy_exports import lazy_exports
+from lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from radix_cache.allocator import DoubleFreeError, KVSlotAllocator
@@ -19,20 +19,7 @@ if TYPE_CHECKING:
     from radix_cache.node import TreeNode
     from radix_cache.tree import CacheStats, MatchResult, RadixCache
 
-_WHERE = {
-    "DoubleFreeError": "radix_cache.allocator",
-    "KVSlotAllocator": "radix_cache.allocator",
-    "EvictionPolicy": "radix_cache.eviction",
-    "make_eviction_policy": "radix_cache.eviction",
-    "register_eviction_policy": "radix_cache.eviction",
-    "CacheInvariantError": "radix_cache.invariants",
-    "TreeNode": "radix_cache.node",
-    "CacheStats": "radix_cache.tree",
-    "MatchResult": "radix_cache.tree",
-    "RadixCache": "radix_cache.tree",
-}
-
-__getattr__ = lazy_exports(__name__, _WHERE)
+__getattr__ = lazy_exports(__name__)
 
 __all__ = [
     "CacheInvariantError",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grammar.lazy_exports import lazy_exports
+from lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from runtime.engine import Engine
@@ -25,14 +25,4 @@ __all__ = [
     "ServerArgs",
 ]
 
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "Engine": "runtime.engine",
-        "RequestError": "runtime.errors",
-        "SchedulerDied": "runtime.errors",
-        "InvalidSamplingParams": "runtime.sampling_params",
-        "SamplingParams": "runtime.sampling_params",
-        "ServerArgs": "runtime.server_args",
-    },
-)
+__getattr__ = lazy_exports(__name__)

@@ -7,23 +7,14 @@ without importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from runtime.distributed.group import SINGLE, TPGroup
     from runtime.distributed.leader import TensorParallelRunner, start_model_runner
     from runtime.distributed.partition import HeadPartition, Shard, check_tp_size
-
-_WHERE = {
-    "SINGLE": "runtime.distributed.group",
-    "TPGroup": "runtime.distributed.group",
-    "TensorParallelRunner": "runtime.distributed.leader",
-    "start_model_runner": "runtime.distributed.leader",
-    "HeadPartition": "runtime.distributed.partition",
-    "Shard": "runtime.distributed.partition",
-    "check_tp_size": "runtime.distributed.partition",
-}
 
 __all__ = [
     "SINGLE",
@@ -35,10 +26,4 @@ __all__ = [
     "start_model_runner",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'runtime.distributed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grammar.lazy_exports import lazy_exports
+from lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from runtime.server.child_process import ServerProcess, free_port
@@ -17,11 +17,4 @@ if TYPE_CHECKING:
 
 __all__ = ["ServerProcess", "free_port", "launch_server"]
 
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "ServerProcess": "runtime.server.child_process",
-        "free_port": "runtime.server.child_process",
-        "launch_server": "runtime.server.launcher",
-    },
-)
+__getattr__ = lazy_exports(__name__)

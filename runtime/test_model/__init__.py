@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grammar.lazy_exports import lazy_exports
+from lazy_exports import lazy_exports
 from runtime.test_model.chat_templates import CHAT_TEMPLATES
 from runtime.test_model.presets import ARCHITECTURES, PRESETS, Preset
 
@@ -29,14 +29,4 @@ __all__ = [
     "make_test_model",
 ]
 
-# Public names of the modules that import torch, each loaded on first use.
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "cached_test_model": "runtime.test_model.builder",
-        "default_cache_dir": "runtime.test_model.builder",
-        "make_test_model": "runtime.test_model.builder",
-        "cached_draft_model": "runtime.test_model.draft",
-        "make_draft_model": "runtime.test_model.draft",
-    },
-)
+__getattr__ = lazy_exports(__name__)  # the names under TYPE_CHECKING: they import torch

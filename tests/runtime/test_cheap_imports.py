@@ -3,6 +3,7 @@ load on use."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -51,3 +52,26 @@ def test_lazy_names_load_their_module_once() -> None:
         "print(sorted(n for n in grammar.__all__ if not hasattr(grammar, n)))"
     )
     assert _python(code) == "[]"  # every public name resolves
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["runtime", "runtime.server", "runtime.test_model", "runtime.distributed", "radix_cache"],
+)
+def test_every_public_name_resolves(package: str) -> None:
+    code = f"import {package} as p; print(sorted(n for n in p.__all__ if not hasattr(p, n)))"
+    assert _python(code) == "[]"
+
+
+def test_lazy_names_are_the_type_checking_imports() -> None:
+    """The lazy names are read from the ``if TYPE_CHECKING:`` block: an alias there is the
+    exported name, and an import outside that block is not lazy."""
+    from lazy_exports import _type_checking_imports
+
+    tree = ast.parse(
+        "from a import b\n"
+        "if TYPE_CHECKING:\n"
+        "    from m.n import X, Y as Z\n"
+        "    import q\n"
+    )
+    assert _type_checking_imports(tree) == {"X": ("m.n", "X"), "Z": ("m.n", "Y")}
