@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.role_blocks import ChatTemplateError, derive_role_blocks
+from runtime.dsl_api import ChatTemplateError, derive_role_blocks
 
 __all__ = ["CHATML", "ChatTemplate", "ChatTemplateError"]
 

@@ -11,13 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.program import select_math
-
 # select's methods (the runtime's compiled select scores with the same code).
-TOKEN_LENGTH_NORMALIZED = select_math.TOKEN_LENGTH_NORMALIZED
-GREEDY_TOKEN = select_math.GREEDY_TOKEN
-UNCONDITIONAL_LIKELIHOOD_NORMALIZED = select_math.UNCONDITIONAL_LIKELIHOOD_NORMALIZED
-CHOICES_METHODS = select_math.CHOICES_METHODS
+from runtime.dsl_api import CHOICES_METHODS, TOKEN_LENGTH_NORMALIZED
 
 ROLES = ("system", "user", "assistant")
 

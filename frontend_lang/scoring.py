@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from frontend_lang.backends.base import Backend, ChoiceLogprobs, Prompt
-from frontend_lang.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Select
-from runtime.program.select_math import heal_boundary, pick
+from frontend_lang.ir import Select
+from runtime.dsl_api import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, heal_boundary, pick
 
 
 @dataclass(frozen=True)

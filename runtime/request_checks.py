@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-import numpy as np
 from pydantic import AfterValidator, WithJsonSchema
 
 from runtime.errors import RequestError
@@ -56,6 +55,8 @@ def json_nesting_depth(raw: bytes) -> int:
 
 
 def _depth_of(raw: bytes) -> int:
+    import numpy as np  # here, not at the top: the DSL imports this module for its salt check
+
     codes = np.frombuffer(_STRING_LITERAL.sub(b'""', raw), dtype=np.uint8)
     steps = np.zeros(len(codes), dtype=np.int64)
     for code in _OPEN_BRACKETS:

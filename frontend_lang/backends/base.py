@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frontend_lang.chat import ChatTemplate
-from runtime.program.select_math import HEAL_WINDOW as HEAL_WINDOW
+from runtime.dsl_api import HEAL_WINDOW as HEAL_WINDOW
 
 
 class BackendError(RuntimeError):

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import runtime
 from frontend_lang.backends.base import BackendError
 from frontend_lang.backends.native import NativeBackend, template_or_error
 from frontend_lang.chat import ChatTemplate
+from runtime import dsl_api
 
 
 class Engine(NativeBackend):
@@ -26,24 +26,24 @@ class Engine(NativeBackend):
         **server_args: Any,
     ) -> None:
         super().__init__(chat_template, cache_salt)
-        self.engine = runtime.Engine(model_path, **server_args)
+        self.engine = dsl_api.Engine(model_path, **server_args)
 
     def _call(self, payload: dict[str, Any]) -> Any:
         try:
             return self.engine.generate(**_engine_kwargs(self._salted(payload)))
-        except (ValueError, runtime.SchedulerDied) as exc:
+        except (ValueError, dsl_api.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
     def _stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         try:
             yield from self.engine.generate(**_engine_kwargs(self._salted(payload)), stream=True)
-        except (ValueError, runtime.SchedulerDied) as exc:
+        except (ValueError, dsl_api.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
     def run_program(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         try:
             yield from self.engine.run_program(self._salted(request))
-        except (ValueError, runtime.SchedulerDied) as exc:
+        except (ValueError, dsl_api.SchedulerDied) as exc:
             raise BackendError(str(exc)) from exc
 
     def end_program(self, program_id: str) -> None:

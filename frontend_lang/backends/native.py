@@ -17,7 +17,7 @@ from frontend_lang.backends.base import (
     Prompt,
 )
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
-from runtime.request_checks import check_cache_salt
+from runtime.dsl_api import check_cache_salt
 
 SCORE_ONLY = {"max_new_tokens": 0}
 

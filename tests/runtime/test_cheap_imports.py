@@ -34,6 +34,16 @@ def test_importing_does_not_import_torch(module: str) -> None:
     assert _python(f"import sys, {module}; print('torch' in sys.modules)") == "False"
 
 
+def test_the_dsl_loads_the_openai_sdk_on_first_use() -> None:
+    """``import frontend_lang`` stays under 0.3 s: the ``openai`` package (about half a second)
+    and numpy (the JSON depth check) load only when first used."""
+    code = (
+        "import sys, frontend_lang as fl; print('openai' in sys.modules, 'numpy' in sys.modules); "
+        "print(fl.OpenAI.__module__, 'openai' in sys.modules)"
+    )
+    assert _python(code).splitlines() == ["False False", "frontend_lang.backends.openai True"]
+
+
 def test_the_public_names_still_resolve() -> None:
     import runtime
 
