@@ -19,11 +19,9 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -35,7 +33,7 @@ from runtime.heap import freeze_startup_heap
 from runtime.model_config import ModelConfig
 from runtime.model_files import load_tokenizer, locate_model
 from runtime.server.http_app import create_app
-from runtime.server.http_protocol import with_header_timeout
+from runtime.server.http_protocol import StopSignal, uvicorn_config
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
 from runtime.server.state import ServerState
 from runtime.server_args import ServerArgs
@@ -43,9 +41,6 @@ from runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_S = 5
-# Longest request head (request line and headers) a client may send.
-MAX_HEADER_BYTES = 64 * 1024
 CHILD_STOP_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 0.2
 
@@ -60,7 +55,7 @@ def launch_server(args: ServerArgs) -> int:
     )
     check_model_files(args)
     if args.dp_size > 1:
-        from runtime.scale_out.launch import launch_routed_server
+        from runtime.server.dp_launcher import launch_routed_server
 
         return launch_routed_server(args)
     stop = StopSignal()
@@ -112,39 +107,6 @@ def check_model_files(args: ServerArgs) -> None:
         locate_model(args.tokenizer_path)
     if args.speculative_draft_model_path:
         ModelConfig.from_pretrained(args.speculative_draft_model_path)
-
-
-def uvicorn_config(app: Any, args: ServerArgs) -> uvicorn.Config:
-    """How every Arbor server runs uvicorn: its limits and timeouts from ``args``."""
-    return uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        lifespan="off",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        timeout_keep_alive=args.timeout_keep_alive_s,
-        limit_concurrency=args.max_connections,
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-        http=with_header_timeout(args.header_timeout_s),
-    )
-
-
-class StopSignal:
-    """Records SIGINT/SIGTERM. uvicorn installs its own handlers while it serves and, after
-    its graceful shutdown, restores these and re-raises the signal it got: recording it here
-    (instead of the default action) lets the children and the socket files be cleaned up."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.server: uvicorn.Server | None = None
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
-        if self.server is not None:
-            self.server.should_exit = True
 
 
 class _Supervisor:

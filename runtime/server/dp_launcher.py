@@ -28,7 +28,7 @@ from runtime.scale_out.front import STARTUP_TIMEOUT_S, ReplicaSet, RoutedTokeniz
 from runtime.scale_out.replica import node_address
 from runtime.scale_out.routing import Router, RouterConfig
 from runtime.server.http_app import create_app
-from runtime.server.launcher import StopSignal, uvicorn_config
+from runtime.server.http_protocol import StopSignal, uvicorn_config
 from runtime.server.state import ServerState
 from runtime.server_args import ServerArgs
 
