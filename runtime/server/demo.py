@@ -1,7 +1,8 @@
 """``arbor demo``: start ``arbor serve`` on a model (the built-in SmolLM2-135M-Instruct by
 default), and show it doing real work: a chat answer to a question with a known answer, a
 JSON-schema extraction with the ``openai`` client, and a DSL program (select + fork) through
-``fl.RuntimeEndpoint``; then stop the server."""
+``fl.RuntimeEndpoint`` (``frontend_lang.demo``, in a process of its own: the runtime does not
+import the DSL); then stop the server."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 def run_demo(model_path: str | None, prompt: str | None, max_new_tokens: int) -> int:
-    """Returns 0 when every request was answered, 1 when the server failed to start."""
+    """Returns 0 when every request was answered, 1 when the server failed to start or the
+    program failed."""
     try:
         import openai
     except ImportError:
@@ -56,8 +58,8 @@ def run_demo(model_path: str | None, prompt: str | None, max_new_tokens: int) ->
         print(f"model: {model} ({_model_path(url)})")
         _chat(client, model, prompt, max_new_tokens)
         _extraction(client, model)
-        _program(url)
-        return 0
+        sys.stdout.flush()  # before the program's own lines
+        return subprocess.run([sys.executable, "-m", "frontend_lang.demo", url]).returncode
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -107,40 +109,6 @@ def _extraction(client: Any, model: str) -> None:
         print("   (stopped at max_tokens before the object was complete)")
     else:
         print(f"   parsed: {json.loads(choice.message.content)}")
-
-
-def travel_program() -> Any:
-    """The demo's DSL program (``city`` in, ``continent`` and two ``fact`` out): a constrained
-    choice, then two branches forked from it that share its prefix in the radix cache."""
-    import frontend_lang as fl  # the DSL is a client of the runtime: imported only to run it
-
-    @fl.function
-    def travel(s: Any, city: str) -> None:
-        s += fl.user(f"Is {city} in Europe or in Asia? Answer with one word.")
-        with s.assistant():
-            s += fl.select("continent", choices=["Europe", "Asia"])
-        forks = s.fork(2)
-        for branch, topic in zip(forks, ("a famous food", "a famous building"), strict=True):
-            branch += fl.user(f"Name {topic} of {city}, in one short sentence.")
-            with branch.assistant():
-                branch += fl.gen("fact", max_tokens=40, stop="\n", temperature=0)
-        forks.join()
-
-    return travel
-
-
-def _program(url: str) -> None:
-    import frontend_lang as fl
-
-    print("\n3. DSL program (select + fork), city = Rome")
-    backend = fl.RuntimeEndpoint(url)
-    try:
-        state = travel_program().run(city="Rome", backend=backend)
-    finally:
-        backend.shutdown()
-    print(f"   continent (select): {state['continent']}")
-    for topic, fact in zip(("food", "building"), state["fact"], strict=True):
-        print(f"   {topic} (fork branch): {fact.strip()}")
 
 
 def _model_path(url: str) -> str:

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 import frontend_lang as fl
 import runtime
+from frontend_lang.demo import travel_program
 from runtime.model_files import builtin_model_path, load_tokenizer
-from runtime.server.demo import travel_program
 
 NEW_TOKENS = 32
 QUESTIONS = [

@@ -16,9 +16,10 @@ import pytest
 from transformers import AutoTokenizer
 
 import frontend_lang as fl
+from frontend_lang.demo import travel_program
 from runtime.model_files import builtin_model_path, locate_model
 from runtime.server import ServerProcess
-from runtime.server.demo import PERSON_SCHEMA, extract_person, travel_program
+from runtime.server.demo import PERSON_SCHEMA, extract_person
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
