@@ -59,6 +59,7 @@ fuzz: install
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # Wheels for a lent GPU machine, which has torch, triton, transformers and the like but no
 # registry to install the rest from: the packages Arbor imports that its image lacks and what
