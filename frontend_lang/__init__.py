@@ -35,31 +35,5 @@ from runtime.dsl_api import (
 if TYPE_CHECKING:
     from frontend_lang.backends.openai import OpenAI
 
-__all__ = [
-    "CHATML",
-    "CHOICES_METHODS",
-    "GREEDY_TOKEN",
-    "TOKEN_LENGTH_NORMALIZED",
-    "UNCONDITIONAL_LIKELIHOOD_NORMALIZED",
-    "Backend",
-    "BackendError",
-    "ChatTemplate",
-    "ChatTemplateError",
-    "Engine",
-    "ForkGroup",
-    "Function",
-    "OpenAI",
-    "ProgramError",
-    "ProgramState",
-    "RuntimeEndpoint",
-    "assistant",
-    "function",
-    "gen",
-    "get_default_backend",
-    "select",
-    "set_default_backend",
-    "system",
-    "user",
-]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)

@@ -53,38 +53,5 @@ if TYPE_CHECKING:
     from grammar.stop_regex import StopRegex
     from grammar.validate import output_validator
 
-__all__ = [
-    "KINDS",
-    "SUPPORTED_FORMATS",
-    "CacheStats",
-    "CompileHandle",
-    "CompileSandbox",
-    "CompiledGrammar",
-    "DraftVerdict",
-    "GrammarBackend",
-    "GrammarCompileTimeout",
-    "GrammarError",
-    "GrammarMatcher",
-    "GrammarOptions",
-    "GrammarService",
-    "GrammarSpec",
-    "LoweredGrammar",
-    "Prepared",
-    "StopRegex",
-    "UnsupportedSchemaFeature",
-    "allocate_bitmask",
-    "allow_token",
-    "apply_filled_masks",
-    "apply_grammar_masks",
-    "check_schema",
-    "commit_draft",
-    "create_backend",
-    "fill_draft_masks",
-    "output_validator",
-    "register_backend",
-    "to_backend_regex",
-    "sample_inverse_cdf",
-    "verify_draft",
-]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)

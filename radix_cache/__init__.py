@@ -19,17 +19,4 @@ if TYPE_CHECKING:
     from radix_cache.node import TreeNode
     from radix_cache.tree import CacheStats, MatchResult, RadixCache
 
-__getattr__ = lazy_exports(__name__)
-
-__all__ = [
-    "CacheInvariantError",
-    "CacheStats",
-    "DoubleFreeError",
-    "EvictionPolicy",
-    "KVSlotAllocator",
-    "MatchResult",
-    "RadixCache",
-    "TreeNode",
-    "make_eviction_policy",
-    "register_eviction_policy",
-]
+__all__, __getattr__ = lazy_exports(__name__)

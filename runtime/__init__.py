@@ -16,13 +16,5 @@ if TYPE_CHECKING:
     from runtime.sampling_params import InvalidSamplingParams, SamplingParams
     from runtime.server_args import ServerArgs
 
-__all__ = [
-    "Engine",
-    "InvalidSamplingParams",
-    "RequestError",
-    "SamplingParams",
-    "SchedulerDied",
-    "ServerArgs",
-]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)

@@ -30,19 +30,5 @@ from runtime.role_blocks import ChatTemplateError, derive_role_blocks
 if TYPE_CHECKING:
     from runtime.engine import Engine
 
-__all__ = [
-    "CHOICES_METHODS",
-    "GREEDY_TOKEN",
-    "HEAL_WINDOW",
-    "TOKEN_LENGTH_NORMALIZED",
-    "UNCONDITIONAL_LIKELIHOOD_NORMALIZED",
-    "ChatTemplateError",
-    "Engine",
-    "SchedulerDied",
-    "check_cache_salt",
-    "derive_role_blocks",
-    "heal_boundary",
-    "pick",
-]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)

@@ -14,6 +14,5 @@ from lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from frontend_lang.backends.openai import OpenAI
 
-__all__ = ["Backend", "BackendError", "Engine", "OpenAI", "RuntimeEndpoint"]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)

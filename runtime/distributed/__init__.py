@@ -16,14 +16,5 @@ if TYPE_CHECKING:
     from runtime.distributed.leader import TensorParallelRunner, start_model_runner
     from runtime.distributed.partition import HeadPartition, Shard, check_tp_size
 
-__all__ = [
-    "SINGLE",
-    "HeadPartition",
-    "Shard",
-    "TPGroup",
-    "TensorParallelRunner",
-    "check_tp_size",
-    "start_model_runner",
-]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)

@@ -15,6 +15,5 @@ if TYPE_CHECKING:
     from runtime.server.child_process import ServerProcess, free_port
     from runtime.server.launcher import launch_server
 
-__all__ = ["ServerProcess", "free_port", "launch_server"]
 
-__getattr__ = lazy_exports(__name__)
+__all__, __getattr__ = lazy_exports(__name__)
