@@ -35,5 +35,4 @@ from runtime.dsl_api import (
 if TYPE_CHECKING:
     from frontend_lang.backends.openai import OpenAI
 
-
 __all__, __getattr__ = lazy_exports(__name__)

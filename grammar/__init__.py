@@ -53,5 +53,4 @@ if TYPE_CHECKING:
     from grammar.stop_regex import StopRegex
     from grammar.validate import output_validator
 
-
 __all__, __getattr__ = lazy_exports(__name__)

@@ -16,5 +16,4 @@ if TYPE_CHECKING:
     from runtime.sampling_params import InvalidSamplingParams, SamplingParams
     from runtime.server_args import ServerArgs
 
-
 __all__, __getattr__ = lazy_exports(__name__)

@@ -30,5 +30,4 @@ from runtime.role_blocks import ChatTemplateError, derive_role_blocks
 if TYPE_CHECKING:
     from runtime.engine import Engine
 
-
 __all__, __getattr__ = lazy_exports(__name__)

@@ -14,5 +14,4 @@ from lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from frontend_lang.backends.openai import OpenAI
 
-
 __all__, __getattr__ = lazy_exports(__name__)

@@ -16,5 +16,4 @@ if TYPE_CHECKING:
     from runtime.distributed.leader import TensorParallelRunner, start_model_runner
     from runtime.distributed.partition import HeadPartition, Shard, check_tp_size
 
-
 __all__, __getattr__ = lazy_exports(__name__)

@@ -15,5 +15,4 @@ if TYPE_CHECKING:
     from runtime.server.child_process import ServerProcess, free_port
     from runtime.server.launcher import launch_server
 
-
 __all__, __getattr__ = lazy_exports(__name__)

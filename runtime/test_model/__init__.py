@@ -17,5 +17,4 @@ if TYPE_CHECKING:
     from runtime.test_model.builder import cached_test_model, default_cache_dir, make_test_model
     from runtime.test_model.draft import cached_draft_model, make_draft_model
 
-
 __all__, __getattr__ = lazy_exports(__name__)  # the names under TYPE_CHECKING import torch
