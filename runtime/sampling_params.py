@@ -16,7 +16,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, create_model
 
@@ -27,6 +27,7 @@ from runtime.request_checks import (
     check_json_value,
     main_error,
 )
+from runtime.server_args import StrictMode
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag", "choice", "json_object")
 
@@ -162,7 +163,7 @@ class SamplingParams:
     # (the tokenizer manager does it). None: the server's default (--schema-strict-mode).
     strict_mode: str | None = _sent(
         None,
-        Literal["exact", "validate"] | None,
+        StrictMode | None,
         description="json_schema: exact (refuse what cannot be enforced) or validate (enforce "
         "what can be, validate finished outputs, draw again); default: --schema-strict-mode",
     )

@@ -14,7 +14,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runtime.distributed.partition import check_tp_size
 from runtime.model_files import builtin_model_path, locate_model
@@ -24,7 +24,7 @@ SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # does not import torch (or the grammar engine); a test keeps each pair equal.
 # runtime.model_config's dtypes; auto: float32 on CPU, bfloat16 elsewhere.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# runtime.model_runner's weight formats; auto: none, until quantized execution lands.
+# How quantized weights run (runtime.model_loader); auto: none, until quantized execution lands.
 QUANTIZATIONS = ("auto", "none")
 # runtime.memory_pool.KV_CACHE_DTYPES; auto: the model's compute dtype.
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -43,8 +43,9 @@ SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 # runtime.speculative.policy's: adaptive drafts what pays, always the most every step.
 SPECULATIVE_POLICIES = ("adaptive", "always")
 # What json_schema requests do with keywords no automaton enforces (SamplingParams.strict_mode).
-STRICT_MODES = ("exact", "validate")
-# runtime.scale_out.routing.ROUTING_POLICIES.
+StrictMode = Literal["exact", "validate"]
+STRICT_MODES: tuple[str, ...] = typing.get_args(StrictMode)
+# How the --dp router picks a replica (runtime.scale_out.routing).
 ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
