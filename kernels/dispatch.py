@@ -15,11 +15,13 @@ buffers computes the right thing. ``graph_safe`` asks that of whatever ``resolve
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -34,6 +36,7 @@ if _forced not in BACKENDS:
         f"ARBOR_KERNEL_BACKEND={_forced!r} is not a kernel backend; "
         f"use one of {', '.join(BACKENDS)}"
     )
+Op = TypeVar("Op", bound=Callable[..., Any])
 _triton_state: dict[str, Any] = {"loaded": False, "error": None}
 _native_state: dict[str, Any] = {"loaded": False, "error": None}
 
@@ -51,6 +54,24 @@ def register(
         return fn
 
     return wrap
+
+
+def dispatched(reference: Op) -> Op:
+    """The op that ``reference`` (its torch implementation, registered) declares: the same
+    name, signature and docstring, running the implementation ``resolve`` picks for the device
+    of its first argument. Every implementation is called with all arguments, positionally."""
+    name, signature = reference.__name__, inspect.signature(reference)
+    arity = len(signature.parameters)
+
+    @functools.wraps(reference)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) < arity:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args
+        return resolve(name, args[0].device)(*args)
+
+    return cast(Op, run)
 
 
 def set_kernel_backend(name: str) -> None:
