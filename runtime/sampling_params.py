@@ -277,10 +277,9 @@ class SamplingParams:
         if self.strict_mode == "validate" and self.json_schema is None:
             raise InvalidSamplingParams("strict_mode", "validate needs a json_schema to check")
         try:
-            for name in ("stop", "stop_regex", "choice", "regex", "ebnf"):
+            for name in ("stop", "stop_regex", "choice", "regex", "ebnf", "json_schema"):
                 check_json_value(getattr(self, name), name)
-            for name in ("json_schema", "structural_tag"):
-                check_json_value(getattr(self, name), name)
+            check_json_value(self.structural_tag, "structural_tag")
         except InvalidRequestValue as exc:
             raise InvalidSamplingParams(exc.field.split(".")[0], exc.reason) from None
         if limits is not None:
