@@ -52,7 +52,7 @@ from benchmarks.suite.systems.llama_server_build import BuildError, find_or_buil
 from benchmarks.suite.systems.llama_server_process import LlamaServer, ServerConfig, ServerError
 from benchmarks.suite.systems.model_source import converted, llama_cpp_file
 from runtime.model_files import load_tokenizer, locate_model
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_test_model
 
 SYSTEMS = ("arbor", "transformers", "llama.cpp")
@@ -66,10 +66,10 @@ def _prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
 
 
 def arbor(model: str, batches: list[int], prompt_len: int, steps: int) -> dict[str, float]:
-    runner = ModelRunner(
+    runner = ModelRunner(RunnerConfig(
         model, kv_slots=max(batches) * (prompt_len + steps + 8) + 1024,
         max_requests=max(batches), context_len=prompt_len + steps + 8,
-    )  # fmt: skip
+    ))  # fmt: skip
     vocab = runner.config.vocab_size
     result: dict[str, float] = {}
     row = runner.req_to_token_pool.alloc()

@@ -39,7 +39,7 @@ from benchmarks.common import best_time
 from benchmarks.suite.contention import others_share, sample
 from benchmarks.suite.systems.llama_cpp_load import extra_buffers_crash, open_llama
 from benchmarks.suite.systems.model_source import load_hf_model
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 
 
 class SystemRuns(Protocol):
@@ -116,10 +116,10 @@ class ArborRuns:
     def __init__(self, spec: dict[str, Any], sequences: int = 1, context: int = 0) -> None:
         self.spec = spec
         context = context or len(spec["prompt"]) + spec["steps"] + 8
-        self.runner = ModelRunner(
+        self.runner = ModelRunner(RunnerConfig(
             spec["model_path"], dtype="float32", quantization="none",
             kv_slots=sequences * context + 8, max_requests=sequences, context_len=context,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def for_batch(self, prompts: list[list[int]], steps: int) -> SystemRuns:
         """A runner whose pool holds ``prompts`` and their ``steps`` tokens (this one freed)."""

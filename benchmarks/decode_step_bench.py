@@ -24,7 +24,7 @@ import torch
 import kernels
 from benchmarks.common import print_table, timed_into, write_json
 from runtime.cascade import DEFAULT_MIN_PREFIX
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_test_model
 
 ATTENTION_OPS = (
@@ -106,10 +106,10 @@ def main() -> None:
     batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
     contexts = [128] if args.quick else [int(c) for c in args.contexts.split(",")]
     model = cached_test_model(args.preset, "llama")
-    runner = ModelRunner(
+    runner = ModelRunner(RunnerConfig(
         str(model), kv_slots=max(batches) * max(contexts) + 64, max_requests=max(batches),
         context_len=max(contexts) + 8, kv_cache_dtype=args.kv_cache_dtype,
-    )  # fmt: skip
+    ))  # fmt: skip
     variants = [("torch", "distinct", False), ("native", "distinct", False)]
     variants += [("torch", "shared", False), ("native", "shared", False)]
     variants += [("native", "shared", True)]

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from benchmarks.common import best_time, print_table, write_json
 from benchmarks.suite.systems.model_source import load_hf_model
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_test_model
 
 
@@ -87,7 +87,7 @@ def main() -> None:
     path = args.model_path or str(cached_test_model(args.preset, "llama"))
     batches = [1, 8] if args.quick else [1, 8, 32]
     steps = 8 if args.quick else 32
-    runner = ModelRunner(path, dtype="float32", kv_slots=64 * 1024, max_requests=64)
+    runner = ModelRunner(RunnerConfig(path, dtype="float32", kv_slots=64 * 1024, max_requests=64))
     hf = load_hf_model(path)
     prompt = [(13 * j) % 1000 + 10 for j in range(512)]
 

@@ -37,7 +37,7 @@ from grammar import (
 )
 from runtime.model_config import ModelConfig
 from runtime.model_files import load_tokenizer
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_test_model
 from tests.grammar.decoder import ConstrainedDecoder
 from tests.grammar.schema_corpus import SCHEMAS
@@ -224,7 +224,9 @@ def main() -> None:
     print_table(["spec", "cold ms", "cached us"], compile_rows)
 
     print("\n== mask overhead per decode step (small model, 150k vocab, median CPU ms)")
-    runner = ModelRunner(str(path), kv_slots=16 * 512, max_requests=16, context_len=512)
+    runner = ModelRunner(
+        RunnerConfig(str(path), kv_slots=16 * 512, max_requests=16, context_len=512)
+    )
     steps = 8 if args.quick else 32
     overhead_rows = []
     for label, schema in (("structured", STRUCTURED), ("free text", FREE_TEXT)):

@@ -79,12 +79,12 @@ def compare(ours: np.ndarray, theirs: np.ndarray, ids: list[int]) -> Agreement:
 
 def arbor_logits(model_path: str, ids: list[int], quantization: str = "none") -> np.ndarray:
     """Arbor's float32 logits at every position of ``ids`` ([len(ids), vocab]), one prefill."""
-    from runtime.model_runner import ModelRunner
+    from runtime.model_runner import ModelRunner, RunnerConfig
 
-    runner = ModelRunner(
+    runner = ModelRunner(RunnerConfig(
         model_path, dtype="float32", quantization=quantization, kernel_backend="auto",
         kv_slots=len(ids) + 8, max_requests=1, context_len=len(ids) + 8,
-    )  # fmt: skip
+    ))  # fmt: skip
     row = runner.req_to_token_pool.alloc()
     assert row is not None
     runner.req_to_token_pool.write(row, 0, torch.arange(1, len(ids) + 1))  # slot 0: padding

@@ -161,7 +161,7 @@ def generate_and_validate(
     from grammar import create_backend, output_validator
     from runtime.model_config import ModelConfig
     from runtime.model_files import load_tokenizer
-    from runtime.model_runner import ModelRunner
+    from runtime.model_runner import ModelRunner, RunnerConfig
     from runtime.test_model import cached_test_model
     from tests.grammar.decoder import ConstrainedDecoder
 
@@ -169,7 +169,7 @@ def generate_and_validate(
     config = ModelConfig.from_pretrained(path)
     tokenizer = load_tokenizer(path)
     backend = create_backend("xgrammar", tokenizer, config.vocab_size, config.eos_token_ids)
-    runner = ModelRunner(str(path), kv_slots=16384, max_requests=16, context_len=1024)
+    runner = ModelRunner(RunnerConfig(str(path), kv_slots=16384, max_requests=16, context_len=1024))
     decoder = ConstrainedDecoder(runner, tokenizer, backend)
     schemas = dict(samples)
     tally: collections.Counter[str] = collections.Counter()

@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import machine, print_table, timed_into, write_json
 from runtime.distributed import start_model_runner
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_test_model
 
 
@@ -83,10 +83,10 @@ def main() -> None:
     slots = max(batches) * args.context + args.prefill + 64
     results: list[dict[str, Any]] = []
     for tp_size in (int(t) for t in args.tp.split(",")):
-        runner = start_model_runner(
-            tp_size, str(model), kv_slots=slots, max_requests=max(batches) + 1,
+        runner = start_model_runner(tp_size, RunnerConfig(
+            str(model), kv_slots=slots, max_requests=max(batches) + 1,
             context_len=max(args.context, args.prefill) + 8,
-        )  # fmt: skip
+        ))  # fmt: skip
         try:
             clock = [0.0]
             _time_collectives(runner, clock)

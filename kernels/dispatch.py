@@ -15,11 +15,13 @@ buffers computes the right thing. ``graph_safe`` asks that of whatever ``resolve
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -34,8 +36,10 @@ if _forced not in BACKENDS:
         f"ARBOR_KERNEL_BACKEND={_forced!r} is not a kernel backend; "
         f"use one of {', '.join(BACKENDS)}"
     )
-_triton_state: dict[str, Any] = {"loaded": False, "error": None}
-_native_state: dict[str, Any] = {"loaded": False, "error": None}
+Op = TypeVar("Op", bound=Callable[..., Any])
+_MODULES = {"triton": "kernels.triton_ops", "native": "kernels.cpu_native.ops"}
+_NAMES = {"triton": "triton kernels", "native": "native CPU kernels"}
+_load_errors: dict[str, BaseException | None] = {}  # per backend tried: why it did not load
 
 
 def register(
@@ -53,15 +57,31 @@ def register(
     return wrap
 
 
+def dispatched(reference: Op) -> Op:
+    """The op that ``reference`` (its torch implementation, registered) declares: the same
+    name, signature and docstring, running the implementation ``resolve`` picks for the device
+    of its first argument. Every implementation is called with all arguments, positionally."""
+    name, signature = reference.__name__, inspect.signature(reference)
+    arity = len(signature.parameters)
+
+    @functools.wraps(reference)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) < arity:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args
+        return resolve(name, args[0].device)(*args)
+
+    return cast(Op, run)
+
+
 def set_kernel_backend(name: str) -> None:
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
     global _forced
     _forced = name
-    if name == "triton":
-        _load_triton(required=True)
-    if name == "native":
-        _load_native(required=True)
+    if name in _MODULES:
+        _load(name, required=True)
 
 
 def kernel_backend() -> str:
@@ -71,12 +91,12 @@ def kernel_backend() -> str:
 def resolve(op: str, device: torch.device) -> Callable[..., Any]:
     """The implementation of ``op`` for tensors on ``device`` under the current backend choice."""
     want_triton = _forced == "triton" or (_forced == "auto" and device.type == "cuda")
-    if want_triton and _load_triton(required=_forced == "triton"):
+    if want_triton and _load("triton", required=_forced == "triton"):
         impl = _impls[op].get("triton")
         if impl is not None:
             return impl
     want_native = device.type == "cpu" and _forced in ("auto", "native")
-    if want_native and _load_native(required=_forced == "native"):
+    if want_native and _load("native", required=_forced == "native"):
         impl = _impls[op].get("native")
         if impl is not None:
             return impl
@@ -91,40 +111,24 @@ def graph_safe(op: str, device: torch.device) -> bool:
 
 def native_available() -> bool:
     """Whether the native CPU kernels are built and loaded (loading them on first ask)."""
-    return _load_native(required=False)
+    return _load("native", required=False)
 
 
-def _load_triton(required: bool) -> bool:
-    """Import the triton implementations once; report failure instead of raising unless required."""
-    if not _triton_state["loaded"]:
-        _triton_state["loaded"] = True
+def _load(backend: str, required: bool) -> bool:
+    """Import ``backend``'s implementations once; report failure instead of raising unless
+    required (a missing or broken triton or native build must leave the torch path working)."""
+    if backend not in _load_errors:
+        _load_errors[backend] = None
         try:
-            importlib.import_module("kernels.triton_ops")
-        except Exception as exc:  # triton missing or broken: the torch path must keep working
-            _triton_state["error"] = exc
-            logger.warning("triton kernels unavailable, using the torch reference: %s", exc)
-    if _triton_state["error"] is not None and required:
-        raise RuntimeError(
-            f"kernel backend 'triton' requested but unavailable: {_triton_state['error']}"
-        )
-    return _triton_state["error"] is None
-
-
-def _load_native(required: bool) -> bool:
-    """Load the native CPU extension once; like ``_load_triton`` for failures."""
-    if not _native_state["loaded"]:
-        _native_state["loaded"] = True
-        try:
-            ops = importlib.import_module("kernels.cpu_native.ops")
-            if not ops.available():
+            module = importlib.import_module(_MODULES[backend])
+            if backend == "native" and not module.available():  # it warned already
                 from kernels import cpu_native
 
-                _native_state["error"] = cpu_native.load_error()
+                _load_errors[backend] = cpu_native.load_error()
         except Exception as exc:
-            _native_state["error"] = exc
-            logger.warning("native CPU kernels unavailable, using the torch reference: %s", exc)
-    if _native_state["error"] is not None and required:
-        raise RuntimeError(
-            f"kernel backend 'native' requested but unavailable: {_native_state['error']}"
-        )
-    return _native_state["error"] is None
+            _load_errors[backend] = exc
+            logger.warning("%s unavailable, using the torch reference: %s", _NAMES[backend], exc)
+    error = _load_errors[backend]
+    if error is not None and required:
+        raise RuntimeError(f"kernel backend {backend!r} requested but unavailable: {error}")
+    return error is None

@@ -16,15 +16,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 from runtime.channels import QueueChannel
-from runtime.detokenizer import DetokenizerManager
+from runtime.components import Channels, build_components
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
-from runtime.model_files import load_tokenizer, locate_model
+from runtime.model_files import locate_model
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
-from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
-from runtime.tokenizer_manager import TokenizerManager
 
 Prompt = str | list[str] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
@@ -50,36 +48,21 @@ class Engine:
                 "dp_size: the in-process Engine runs one replica; serve replicas with "
                 "`arbor serve --dp N` and use fl.RuntimeEndpoint or HTTP clients against it"
             )
-        to_scheduler, to_detokenizer, to_tokenizer = QueueChannel(), QueueChannel(), QueueChannel()
-        self._channels = (to_scheduler, to_detokenizer, to_tokenizer)
-        self.scheduler = Scheduler(self.args, to_scheduler, to_detokenizer, to_tokenizer)
-        tokenizer = load_tokenizer(self.args.model_path, self.args.tokenizer_path)
-        self.tokenizer = tokenizer
+        # The scheduler's, the detokenizer's and the tokenizer manager's inboxes.
+        self._queues = queues = (QueueChannel(), QueueChannel(), QueueChannel())
+        parts = build_components(self.args, Channels(*queues, *queues))
+        assert parts.scheduler and parts.detokenizer and parts.tokenizer_manager
+        self.scheduler, self.detokenizer = parts.scheduler, parts.detokenizer
+        self.tokenizer_manager, self.tokenizer = parts.tokenizer_manager, parts.tokenizer
         self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
-        self.detokenizer = DetokenizerManager(tokenizer)
-        self.tokenizer_manager = TokenizerManager(
-            tokenizer,
-            to_scheduler,
-            max_n=self.args.max_n,
-            strict_mode=self.args.schema_strict_mode,
-            validation_attempts=self.args.schema_validation_attempts,
-            validation_timeout=self.args.schema_validation_timeout,
-            program_pin_timeout_s=self.args.program_pin_timeout_s,
-        )
         self._loop = asyncio.new_event_loop()
-        self._threads = [
-            threading.Thread(target=self._run_scheduler, name="scheduler", daemon=True),
-            threading.Thread(
-                target=self.detokenizer.event_loop,
-                args=(to_detokenizer, to_tokenizer),
-                name="detokenizer",
-                daemon=True,
-            ),
-            threading.Thread(target=self._loop.run_forever, name="tokenizer-manager", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-        self.tokenizer_manager.start_receiver(to_tokenizer, self._loop)
+        self._threads = parts.start_threads(self._run_scheduler)
+        loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="tokenizer-manager", daemon=True
+        )
+        loop_thread.start()
+        self._threads.append(loop_thread)
+        self.tokenizer_manager.start_receiver(queues[2], self._loop)
         self.tokenizer_manager.ready.wait()
         if self.tokenizer_manager.dead:
             raise SchedulerDied(self.tokenizer_manager.dead)
@@ -245,9 +228,8 @@ class Engine:
         if not self._loop.is_running():
             return
         self.scheduler.stop()
-        to_scheduler, to_detokenizer, to_tokenizer = self._channels
-        to_detokenizer.send(None)
-        to_tokenizer.send(None)
+        for inbox in self._queues[1:]:  # the detokenizer's and the tokenizer manager's
+            inbox.send(None)
         self._loop.call_soon_threadsafe(self._loop.stop)
         for thread in self._threads:
             thread.join(timeout=10)

@@ -15,6 +15,7 @@ from runtime.errors import ModelLoadError
 from runtime.model_config import ModelConfig
 from runtime.model_files import checkpoint_files, locate_model
 from runtime.models import CausalLM, get_model_class
+from runtime.server_args import QUANTIZATIONS
 
 
 def iter_checkpoint(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -30,10 +31,6 @@ def iter_checkpoint_slices(model_path: str | Path) -> Iterator[tuple[str, Any]]:
         with safe_open(str(file), framework="pt") as shard:
             for name in shard.keys():
                 yield name, shard.get_slice(name)
-
-
-# How quantized weights run; a test keeps server_args.QUANTIZATIONS equal to this.
-QUANTIZATIONS = ("auto", "none")
 
 
 def resolve_quantization(quantization: str) -> str:

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -23,7 +24,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
 from runtime.model_loader import load_model, resolve_quantization
-from runtime.server_args import DEFAULT_CUDA_GRAPH_MAX_BS
+from runtime.server_args import DEFAULT_CUDA_GRAPH_MAX_BS, ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -45,66 +46,96 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-class ModelRunner:
-    """Loads ``model_path`` on ``device`` and sizes the KV pool.
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What a model runner is built from: the slice of ``ServerArgs`` it reads.
 
     kv_slots: KV pool size in tokens; None derives it from ``mem_fraction`` of the device's
     memory left after the weights, in whole pages of ``page_size``. max_requests: rows of the
-    request-to-slot table. kv_cache_dtype: ``auto`` stores K/V in the compute dtype, ``fp32``,
-    ``bf16`` or ``fp16`` in that dtype (and sizes the default pool by it).
-    cascade_min_prefix: decode requests sharing at least this many tokens attend to them in
-    one shared-prefix pass (runtime/cascade.py); None turns that off. pack_weights: move the
-    projection weights into oneDNN's layout on CPU float32 (``CausalLM.pack_weights``).
-    cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches of up to
-    ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs captured here
-    at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other devices
-    never capture. Padded graph rows write slot 0 (``PADDING_SLOT``): callers placing KV
-    themselves must leave it free, as the KV allocator does. kernel_backend: the kernels'
-    backend for this process (``kernels.set_kernel_backend``; None leaves it as it is).
-    quantization: how quantized weights run (``model_loader.QUANTIZATIONS``): ``none``
-    dequantizes a GGUF file's blocks to ``dtype`` at load; ``auto`` is ``none`` for now.
-    tp: the tensor-parallel group this runner is one rank of (its model holds that rank's
-    shards, its KV pool that rank's KV heads; every rank must build its runner and run each
-    forward together, see runtime/distributed/); the default ``SINGLE`` runs the whole model.
+    request-to-slot table. context_len: None takes the model's. kv_cache_dtype: ``auto`` stores
+    K/V in the compute dtype, ``fp32``, ``bf16`` or ``fp16`` in that dtype (and sizes the
+    default pool by it). cascade_min_prefix: decode requests sharing at least this many tokens
+    attend to them in one shared-prefix pass (runtime/cascade.py); None turns that off.
+    pack_weights: move the projection weights into oneDNN's layout on CPU float32
+    (``CausalLM.pack_weights``). cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches
+    of up to ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs
+    captured at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other
+    devices never capture. kernel_backend: the kernels' backend for this process
+    (``kernels.set_kernel_backend``; None leaves it as it is). quantization: how quantized
+    weights run (``model_loader.QUANTIZATIONS``): ``none`` dequantizes a GGUF file's blocks to
+    ``dtype`` at load; ``auto`` is ``none`` for now.
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        dtype: str = "auto",
-        device: str = "cpu",
-        kv_slots: int | None = None,
-        max_requests: int = 256,
-        context_len: int | None = None,
-        mem_fraction: float = 0.3,
-        page_size: int = 1,
-        kv_cache_dtype: str = "auto",
-        cascade_min_prefix: int | None = DEFAULT_MIN_PREFIX,
-        pack_weights: bool = True,
-        cuda_graph_max_bs: int | None = None,
-        disable_cuda_graph: bool = False,
-        kernel_backend: str | None = None,
-        quantization: str = "auto",
-        tp: TPGroup = SINGLE,
-    ) -> None:
-        if kernel_backend is not None:  # before loading: the model and graphs use the kernels
-            kernels.set_kernel_backend(kernel_backend)
-        self.config = config = ModelConfig.from_pretrained(model_path)
+    model_path: str
+    dtype: str = "auto"
+    device: str = "cpu"
+    kv_slots: int | None = None
+    max_requests: int = 256
+    context_len: int | None = None
+    mem_fraction: float = 0.3
+    page_size: int = 1
+    kv_cache_dtype: str = "auto"
+    cascade_min_prefix: int | None = DEFAULT_MIN_PREFIX
+    pack_weights: bool = True
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    kernel_backend: str | None = None
+    quantization: str = "auto"
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
+        """The target model's runner as ``args`` (device defaults filled in) ask for it. The
+        pool holds ``max_total_tokens`` in whole pages plus the padding page."""
+        pages = (
+            None if args.max_total_tokens is None else -(-args.max_total_tokens // args.page_size)
+        )
+        return cls(
+            args.model_path,
+            dtype=args.dtype,
+            device=args.device,
+            kv_slots=None if pages is None else (pages + 1) * args.page_size,
+            max_requests=args.max_running_requests,
+            context_len=args.context_length,
+            mem_fraction=args.mem_fraction_static,
+            page_size=args.page_size,
+            kv_cache_dtype=args.kv_cache_dtype,
+            cascade_min_prefix=None if args.disable_cascade_attention else DEFAULT_MIN_PREFIX,
+            pack_weights=not args.disable_weight_packing,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
+            disable_cuda_graph=args.disable_cuda_graph,
+            kernel_backend=args.kernel_backend,
+            quantization=args.quantization,
+        )
+
+
+class ModelRunner:
+    """Loads ``config.model_path`` on ``config.device`` and sizes the KV pool (``RunnerConfig``
+    says how). Padded CUDA-graph rows write slot 0 (``PADDING_SLOT``): callers placing KV
+    themselves must leave it free, as the KV allocator does. tp: the tensor-parallel group this
+    runner is one rank of (its model holds that rank's shards, its KV pool that rank's KV heads;
+    every rank must build its runner and run each forward together, see runtime/distributed/);
+    the default ``SINGLE`` runs the whole model.
+    """
+
+    def __init__(self, spec: RunnerConfig, tp: TPGroup = SINGLE) -> None:
+        if spec.kernel_backend is not None:  # before loading: the model and graphs use them
+            kernels.set_kernel_backend(spec.kernel_backend)
+        self.config = config = ModelConfig.from_pretrained(spec.model_path)
         check_tp_size(tp.size, config.num_heads, config.num_kv_heads, config.intermediate_size)
         self.tp = tp
         self.heads = HeadPartition.of_rank(config.num_heads, config.num_kv_heads, tp.rank, tp.size)
-        self.cascade_min_prefix = cascade_min_prefix
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
+        self.cascade_min_prefix = spec.cascade_min_prefix
+        self.device = torch.device(spec.device)
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        self.kv_dtype = resolve_kv_cache_dtype(spec.kv_cache_dtype, self.dtype)
         torch.set_grad_enabled(False)
-        self.quantization = resolve_quantization(quantization)
+        self.quantization = resolve_quantization(spec.quantization)
         with one_thread():
             self.model = load_model(self.config, self.dtype, self.device, tp)
-        self.context_len = context_len or self.config.max_position_embeddings
-        self.max_requests = max_requests
-        self.page_size = page_size
-        self.kv_slots = kv_slots or self._default_kv_slots(mem_fraction)
+        self.context_len = spec.context_len or self.config.max_position_embeddings
+        self.max_requests = spec.max_requests
+        self.page_size = spec.page_size
+        self.kv_slots = spec.kv_slots or self._default_kv_slots(spec.mem_fraction)
         self.kv_pool = KVPool(
             self.kv_slots,
             self.config.num_layers,
@@ -115,20 +146,24 @@ class ModelRunner:
         )
         # A tensor-parallel leader's writes to the table are replayed on its workers' tables.
         self.req_to_token_pool = ReqToTokenPool(
-            max_requests, self.context_len, self.device, record_writes=tp.size > 1 and tp.is_leader
+            self.max_requests,
+            self.context_len,
+            self.device,
+            record_writes=tp.size > 1 and tp.is_leader,
         )
-        if pack_weights:  # after sizing the KV pool, which counts the plain weights
+        if spec.pack_weights:  # after sizing the KV pool, which counts the plain weights
             with one_thread():
                 self.model.pack_weights()
         self.graph_runner: CudaGraphRunner | None = None
-        factory = None if disable_cuda_graph else self._graph_factory()
+        factory = None if spec.disable_cuda_graph else self._graph_factory()
         if factory is not None and tp.size > 1:
             # Capturing collectives in CUDA graphs has not been run here (no multi-GPU machine).
             logger.warning("CUDA graphs are off under tensor parallelism")
             factory = None
         if factory is not None:
-            wanted = DEFAULT_CUDA_GRAPH_MAX_BS if cuda_graph_max_bs is None else cuda_graph_max_bs
-            max_bs = min(wanted, max_requests)  # no decode batch holds more requests
+            wanted = spec.cuda_graph_max_bs
+            wanted = DEFAULT_CUDA_GRAPH_MAX_BS if wanted is None else wanted
+            max_bs = min(wanted, self.max_requests)  # no decode batch holds more requests
             with torch.inference_mode():
                 self.graph_runner = CudaGraphRunner(
                     self.model, self.kv_pool, self.req_to_token_pool, self.config.vocab_size,

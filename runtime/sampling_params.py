@@ -1,11 +1,12 @@
 """Per-request sampling and stopping parameters (SGLang's native field names), validated.
 
-``SamplingParamsInput`` is the one typed, strict model of what a request may ask (the native
-API's ``sampling_params`` object, the OpenAI APIs' fields mapped onto it, and the Engine's
-dicts): no string-to-bool or float-to-int coercion, ranges that the kernels can hold, bounded
-stop lists. ``SamplingParams.from_dict`` validates through it (plus the checks that need the
-model: vocabulary size and ``--max-n``, as ``RequestLimits``) and returns the frozen dataclass
-the runtime passes around.
+``SamplingParams`` declares each parameter once, with what a request may send for it;
+``SamplingParamsInput``, derived from those fields, is the typed, strict model of what a request
+may ask (the native API's ``sampling_params`` object, the OpenAI APIs' fields mapped onto it,
+and the Engine's dicts): no string-to-bool or float-to-int coercion, ranges that the kernels
+can hold, bounded stop lists. ``SamplingParams.from_dict`` validates through it (plus the checks
+that need the model: vocabulary size and ``--max-n``, as ``RequestLimits``) and returns the
+frozen dataclass the runtime passes around.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, create_model
 
 from runtime.request_checks import (
     INT64_MAX,
@@ -25,6 +27,7 @@ from runtime.request_checks import (
     check_json_value,
     main_error,
 )
+from runtime.server_args import StrictMode
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag", "choice", "json_object")
 
@@ -71,116 +74,102 @@ Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
-class SamplingParamsInput(BaseModel):
-    """A request's sampling parameters as sent: strict types, bounded sizes, finite numbers.
+def _sent(default: Any, accepts: Any = None, **constraints: Any) -> Any:
+    """A ``SamplingParams`` field: its default, and what a request may send for it (``accepts``:
+    a type other than the field's, ``constraints``: pydantic ``Field`` arguments)."""
+    return dataclasses.field(default=default, metadata={"accepts": accepts, **constraints})
 
-    Token ids are checked against the vocabulary, ``top_k`` against its size and ``n`` against
-    ``--max-n`` by ``SamplingParams.from_dict`` when limits are given.
-    """
 
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+def _sent_fields() -> type[BaseModel]:
+    """``SamplingParams``' fields as a pydantic model; a request leaves an empty tuple unset."""
+    hints = typing.get_type_hints(SamplingParams)
+    fields: dict[str, Any] = {}
+    for spec in dataclasses.fields(SamplingParams):
+        constraints = dict(spec.metadata)
+        accepts = constraints.pop("accepts", None) or hints[spec.name]
+        default = None if spec.default == () else spec.default
+        fields[spec.name] = (accepts, Field(default, **constraints))
+    return create_model("SamplingParamsFields", **fields)
 
-    max_new_tokens: Count = 128
-    min_new_tokens: Count = 0
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=INT64_MAX, description="-1: off; else 1..vocab size")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0**16)
-    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=True)]] | None = Field(
-        None, description="token id -> bias; -Infinity bans the token"
-    )
-    seed: Int64 | None = None
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    stop_regex: (
-        StopRegexPattern | Annotated[list[StopRegexPattern], Field(max_length=MAX_STOP_REGEXES)]
-    ) | None = None
-    ignore_eos: bool = False
-    no_stop_trim: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    n: int = Field(1, ge=1, le=INT64_MAX)
-    json_schema: dict[str, Any] | NonEmpty | None = None
-    regex: NonEmpty | None = None
-    ebnf: NonEmpty | None = None
-    structural_tag: dict[str, Any] | NonEmpty | None = None
-    choice: (
-        Annotated[str, StringConstraints(min_length=1)]
-        | Annotated[
-            list[Annotated[str, StringConstraints(min_length=1)]],
-            Field(min_length=1, max_length=MAX_CHOICES),
-        ]
-    ) | None = None
-    json_object: bool = False
-    grammar_best_effort: bool = False
-    grammar_max_whitespace: int = Field(0, ge=0, le=MAX_GRAMMAR_WHITESPACE)
-    reasoning_end_token_id: TokenId | None = Field(
-        None, description="with a constraint: it applies after this token (e.g. </think>)"
-    )
-    reasoning_start_token_id: TokenId | None = Field(
-        None, description="with reasoning_end_token_id: a first token that opens reasoning"
-    )
-    no_speculation: bool = Field(
-        False, description="do not speculate for this request (--speculative-algorithm)"
-    )
-    strict_mode: Literal["exact", "validate"] | None = Field(
-        None,
-        description="json_schema: exact (refuse what cannot be enforced) or validate (enforce "
-        "what can be, validate finished outputs, draw again); default: --schema-strict-mode",
-    )
-    validation_attempts: int | None = Field(
-        None, ge=1, le=MAX_VALIDATION_ATTEMPTS, description="validate: the most outputs drawn"
-    )
+
+StopStrings = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
+StopRegexes = (
+    StopRegexPattern | Annotated[list[StopRegexPattern], Field(max_length=MAX_STOP_REGEXES)]
+) | None
+Choices = (NonEmpty | Annotated[list[NonEmpty], Field(min_length=1, max_length=MAX_CHOICES)]) | None
+LogitBias = dict[str, Annotated[float, Field(allow_inf_nan=True)]] | None
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: off
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    stop_regex: tuple[str, ...] = ()
+    """One request's validated parameters; each field declares what a request may send for it
+    (``SamplingParamsInput`` is derived from them)."""
+
+    max_new_tokens: int = _sent(128, Count)
+    min_new_tokens: int = _sent(0, Count)
+    temperature: float = _sent(1.0, ge=0.0)
+    top_p: float = _sent(1.0, gt=0.0, le=1.0)
+    top_k: int = _sent(-1, ge=-1, le=INT64_MAX, description="-1: off; else 1..vocab size")
+    min_p: float = _sent(0.0, ge=0.0, le=1.0)
+    frequency_penalty: float = _sent(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = _sent(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = _sent(1.0, gt=0.0, le=2.0**16)
+    logit_bias: dict[int, float] | None = _sent(
+        None, LogitBias, description="token id -> bias; -Infinity bans the token"
+    )
+    seed: int | None = _sent(None, Int64 | None)
+    stop: tuple[str, ...] = _sent((), StopStrings)
+    stop_token_ids: tuple[int, ...] = _sent(
+        (), Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None
+    )
+    stop_regex: tuple[str, ...] = _sent((), StopRegexes)
     ignore_eos: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    n: int = 1
+    n: int = _sent(1, ge=1, le=INT64_MAX)
     # Constrained decoding: at most one of these (the grammar package validates them).
-    json_schema: Any = None
-    regex: str | None = None
-    ebnf: str | None = None
-    structural_tag: Any = None
-    choice: tuple[str, ...] | None = None
+    json_schema: Any = _sent(None, dict[str, Any] | NonEmpty | None)
+    regex: str | None = _sent(None, NonEmpty | None)
+    ebnf: str | None = _sent(None, NonEmpty | None)
+    structural_tag: Any = _sent(None, dict[str, Any] | NonEmpty | None)
+    choice: tuple[str, ...] | None = _sent(None, Choices)
     json_object: bool = False
     grammar_best_effort: bool = False  # compile schema features the backend cannot enforce
-    grammar_max_whitespace: int = 0  # 0: compact JSON; N: ", " / ": " and whitespace runs <= N
+    # 0: compact JSON; N: ", " / ": " and whitespace runs <= N
+    grammar_max_whitespace: int = _sent(0, ge=0, le=MAX_GRAMMAR_WHITESPACE)
     # Reasoning models (runtime/scheduler/reasoning_gate.py): the constraint applies to the
     # output after the token that ends the reasoning (e.g. </think>), the thinking is free. With
     # a start token (e.g. <think>) the output may open its reasoning with it, or not reason at
     # all (then it is constrained from its first token); without, it starts inside the
     # reasoning. A prompt whose last non-whitespace token is the end token is already past it.
-    reasoning_end_token_id: int | None = None
-    reasoning_start_token_id: int | None = None
+    reasoning_end_token_id: int | None = _sent(
+        None,
+        TokenId | None,
+        description="with a constraint: it applies after this token (e.g. </think>)",
+    )
+    reasoning_start_token_id: int | None = _sent(
+        None,
+        TokenId | None,
+        description="with reasoning_end_token_id: a first token that opens reasoning",
+    )
     # Opt out of the server's speculative decoding (outputs are the same either way; this only
     # spares the verify work, e.g. for requests known not to repeat their context).
-    no_speculation: bool = False
+    no_speculation: bool = _sent(
+        False, description="do not speculate for this request (--speculative-algorithm)"
+    )
     # json_schema keywords no automaton enforces: "exact" refuses them; "validate" compiles the
     # rest, validates each finished output and draws again, up to validation_attempts outputs
     # (the tokenizer manager does it). None: the server's default (--schema-strict-mode).
-    strict_mode: str | None = None
-    validation_attempts: int | None = None
+    strict_mode: str | None = _sent(
+        None,
+        StrictMode | None,
+        description="json_schema: exact (refuse what cannot be enforced) or validate (enforce "
+        "what can be, validate finished outputs, draw again); default: --schema-strict-mode",
+    )
+    validation_attempts: int | None = _sent(
+        None, ge=1, le=MAX_VALIDATION_ATTEMPTS, description="validate: the most outputs drawn"
+    )
 
     @property
     def is_greedy(self) -> bool:
@@ -288,10 +277,9 @@ class SamplingParams:
         if self.strict_mode == "validate" and self.json_schema is None:
             raise InvalidSamplingParams("strict_mode", "validate needs a json_schema to check")
         try:
-            for name in ("stop", "stop_regex", "choice", "regex", "ebnf"):
+            for name in ("stop", "stop_regex", "choice", "regex", "ebnf", "json_schema"):
                 check_json_value(getattr(self, name), name)
-            for name in ("json_schema", "structural_tag"):
-                check_json_value(getattr(self, name), name)
+            check_json_value(self.structural_tag, "structural_tag")
         except InvalidRequestValue as exc:
             raise InvalidSamplingParams(exc.field.split(".")[0], exc.reason) from None
         if limits is not None:
@@ -339,6 +327,16 @@ class SamplingParams:
                 raise InvalidSamplingParams(
                     "logit_bias", f"token id {token} is outside the vocabulary [0, {vocab})"
                 )
+
+
+class SamplingParamsInput(_sent_fields()):  # type: ignore[misc]  # fields: SamplingParams'
+    """A request's sampling parameters as sent: strict types, bounded sizes, finite numbers.
+
+    Token ids are checked against the vocabulary, ``top_k`` against its size and ``n`` against
+    ``--max-n`` by ``SamplingParams.from_dict`` when limits are given.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 def _bias_key(key: Any) -> Any:

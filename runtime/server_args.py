@@ -14,18 +14,28 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runtime.distributed.partition import check_tp_size
 from runtime.model_files import builtin_model_path, locate_model
 
-SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+# Declared here, the one source the modules that implement them read:
+# how quantized weights run (runtime.model_loader); auto: none, until quantized execution lands.
+QUANTIZATIONS = ("auto", "none")
+# What json_schema requests do with keywords no automaton enforces (SamplingParams.strict_mode).
+StrictMode = Literal["exact", "validate"]
+STRICT_MODES: tuple[str, ...] = typing.get_args(StrictMode)
+# How the --dp router picks a replica (runtime.scale_out.routing).
+ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
+# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes).
+TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
 # The names below are duplicated from the modules that implement them, so that parsing flags
-# does not import torch (or the grammar engine); a test keeps each pair equal.
+# does not import torch (or the grammar engine), and the layers below the runtime import
+# nothing from it; a test keeps each pair equal.
+# runtime.scheduler.schedule_policy's policies.
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 # runtime.model_config's dtypes; auto: float32 on CPU, bfloat16 elsewhere.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# runtime.model_runner's weight formats; auto: none, until quantized execution lands.
-QUANTIZATIONS = ("auto", "none")
 # runtime.memory_pool.KV_CACHE_DTYPES; auto: the model's compute dtype.
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 # kernels.BACKENDS.
@@ -36,16 +46,10 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo")
 GRAMMAR_BACKENDS = ("xgrammar",)
 # runtime.server.reasoning.REASONING_FORMATS.
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
-# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes).
-TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
 # runtime.speculative's proposers.
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 # runtime.speculative.policy's: adaptive drafts what pays, always the most every step.
 SPECULATIVE_POLICIES = ("adaptive", "always")
-# What json_schema requests do with keywords no automaton enforces (SamplingParams.strict_mode).
-STRICT_MODES = ("exact", "validate")
-# runtime.scale_out.routing.ROUTING_POLICIES.
-ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.

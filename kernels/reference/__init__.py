@@ -1,3 +1,4 @@
-"""Torch reference implementations: the CPU path and the oracle for the triton kernels."""
+"""Torch reference implementations: each op's declaration (signature and contract), the CPU
+fallback and the oracle for the triton and native kernels."""
 
 from kernels.reference import attention, cascade, elementwise, sampling  # noqa: F401  (registers the ops)

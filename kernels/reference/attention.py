@@ -24,6 +24,15 @@ def extend_attention(
     extend_lens: torch.Tensor,
     sm_scale: float,
 ) -> torch.Tensor:
+    """Causal attention of a packed batch of new tokens over their cached prefix and themselves.
+
+    q: [T, H, D], the new tokens of B requests packed back to back (T = sum(extend_lens)).
+    k_buffer, v_buffer: [S, Hkv, D] one layer's KV pool; H must be a multiple of Hkv (GQA).
+    req_to_token: [R, C] int; row ``req_pool_indices[b]`` holds request b's slots by position.
+    seq_lens, extend_lens: [B] int; request b's prefix length is seq_lens[b] - extend_lens[b].
+    Precondition: the new tokens' K/V are already written at their slots.
+    Returns [T, H, Dv].
+    """
     out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
     start = 0
     for row, seq_len, ext in zip(
@@ -60,6 +69,11 @@ def decode_attention(
     seq_lens: torch.Tensor,
     sm_scale: float,
 ) -> torch.Tensor:
+    """One new token per request attending to all seq_lens[b] tokens of its sequence.
+
+    q: [B, H, D]; other arguments as in ``extend_attention`` (the new token's K/V already
+    written, and counted in seq_lens). Returns [B, H, Dv].
+    """
     # One request at a time: padding a batch to its longest sequence and gathering through a
     # 2-D index costs ~10x more on CPU (measured at batch 128, lengths 48-1280) than gathering
     # each sequence's exact rows with index_select.

@@ -46,6 +46,12 @@ def decode_attention_with_lse(
     seq_lens: torch.Tensor,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention over positions [kv_start[b], seq_lens[b]) of each sequence only.
+
+    Arguments as in ``decode_attention``, plus kv_start [B] int64. Returns (out [B, H, Dv] in
+    q's dtype, normalised over those keys; lse [B, H] float32, the natural log-sum-exp of the
+    scaled scores, -inf for an empty range).
+    """
     out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[-1], dtype=q.dtype)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
     rows, starts, ends = req_pool_indices.tolist(), kv_start.tolist(), seq_lens.tolist()
@@ -67,6 +73,13 @@ def shared_prefix_attention(
     prefix_lens: torch.Tensor,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode queries of G groups of requests, each group attending to the prefix it shares.
+
+    q: [N, H, D], group g's queries at rows sharer_offsets[g] .. sharer_offsets[g + 1]
+    ([G + 1] int64); they attend to positions [0, prefix_lens[g]) of req_to_token row
+    prefix_rows[g] ([G] int64 each). The prefix's K/V is read once per block of sharers, not
+    once per sharer. Returns (out, lse) as ``decode_attention_with_lse``.
+    """
     out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[-1], dtype=q.dtype)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
     offsets = sharer_offsets.tolist()
@@ -82,6 +95,8 @@ def shared_prefix_attention(
 def merge_attention_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> None:
+    """In place on (out_a [N, H, Dv] contiguous, lse_a [N, H] float32): merge attention state b,
+    computed over other keys, so that a becomes attention over the union of both key sets."""
     top = torch.maximum(lse_a, lse_b)
     top = torch.where(top == float("-inf"), torch.zeros_like(top), top)
     wa, wb = (lse_a - top).exp(), (lse_b - top).exp()

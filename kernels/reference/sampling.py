@@ -11,8 +11,14 @@ _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, offset) pairs
 
 @register("apply_token_bitmask", "torch")
 def apply_token_bitmask(
-    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
 ) -> None:
+    """In place: logits[row, t] = -inf for every token t not allowed by the row's bitmask.
+
+    logits: [B, V] float. bitmask: [N, W] int32, token t allowed iff bit t % 32 of word t // 32
+    is set (xgrammar's layout); tokens past 32 * W are disallowed. indices: [N] int64 rows of
+    logits the bitmask rows apply to (None: N == B, row i to row i). Other rows are untouched.
+    """
     rows = logits if indices is None else logits[indices]
     vocab = logits.shape[-1]
     bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
@@ -29,6 +35,8 @@ def apply_token_bitmask(
 
 @register("row_max_argmax", "torch")
 def row_max_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's max [B], the first index holding it [B] int64) of logits [B, V]. A row with
+    a NaN gives NaN (the sampler's signal of a broken row); ties go to the lowest index."""
     values, indices = logits.max(dim=-1)
     return values, indices
 
@@ -76,6 +84,15 @@ def sample_from_probs(
     seeds: torch.Tensor,
     offsets: torch.Tensor,
 ) -> torch.Tensor:
+    """One token per row from probs [B, V] float32 (rows sum to 1), after filtering.
+
+    Filters, in order, on each row: top_k [B] int64 (<= 0 or >= V: off) keeps tokens at least
+    as probable as the k-th most probable; top_p [B] float32 (1.0: off) keeps the most probable
+    tokens whose mass (of the top-k mass) first reaches top_p; min_p [B] float32 (0: off) keeps
+    tokens with prob >= min_p * max prob. Ties with the last kept value are kept. The draw for
+    a row depends only on (seeds[b], offsets[b]) [B] int64, never on the other rows.
+    Returns [B] int64 token ids.
+    """
     kept = filter_probs(probs, top_k, top_p, min_p).double()
     cumulative = kept.cumsum(-1)  # token-id order: inverse CDF needs no sort
     uniforms = torch.tensor(

@@ -1,8 +1,8 @@
 """Rank 0 of a tensor-parallel group: the scheduler's model runner, which starts the other
 ranks and has them follow each forward.
 
-``TensorParallelRunner`` is a ``ModelRunner`` to the scheduler: the same constructor
-arguments, ``build_batch`` and ``forward``. It starts ranks 1..N-1 as processes
+``TensorParallelRunner`` is a ``ModelRunner`` to the scheduler: built from the same
+``RunnerConfig``, with the same ``build_batch`` and ``forward``. It starts ranks 1..N-1 as processes
 (runtime/distributed/worker.py), splits the CPU threads between them and itself, and joins
 them in a torch.distributed group. Its ``forward`` first broadcasts the step (the batch's build
 arguments and the request-to-slot table's new writes), then runs its own shard of the model;
@@ -12,13 +12,13 @@ vocabulary. ``shutdown`` tells the workers to stop and waits for them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
 import subprocess
 import sys
 import time
-from typing import Any
 
 import torch
 
@@ -32,54 +32,52 @@ from runtime.distributed.group import (
 )
 from runtime.distributed.worker import Step, WorkerSpec, joined_key
 from runtime.forward_batch import ForwardBatch
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 
 logger = logging.getLogger(__name__)
 
 WORKER_STOP_TIMEOUT_S = 10.0
 
 
-def start_model_runner(tp_size: int, model_path: str, **runner_kwargs: Any) -> ModelRunner:
+def start_model_runner(tp_size: int, spec: RunnerConfig) -> ModelRunner:
     """The model runner of a scheduler: a plain ModelRunner for ``tp_size`` 1, else rank 0 of
-    ``tp_size`` ranks. ``runner_kwargs`` are ModelRunner's."""
+    ``tp_size`` ranks."""
     if tp_size == 1:
-        return ModelRunner(model_path, **runner_kwargs)
-    return TensorParallelRunner(tp_size, model_path, **runner_kwargs)
+        return ModelRunner(spec)
+    return TensorParallelRunner(tp_size, spec)
 
 
 class TensorParallelRunner(ModelRunner):
     """Rank 0 of ``tp_size`` ranks on ``device`` (CUDA: consecutive GPUs from it). Takes
-    ModelRunner's arguments; this process must not belong to another torch.distributed group.
+    a ``RunnerConfig``; this process must not belong to another torch.distributed group.
     Call ``shutdown`` when done (the scheduler does): the workers also exit on their own when
     this process is gone."""
 
-    def __init__(self, tp_size: int, model_path: str, **runner_kwargs: Any) -> None:
+    def __init__(self, tp_size: int, spec: RunnerConfig) -> None:
         if tp_size < 2:
             raise ValueError(f"a tensor-parallel runner needs tp_size >= 2, got {tp_size}")
         check_no_group()  # before starting workers that could never join
         self._threads_before = torch.get_num_threads()
         threads = max(1, self._threads_before // tp_size)
-        device = runner_kwargs.pop("device", "cpu")
         self._store = open_store(tp_size)
         self._workers: list[subprocess.Popen[bytes]] = []
         self._joined = False
         self._closed = False
-        kwargs = {"model_path": model_path, "device": device, **runner_kwargs}
         for rank in range(1, tp_size):
-            spec = WorkerSpec(
+            worker = WorkerSpec(
                 rank, tp_size, self._store.port, threads, os.getpid(),
-                logging.getLogger().getEffectiveLevel(), kwargs,
+                logging.getLogger().getEffectiveLevel(), spec,
             )  # fmt: skip
-            self._workers.append(_start_worker(spec))
+            self._workers.append(_start_worker(worker))
         try:
             self._wait_for_workers()
             torch.set_num_threads(threads)
-            local = torch.device(rank_device(device, 0))
+            local = torch.device(rank_device(spec.device, 0))
             if local.type == "cuda":
                 torch.cuda.set_device(local)
             group = init_tp_group(self._store, 0, tp_size, local)
             self._joined = True
-            super().__init__(model_path, device=str(local), tp=group, **runner_kwargs)
+            super().__init__(dataclasses.replace(spec, device=str(local)), tp=group)
         except BaseException as exc:
             dead = self._dead_worker() if isinstance(exc, RuntimeError) else None
             self._close(tell_workers=False)  # they may be inside a collective of their own

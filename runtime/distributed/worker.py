@@ -12,6 +12,7 @@ or (watched by a thread) as soon as its parent process is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -19,15 +20,14 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from runtime.distributed.group import connect_store, destroy_tp_group, init_tp_group, rank_device
 from runtime.forward_batch import BatchInputs
 from runtime.heap import freeze_startup_heap
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Step:
 @dataclass(frozen=True)
 class WorkerSpec:
     """What a worker process is started with: its place in the group, where to meet the
-    others, its share of the CPU threads, and the ModelRunner arguments (all but ``tp``)."""
+    others, its share of the CPU threads, and its model runner's configuration."""
 
     rank: int
     size: int
@@ -51,7 +51,7 @@ class WorkerSpec:
     threads: int
     parent_pid: int
     log_level: int
-    runner_kwargs: dict[str, Any] = field(default_factory=dict)
+    runner: RunnerConfig
 
 
 def joined_key(rank: int) -> str:
@@ -74,15 +74,14 @@ def run_worker(spec: WorkerSpec) -> None:
     )
     threading.Thread(target=_exit_with_parent, args=(spec.parent_pid,), daemon=True).start()
     torch.set_num_threads(spec.threads)
-    kwargs = dict(spec.runner_kwargs)
-    device = torch.device(rank_device(kwargs.pop("device"), spec.rank))
+    device = torch.device(rank_device(spec.runner.device, spec.rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store = connect_store(spec.store_port, spec.size)
     store.set(joined_key(spec.rank), "1")
     group = init_tp_group(store, spec.rank, spec.size, device)
     try:
-        runner = ModelRunner(device=str(device), tp=group, **kwargs)
+        runner = ModelRunner(dataclasses.replace(spec.runner, device=str(device)), tp=group)
         freeze_startup_heap(f"tensor-parallel rank {spec.rank}")
         follow(runner)
     except RuntimeError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import zmq
 
 from runtime.channels import QueueChannel, Sender, ZmqReceiver, ZmqSender
+from runtime.components import Channels, build_components
 from runtime.heap import freeze_startup_heap
 from runtime.ipc import SchedulerFailed, SchedulerReady
 from runtime.server_args import ServerArgs
@@ -48,7 +48,7 @@ class ReplicaFailed:
 
 
 class _Tagged:
-    """The scheduler's sender to the front, with its server-wide messages made per replica."""
+    """The sender to the front, with the scheduler's server-wide messages made per replica."""
 
     def __init__(self, inner: Sender, replica: int, incarnation: str) -> None:
         self.inner, self.replica, self.incarnation = inner, replica, incarnation
@@ -84,35 +84,24 @@ class Replica:
         )
         import torch
 
-        from runtime.detokenizer import DetokenizerManager
-        from runtime.model_files import load_tokenizer
-        from runtime.scheduler.scheduler import Scheduler
-
         torch.set_num_threads(max(1, threads))
         self.replica = replica
         self.incarnation = f"{os.getpid()}-{time.time_ns()}"
         self._context = zmq.Context()
-        host = node_address()
-        self._inbox = ZmqReceiver.bind_tcp(self._context, host)
+        self._inbox = ZmqReceiver.bind_tcp(self._context, node_address())
         self.address = self._inbox.address
-        to_front = ZmqSender(self._context, front_address, bind=False)
+        to_front = _Tagged(
+            ZmqSender(self._context, front_address, bind=False), replica, self.incarnation
+        )
         to_detokenizer = QueueChannel()
-        tagged = _Tagged(to_front, replica, self.incarnation)
-        self._scheduler = Scheduler(args, self._inbox, to_detokenizer, tagged)
-        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
-        self._detokenizer = DetokenizerManager(tokenizer)
+        parts = build_components(
+            args,
+            Channels(self._inbox, to_detokenizer, None, None, to_detokenizer, to_front),
+        )
+        assert parts.scheduler is not None
+        self._scheduler = parts.scheduler
         self._failed: str | None = None
-        self._threads = [
-            threading.Thread(target=self._run_scheduler, name="scheduler", daemon=True),
-            threading.Thread(
-                target=self._detokenizer.event_loop,
-                args=(to_detokenizer, to_front),
-                name="detokenizer",
-                daemon=True,
-            ),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads = parts.start_threads(self._run_scheduler)
         freeze_startup_heap(f"replica {replica}", args)
         logger.info("replica %d serving at %s", replica, self.address)
 

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.scale_out.prefix_tree import ApproxPrefixTree
-
-ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
+from runtime.server_args import ROUTING_POLICIES
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
-from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.channels import Receiver, Sender, drain
 from runtime.distributed.leader import start_model_runner
 from runtime.forward_batch import ForwardBatch
@@ -50,7 +49,7 @@ from runtime.ipc import (
     TokenOutputBatch,
 )
 from runtime.model_files import load_tokenizer
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.cache_view import CacheView
@@ -78,24 +77,7 @@ class Scheduler:
         # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
         args = args.for_device(torch.cuda.is_available())
         # With tp_size > 1, rank 0 of a tensor-parallel group: it starts the other ranks.
-        self.runner = start_model_runner(
-            args.tp_size,
-            args.model_path,
-            dtype=args.dtype,
-            device=args.device,
-            kv_slots=_pool_slots(args.max_total_tokens, args.page_size),
-            max_requests=args.max_running_requests,
-            context_len=args.context_length,
-            mem_fraction=args.mem_fraction_static,
-            page_size=args.page_size,
-            kv_cache_dtype=args.kv_cache_dtype,
-            cascade_min_prefix=None if args.disable_cascade_attention else DEFAULT_MIN_PREFIX,
-            pack_weights=not args.disable_weight_packing,
-            cuda_graph_max_bs=args.cuda_graph_max_bs,
-            disable_cuda_graph=args.disable_cuda_graph,
-            kernel_backend=args.kernel_backend,
-            quantization=args.quantization,
-        )
+        self.runner = start_model_runner(args.tp_size, RunnerConfig.from_server_args(args))
         try:
             self._set_up(args)
         except BaseException:
@@ -587,7 +569,7 @@ def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConf
     from runtime.speculative.draft_worker import DraftModelWorker
 
     assert args.speculative_draft_model_path is not None
-    worker = DraftModelWorker(
+    draft = RunnerConfig(
         args.speculative_draft_model_path,
         dtype=args.dtype,
         device=str(runner.device),
@@ -595,17 +577,10 @@ def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConf
         max_requests=args.max_running_requests,
         context_len=runner.context_len,
     )
+    worker = DraftModelWorker(draft)
     if worker.vocab_size > runner.config.vocab_size + 1024:  # padding aside, not the same
         raise ValueError(
             f"the draft model's vocabulary ({worker.vocab_size}) is not the target's "
             f"({runner.config.vocab_size}); speculation needs the same tokenizer"
         )
     return config, worker
-
-
-def _pool_slots(max_total_tokens: int | None, page_size: int) -> int | None:
-    """Pool size for the allocator: the requested capacity in whole pages plus the padding page."""
-    if max_total_tokens is None:
-        return None
-    pages = -(-max_total_tokens // page_size)
-    return (pages + 1) * page_size

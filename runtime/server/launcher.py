@@ -29,15 +29,15 @@ import uvloop
 import zmq
 
 from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.components import Channels, build_components
 from runtime.heap import freeze_startup_heap
 from runtime.model_config import ModelConfig
-from runtime.model_files import load_tokenizer, locate_model
+from runtime.model_files import locate_model
 from runtime.server.http_app import create_app
 from runtime.server.http_protocol import StopSignal, uvicorn_config
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
 from runtime.server.state import ServerState
 from runtime.server_args import ServerArgs
-from runtime.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -67,19 +67,12 @@ def launch_server(args: ServerArgs) -> int:
     children: dict[str, BaseProcess] = {}
     try:
         children = _start_children(args, addresses)
-        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
+        parts = build_components(args, Channels(tokenizer_inbox=inbox, to_scheduler=to_scheduler))
+        assert parts.tokenizer_manager is not None
         state = ServerState(
             args,
-            tokenizer,
-            TokenizerManager(
-                tokenizer,
-                to_scheduler,
-                max_n=args.max_n,
-                strict_mode=args.schema_strict_mode,
-                validation_attempts=args.schema_validation_attempts,
-                validation_timeout=args.schema_validation_timeout,
-                program_pin_timeout_s=args.program_pin_timeout_s,
-            ),
+            parts.tokenizer,
+            parts.tokenizer_manager,
             process_info={
                 "server_pid": os.getpid(),
                 "scheduler_pid": children["scheduler"].pid,

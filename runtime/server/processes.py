@@ -21,6 +21,7 @@ from pathlib import Path
 import zmq
 
 from runtime.channels import ZmqReceiver, ZmqSender
+from runtime.components import Channels, build_components
 from runtime.errors import ModelLoadError
 from runtime.heap import freeze_startup_heap
 from runtime.ipc import SchedulerFailed
@@ -54,14 +55,15 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
     the running loop is (by ``Scheduler.event_loop``); either way the process exits non-zero.
     """
     _prepare_child(args, parent_pid)
-    from runtime.scheduler.scheduler import Scheduler  # imports torch: only in this process
-
     context = zmq.Context()
-    inbox = ZmqReceiver(context, addresses.scheduler, bind=True)
-    to_detokenizer = ZmqSender(context, addresses.detokenizer, bind=False)
     to_tokenizer = ZmqSender(context, addresses.tokenizer, bind=False)
+    channels = Channels(
+        scheduler_inbox=ZmqReceiver(context, addresses.scheduler, bind=True),
+        to_detokenizer=ZmqSender(context, addresses.detokenizer, bind=False),
+        to_tokenizer=to_tokenizer,
+    )
     try:
-        scheduler = Scheduler(args, inbox, to_detokenizer, to_tokenizer)
+        scheduler = build_components(args, channels).scheduler
     except ModelLoadError as exc:  # the file's fault, said in one line: no traceback
         logger.error("%s", exc)
         to_tokenizer.send(SchedulerFailed(f"failed to load the model: {exc}"))
@@ -72,6 +74,7 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
         to_tokenizer.send(SchedulerFailed(f"failed to start: {type(exc).__name__}: {exc}"))
         time.sleep(0.2)  # let the message leave before the process exits
         raise
+    assert scheduler is not None
     signal.signal(signal.SIGTERM, lambda *_: scheduler.stop())
     scheduler.grammar.sandbox.prestart()  # a server's first constraint should not wait for it
     freeze_startup_heap("scheduler process", args)
@@ -81,16 +84,16 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
 def run_detokenizer_process(args: ServerArgs, addresses: IpcAddresses, parent_pid: int) -> None:
     """Entry point of the detokenizer process: token ids in, text out, until SIGTERM."""
     _prepare_child(args, parent_pid)
-    from runtime.detokenizer import DetokenizerManager
-    from runtime.model_files import load_tokenizer
-
-    tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
     context = zmq.Context()
-    inbox = ZmqReceiver(context, addresses.detokenizer, bind=True)
-    outbox = ZmqSender(context, addresses.tokenizer, bind=False)
-    manager = DetokenizerManager(tokenizer)
+    parts = build_components(
+        args,
+        Channels(
+            detokenizer_inbox=ZmqReceiver(context, addresses.detokenizer, bind=True),
+            to_tokenizer=ZmqSender(context, addresses.tokenizer, bind=False),
+        ),
+    )
     freeze_startup_heap("detokenizer process", args)
-    manager.event_loop(inbox, outbox)
+    parts.run_detokenizer()
 
 
 def _prepare_child(args: ServerArgs, parent_pid: int) -> None:

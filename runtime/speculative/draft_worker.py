@@ -25,6 +25,7 @@ worker's device.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.forward_batch import ForwardBatch
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.speculative.draft_kv import DraftKVManager, DraftSeq, as_tokens
 
 # choose(logits, active, step) -> tokens: logits [len(active), V] float32 are the draft model's
@@ -65,39 +66,21 @@ class DraftJob:
 class DraftModelWorker:
     """Owns a draft model with its own KV pool and radix tree; proposes tokens per request.
 
-    kv_slots, max_requests, context_len, device, dtype, mem_fraction: as for ``ModelRunner``
-    (the pool is sized from ``mem_fraction`` unless ``kv_slots`` is given). eviction_policy:
-    the draft tree's. max_catch_up_tokens: the most tokens one ``propose`` call computes to
-    bring requests up to date (summed over its jobs); a longer backlog is caught up in chunks
-    over later calls, its job proposing nothing until it is done. ``stats`` counts, since
-    construction, forwards, tokens computed, cache hits and jobs left without a draft.
+    runner: its model's ``RunnerConfig`` (cascade attention and CUDA graphs are off whatever it
+    says). eviction_policy: the draft tree's. max_catch_up_tokens: the most tokens one
+    ``propose`` call computes to bring requests up to date (summed over its jobs); a longer
+    backlog is caught up in chunks over later calls, its job proposing nothing until it is
+    done. ``stats`` counts, since construction, forwards, tokens computed, cache hits and jobs
+    left without a draft.
     """
 
     def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "auto",
-        device: str = "cpu",
-        kv_slots: int | None = None,
-        max_requests: int = 256,
-        context_len: int | None = None,
-        mem_fraction: float = 0.05,
-        eviction_policy: str = "lru",
-        max_catch_up_tokens: int = 8192,
+        self, runner: RunnerConfig, eviction_policy: str = "lru", max_catch_up_tokens: int = 8192
     ) -> None:
         if max_catch_up_tokens < 1:
             raise ValueError(f"max_catch_up_tokens must be >= 1, got {max_catch_up_tokens}")
         self.runner = ModelRunner(
-            model_path,
-            dtype=dtype,
-            device=device,
-            kv_slots=kv_slots,
-            max_requests=max_requests,
-            context_len=context_len,
-            mem_fraction=mem_fraction,
-            cascade_min_prefix=None,
-            disable_cuda_graph=True,
+            dataclasses.replace(runner, cascade_min_prefix=None, disable_cuda_graph=True)
         )
         allocator = KVSlotAllocator(self.runner.kv_slots)
         tree = RadixCache(allocator, policy=eviction_policy)

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from grammar import GrammarError, GrammarService, GrammarSpec, create_backend
 from grammar.schema_walk import escape_pointer
 from runtime.model_config import ModelConfig
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.fuzz.budget import LONG_RUN, fuzz_settings, run_rounds
 from tests.grammar.decoder import ConstrainedDecoder
 
@@ -154,7 +154,9 @@ def compiler(tiny_model_path: Path) -> Iterator[tuple[ConstrainedDecoder, Gramma
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     config = ModelConfig.from_pretrained(tiny_model_path)
     backend = create_backend("xgrammar", tokenizer, config.vocab_size, config.eos_token_ids)
-    runner = ModelRunner(str(tiny_model_path), kv_slots=2048, max_requests=4, context_len=512)
+    runner = ModelRunner(
+        RunnerConfig(str(tiny_model_path), kv_slots=2048, max_requests=4, context_len=512)
+    )
     service = GrammarService(backend, cache_size=64, compile_timeout=60.0)
     try:
         yield ConstrainedDecoder(runner, tokenizer, backend), service

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from grammar import GrammarBackend, GrammarService, create_backend
 from runtime.model_config import ModelConfig
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.grammar.decoder import ConstrainedDecoder
 
 
@@ -35,5 +35,7 @@ def service(backend: GrammarBackend) -> Iterator[GrammarService]:
 
 @pytest.fixture(scope="session")
 def decoder(tiny_model_path: Path, tokenizer: Any, backend: GrammarBackend) -> ConstrainedDecoder:
-    runner = ModelRunner(str(tiny_model_path), kv_slots=32768, max_requests=32, context_len=1024)
+    runner = ModelRunner(
+        RunnerConfig(str(tiny_model_path), kv_slots=32768, max_requests=32, context_len=1024)
+    )
     return ConstrainedDecoder(runner, tokenizer, backend)

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import kernels
+from kernels import cpu_native, dispatch
 from kernels.reference import attention as reference
 from kernels.reference import cascade as cascade_ref
 from kernels.reference import elementwise as elementwise_ref
@@ -24,12 +25,12 @@ GQA = [(2, 2), (8, 2), (7, 1)]  # groups of 1, 4 and 7 query heads per KV head
 
 
 @pytest.fixture(scope="module")
-def native() -> ModuleType:
+def native() -> SimpleNamespace:
+    """The registered native implementations by op name, and the extension as ``ext``."""
     if not kernels.native_available():
         pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
-    from kernels.cpu_native import ops
-
-    return ops
+    ops = {op: impls["native"] for op, impls in dispatch._impls.items() if "native" in impls}
+    return SimpleNamespace(ext=cpu_native.load(), **ops)
 
 
 def _queries(tokens: int, heads: int, dim: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -41,7 +42,7 @@ def _queries(tokens: int, heads: int, dim: int, dtype: torch.dtype, seed: int) -
 @pytest.mark.parametrize(("heads", "kv_heads"), GQA)
 @pytest.mark.parametrize("kv_dtype", DTYPES)
 def test_extend_matches_reference(
-    native: ModuleType, page_size: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
+    native: SimpleNamespace, page_size: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
 ) -> None:
     # Fresh prefills, prefixes with short and long extensions, one-token extends, a length
     # ending mid-page and queries spanning several query blocks.
@@ -61,7 +62,7 @@ def test_extend_matches_reference(
 @pytest.mark.parametrize(("heads", "kv_heads"), GQA)
 @pytest.mark.parametrize("kv_dtype", DTYPES)
 def test_decode_matches_reference(
-    native: ModuleType, page_size: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
+    native: SimpleNamespace, page_size: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
 ) -> None:
     seq_lens = [1, 19, 70, 33, 1000]  # the long one is split over keys (one torch thread here)
     batch = paged_batch(seq_lens, [1] * len(seq_lens), kv_heads, 32, page_size, kv_dtype, 5)
@@ -74,7 +75,7 @@ def test_decode_matches_reference(
     assert_close(out, expected, torch.float32)
 
 
-def test_decode_splits_over_a_long_single_sequence(native: ModuleType) -> None:
+def test_decode_splits_over_a_long_single_sequence(native: SimpleNamespace) -> None:
     for threads in (1, 2):
         torch.set_num_threads(threads)
         batch = paged_batch([4000], [1], 1, 64, 16, torch.float32, seed=7)
@@ -88,7 +89,7 @@ def test_decode_splits_over_a_long_single_sequence(native: ModuleType) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-def test_decode_with_lse_over_a_suffix(native: ModuleType, kv_dtype: torch.dtype) -> None:
+def test_decode_with_lse_over_a_suffix(native: SimpleNamespace, kv_dtype: torch.dtype) -> None:
     seq_lens = [5, 40, 90, 300]
     batch = paged_batch(seq_lens, [1] * 4, 2, 32, 16, kv_dtype, seed=9)
     q = _queries(4, 8, 32, torch.float32, seed=10)
@@ -106,7 +107,7 @@ def test_decode_with_lse_over_a_suffix(native: ModuleType, kv_dtype: torch.dtype
 @pytest.mark.parametrize(("heads", "kv_heads"), GQA)
 @pytest.mark.parametrize("kv_dtype", DTYPES)
 def test_shared_prefix_matches_reference(
-    native: ModuleType, heads: int, kv_heads: int, kv_dtype: torch.dtype
+    native: SimpleNamespace, heads: int, kv_heads: int, kv_dtype: torch.dtype
 ) -> None:
     # Groups of 1, 3 and 70 sharers (70: three sharer blocks) over prefixes of 1, 45 (mid-page)
     # and 300 tokens, plus an empty prefix; the pool is NaN past each prefix, so reading a key
@@ -153,7 +154,7 @@ def _cascade_case(
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("backend", ["native", "torch"])
 def test_cascade_equals_plain_decode(
-    native: ModuleType, page_size: int, kv_dtype: torch.dtype, backend: str
+    native: SimpleNamespace, page_size: int, kv_dtype: torch.dtype, backend: str
 ) -> None:
     previous = kernels.kernel_backend()
     kernels.set_kernel_backend(backend)
@@ -187,7 +188,7 @@ def _check_cascade(page_size: int, kv_dtype: torch.dtype) -> None:
     torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
 
 
-def test_merge_with_an_empty_side_keeps_the_other(native: ModuleType) -> None:
+def test_merge_with_an_empty_side_keeps_the_other(native: SimpleNamespace) -> None:
     out_a = torch.randn(3, 2, 8)
     lse_a = torch.randn(3, 2)
     kept, kept_lse = out_a.clone(), lse_a.clone()
@@ -199,7 +200,7 @@ def test_merge_with_an_empty_side_keeps_the_other(native: ModuleType) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_elementwise_match_reference(native: ModuleType, dtype: torch.dtype) -> None:
+def test_elementwise_match_reference(native: SimpleNamespace, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(13)
     x = torch.randn(37, 96, generator=gen).to(dtype)
     residual = torch.randn(37, 96, generator=gen).to(dtype)
@@ -247,7 +248,7 @@ def _python(code: str, cache_dir: str, backend: str) -> subprocess.CompletedProc
 @pytest.mark.parametrize("vocab", [64, 100, 1000, 1031])
 @pytest.mark.parametrize("indexed", [False, True])
 def test_token_bitmask_matches_reference(
-    native: ModuleType, dtype: torch.dtype, vocab: int, indexed: bool
+    native: SimpleNamespace, dtype: torch.dtype, vocab: int, indexed: bool
 ) -> None:
     from kernels.reference import sampling as sampling_ref
 
@@ -269,7 +270,7 @@ def test_token_bitmask_matches_reference(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_row_max_argmax_matches_reference(native: ModuleType, dtype: torch.dtype) -> None:
+def test_row_max_argmax_matches_reference(native: SimpleNamespace, dtype: torch.dtype) -> None:
     from kernels.reference import sampling as sampling_ref
 
     gen = torch.Generator().manual_seed(3)
@@ -330,7 +331,7 @@ def test_a_failed_build_does_not_fail_the_install_step(tmp_path: Path) -> None:
     assert strict.returncode == 1
 
 
-def test_shared_prefix_refuses_bad_plans(native: ModuleType) -> None:
+def test_shared_prefix_refuses_bad_plans(native: SimpleNamespace) -> None:
     batch = paged_batch([40], [1], 2, 32, 16, torch.float32, seed=16)
     q = _queries(2, 4, 32, torch.float32, seed=17)
     table = batch.req_to_token

@@ -13,7 +13,7 @@ import torch
 import kernels
 from runtime import Engine, forward_batch
 from runtime.cascade import CascadePlan, plan_cascade
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 
 
 def _table(prefixes: list[list[int]], width: int = 200) -> torch.Tensor:
@@ -73,7 +73,9 @@ def test_forward_with_cascade_equals_plain(
 ) -> None:
     """Fork branches: four requests share a 45-token prompt (ending mid-page), two of them also
     a further 10 tokens; two loners decode beside them in a MIXED batch with a prefill."""
-    runner = ModelRunner(str(tiny_model_path), kv_slots=2048, max_requests=8, page_size=page_size)
+    runner = ModelRunner(
+        RunnerConfig(str(tiny_model_path), kv_slots=2048, max_requests=8, page_size=page_size)
+    )
     pool = runner.req_to_token_pool
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(5, 4000, (45,), generator=gen).tolist()

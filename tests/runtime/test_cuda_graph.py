@@ -21,7 +21,7 @@ from runtime import Engine, model_runner
 from runtime.cuda_graph_runner import CudaGraphFactory, capture_batch_sizes
 from runtime.forward_batch import ForwardBatch, ForwardMode
 from runtime.memory_pool import PADDING_SLOT
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.server_args import ServerArgs
 from tests.runtime.graph_standin import CountingGraphFactory
 from tests.runtime.helpers import random_prompts
@@ -44,10 +44,10 @@ def standin() -> Iterator[CountingGraphFactory]:
 
 
 def _runner(path: Path, device: str = "cpu", **kwargs: object) -> ModelRunner:
-    return ModelRunner(
+    return ModelRunner(RunnerConfig(
         str(path), dtype="float32", device=device, kv_slots=4096, max_requests=32,
         cascade_min_prefix=None, cuda_graph_max_bs=MAX_BS, **kwargs,  # type: ignore[arg-type]
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _prefilled(runner: ModelRunner, count: int, seed: int) -> tuple[PagedDriver, list[int]]:
@@ -107,7 +107,7 @@ def test_captures_each_bucket_capped_by_request_rows(
     assert runner.graph_runner is not None
     assert sorted(runner.graph_runner.graphs) == [1, 2, 4, 8, 16]
     assert standin.captured == 5
-    small = ModelRunner(str(tiny_model_path), kv_slots=1024, max_requests=6)
+    small = ModelRunner(RunnerConfig(str(tiny_model_path), kv_slots=1024, max_requests=6))
     assert small.graph_runner is not None and small.graph_runner.max_bs == 6  # not 160
 
 
@@ -124,7 +124,9 @@ def test_padded_replay_equals_eager_on_the_triton_kernels(
     kernels.set_kernel_backend("triton")
     try:
         runner = ModelRunner(
-            str(tiny_model_path), kv_slots=512, max_requests=4, cascade_min_prefix=None
+            RunnerConfig(
+                str(tiny_model_path), kv_slots=512, max_requests=4, cascade_min_prefix=None
+            )
         )
         driver, next_ids = _prefilled(runner, 4, seed=13)
         for size in (3, 1, 4, 2):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runtime.model_config import ModelConfig
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_draft_model, make_draft_model, make_test_model
 from tests.runtime.helpers import random_prompts
 
@@ -22,7 +22,7 @@ from tests.runtime.helpers import random_prompts
 def test_draft_is_the_targets_first_layers(tiny_arch_model_path: Path, tmp_path: Path):
     draft = make_draft_model(tiny_arch_model_path, tmp_path / "draft", num_layers=2)
     assert ModelConfig.from_pretrained(draft).num_layers == 2
-    runner = ModelRunner(str(draft), dtype="float32", kv_slots=256, max_requests=2)
+    runner = ModelRunner(RunnerConfig(str(draft), dtype="float32", kv_slots=256, max_requests=2))
     assert runner.config.num_layers == len(runner.model.model.layers) == 2
     target_weights = load_file(tiny_arch_model_path / "model.safetensors")
     draft_weights = load_file(draft / "model.safetensors")

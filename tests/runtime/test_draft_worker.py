@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from runtime.model_runner import RunnerConfig
 from runtime.speculative.draft_worker import DraftJob, DraftModelWorker
 from runtime.test_model import cached_draft_model, cached_test_model
 from tests.runtime.helpers import random_prompts
@@ -38,9 +39,11 @@ def greedy(logits: torch.Tensor, active: list[int], step: int) -> list[int]:
     return logits.argmax(-1).tolist()
 
 
-def make_worker(path: Path, **kwargs) -> DraftModelWorker:
+def make_worker(path: Path, max_catch_up_tokens: int = 8192, **kwargs) -> DraftModelWorker:
     options = dict(dtype="float32", kv_slots=2048, max_requests=8, context_len=512) | kwargs
-    return DraftModelWorker(str(path), **options)
+    return DraftModelWorker(
+        RunnerConfig(str(path), **options), max_catch_up_tokens=max_catch_up_tokens
+    )
 
 
 def assert_all_cached_or_free(worker: DraftModelWorker) -> None:

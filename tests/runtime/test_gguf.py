@@ -18,7 +18,7 @@ from runtime.gguf import TENSOR_TYPES, iter_gguf_tensors
 from runtime.gguf.metadata import TensorEntry
 from runtime.model_config import ModelConfig
 from runtime.model_files import load_tokenizer, locate_model
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.runtime.gguf_files import reference_folder, write_gguf
 from tests.runtime.paged_driver import PagedDriver
 
@@ -27,7 +27,7 @@ PROMPT = [5, 300, 1200, 7, 99, 2500, 40, 41, 42, 3000, 11, 600] * 4
 
 
 def _logits(model: str | Path) -> torch.Tensor:
-    runner = ModelRunner(str(model), dtype="float32", kv_slots=512, max_requests=4)
+    runner = ModelRunner(RunnerConfig(str(model), dtype="float32", kv_slots=512, max_requests=4))
     driver = PagedDriver(runner)
     seq = driver.new_sequence()
     return driver.extend([seq], [PROMPT], logits="all")

@@ -18,7 +18,7 @@ import torch
 
 from runtime import Engine, memory_pool
 from runtime.memory_pool import KVPool, resolve_kv_cache_dtype
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.server_args import KV_CACHE_DTYPES, ServerArgs
 from tests.runtime.helpers import random_prompts
 from tests.runtime.paged_driver import PagedDriver
@@ -58,14 +58,18 @@ def test_flag_names_match_the_pool_dtypes():
 
 def test_a_16_bit_cache_doubles_the_default_slot_count(tiny_model_path: Path):
     # Unpacked, so that parameters() still holds the projection weights to count.
-    fp32 = ModelRunner(str(tiny_model_path), kv_slots=64, max_requests=2, pack_weights=False)
+    fp32 = ModelRunner(
+        RunnerConfig(str(tiny_model_path), kv_slots=64, max_requests=2, pack_weights=False)
+    )
     weights = sum(p.numel() * p.element_size() for p in fp32.model.parameters())
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     # A budget of 3 MiB after the weights: about 2K float32 slots of the tiny model.
     fraction = (weights + 3 * 2**20) / total
     slots = {
         name: ModelRunner(
-            str(tiny_model_path), max_requests=2, mem_fraction=fraction, kv_cache_dtype=name
+            RunnerConfig(
+                str(tiny_model_path), max_requests=2, mem_fraction=fraction, kv_cache_dtype=name
+            )
         )
         for name in ("auto", "bf16")
     }
@@ -80,7 +84,9 @@ def test_a_16_bit_cache_doubles_the_default_slot_count(tiny_model_path: Path):
 
 def _teacher_forced_logits(path: Path, kv_cache_dtype: str) -> torch.Tensor:
     """Logits [5, B, vocab] of a batched prefill and four decode steps fed fixed tokens."""
-    runner = ModelRunner(str(path), kv_slots=2048, max_requests=8, kv_cache_dtype=kv_cache_dtype)
+    runner = ModelRunner(
+        RunnerConfig(str(path), kv_slots=2048, max_requests=8, kv_cache_dtype=kv_cache_dtype)
+    )
     driver = PagedDriver(runner, seed=1)
     prompts = random_prompts([7, 30, 64, 120, 3, 50, 90, 17], seed=5)
     seqs = [driver.new_sequence() for _ in prompts]

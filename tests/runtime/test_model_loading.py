@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from runtime.model_config import ModelConfig
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.models import supported_architectures
 from tests.runtime.paged_driver import PagedDriver
 
@@ -20,7 +20,7 @@ PROMPT = [[11, 302, 57, 1999, 4, 88, 640, 73, 12]]
 
 
 def _logits(path: Path, dtype: str = "float32") -> torch.Tensor:
-    runner = ModelRunner(str(path), dtype=dtype, kv_slots=256, max_requests=2)
+    runner = ModelRunner(RunnerConfig(str(path), dtype=dtype, kv_slots=256, max_requests=2))
     driver = PagedDriver(runner)
     return driver.extend([driver.new_sequence()], PROMPT, logits="all")
 
@@ -50,7 +50,7 @@ def test_unknown_architecture_is_named(tiny_model_path: Path, tmp_path: Path):
     config["architectures"] = ["FancyNetForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="FancyNetForCausalLM"):
-        ModelRunner(str(folder), kv_slots=64)
+        ModelRunner(RunnerConfig(str(folder), kv_slots=64))
 
 
 def test_missing_weight_is_named(tiny_model_path: Path, tmp_path: Path):
@@ -59,7 +59,7 @@ def test_missing_weight_is_named(tiny_model_path: Path, tmp_path: Path):
     del tensors["model.layers.1.self_attn.k_proj.weight"]
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"layers\.1\.self_attn\.qkv_proj\.weight\[k\]"):
-        ModelRunner(str(folder), kv_slots=64)
+        ModelRunner(RunnerConfig(str(folder), kv_slots=64))
 
 
 def test_sliding_window_checkpoint_is_refused(tiny_model_path: Path, tmp_path: Path):

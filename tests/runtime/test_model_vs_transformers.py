@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.runtime.paged_driver import PagedDriver
 
 ATOL = 1e-4
@@ -16,7 +16,9 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def models(tiny_arch_model_path: Path) -> tuple[ModelRunner, torch.nn.Module]:
-    runner = ModelRunner(str(tiny_arch_model_path), dtype="float32", kv_slots=4096, max_requests=32)
+    runner = ModelRunner(
+        RunnerConfig(str(tiny_arch_model_path), dtype="float32", kv_slots=4096, max_requests=32)
+    )
     hf = AutoModelForCausalLM.from_pretrained(tiny_arch_model_path, dtype=torch.float32).eval()
     return runner, hf
 

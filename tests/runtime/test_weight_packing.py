@@ -7,12 +7,14 @@ from pathlib import Path
 import torch
 
 from runtime.layers.basic import Linear
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.runtime.paged_driver import PagedDriver
 
 
 def _runner(model: Path, pack: bool, dtype: str = "float32") -> ModelRunner:
-    return ModelRunner(str(model), dtype=dtype, kv_slots=1024, max_requests=4, pack_weights=pack)
+    return ModelRunner(
+        RunnerConfig(str(model), dtype=dtype, kv_slots=1024, max_requests=4, pack_weights=pack)
+    )
 
 
 def _prefill_logits(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:

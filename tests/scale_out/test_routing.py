@@ -7,12 +7,17 @@ import random
 import pytest
 
 from runtime.scale_out.prefix_tree import ApproxPrefixTree
-from runtime.scale_out.routing import ROUTING_POLICIES, Router, RouterConfig
-from runtime.server_args import ROUTING_POLICIES as FLAG_POLICIES
+from runtime.scale_out.routing import Router, RouterConfig
+from runtime.server_args import ROUTING_POLICIES
 
 
-def test_policy_names_match_the_flag_choices() -> None:
-    assert ROUTING_POLICIES == FLAG_POLICIES
+def test_every_flag_choice_routes_and_other_names_are_refused() -> None:
+    for name in ROUTING_POLICIES:
+        router = Router(2, RouterConfig(policy=name))
+        assert router.choose([1, 2, 3]) in (0, 1)
+        assert router.decisions and sum(router.decisions.values()) == 1
+    with pytest.raises(ValueError, match="router policy must be one of"):
+        RouterConfig(policy="least_recent")
 
 
 # ---- ApproxPrefixTree ---------------------------------------------------------------------
