@@ -121,10 +121,8 @@ def _load(backend: str, required: bool) -> bool:
         _load_errors[backend] = None
         try:
             module = importlib.import_module(_MODULES[backend])
-            if backend == "native" and not module.available():  # it warned already
-                from kernels import cpu_native
-
-                _load_errors[backend] = cpu_native.load_error()
+            # A native build that did not load warned already; its module says why.
+            _load_errors[backend] = getattr(module, "load_error", lambda: None)()
         except Exception as exc:
             _load_errors[backend] = exc
             logger.warning("%s unavailable, using the torch reference: %s", _NAMES[backend], exc)

@@ -26,8 +26,9 @@ _SAME_ARGUMENTS = (
 )
 
 
-def available() -> bool:
-    return _ext is not None
+def load_error() -> Exception | None:
+    """Why the extension did not load (None when it did)."""
+    return cpu_native.load_error() if _ext is None else None
 
 
 if _ext is not None:
