@@ -18,13 +18,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import kernels
-from grammar import GrammarMatcher, sample_inverse_cdf, verify_draft
+from grammar import sample_inverse_cdf, verify_draft
 from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.scheduler.req import Req
 
 # Salt that puts draft-verification uniforms in a stream apart from the sampling draws.
 _DRAFT_STREAM = 0x5DEECE66D
@@ -41,30 +44,31 @@ _MAX_REDRAWS = 32
 logger = logging.getLogger(__name__)
 
 
-class Draft(Protocol):
-    tokens: list[int]  # to verify
-    probs: torch.Tensor | None  # [n, V] the distributions they were drawn from; None: certain
-    draws: int  # uniforms used drafting and verifying so far
+class PenaltyCounts:
+    """A request's output token counts [V] float32 and the tokens seen in its prompt or
+    output [V] bool, for the penalties: built by the sampler when first needed, then
+    advanced by each output token."""
 
+    def __init__(self) -> None:
+        self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
 
-class Row(Protocol):
-    """What the sampler reads and updates of a request (the scheduler's ``Req`` is one)."""
+    def get(self, req: Req, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if self.tensors is None:
+            counts = torch.zeros(vocab_size, device=device)
+            seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            seen[torch.tensor(req.input_ids, device=device)] = True
+            if req.output_ids:
+                out = torch.tensor(req.output_ids, device=device)
+                counts.index_add_(0, out, torch.ones(len(out), device=device))
+                seen[out] = True
+            self.tensors = (counts, seen)
+        return self.tensors
 
-    rid: str
-    sampling: SamplingParams
-    seed: int
-    input_ids: list[int]
-    output_ids: list[int]
-    grammar: GrammarMatcher | None
-    token_counts: tuple[torch.Tensor, torch.Tensor] | None  # penalties, [vocab] each
-    return_logprob: bool
-    top_logprobs_num: int
-
-    @property
-    def draft(self) -> Draft: ...
-
-    @property
-    def masks_next_token(self) -> bool: ...
+    def add(self, token: int) -> None:
+        if self.tensors is not None:
+            counts, seen = self.tensors
+            counts[token] += 1
+            seen[token] = True
 
 
 @dataclass
@@ -95,10 +99,11 @@ class Sampler:
         self.grammar_accept = grammar_accept
 
     def sample(
-        self, logits: torch.Tensor, reqs: Sequence[Row], in_place: bool = False
+        self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False, ahead: int = 0
     ) -> SampleOutput:
-        """logits: [N, V] float32, row i for reqs[i]'s next token. Modifies ``logits`` only
-        with ``in_place`` (a copy the caller will not read again: saves a copy of [N, V]).
+        """logits: [N, V] float32, row i for reqs[i]'s next token, ``ahead`` tokens past its
+        outputs (a verified draft's). Modifies ``logits`` only with ``in_place`` (a copy the
+        caller will not read again: saves a copy of [N, V]).
 
         Constrained rows' matchers accept their tokens here (``grammar_accepted``). If this
         raises, no matcher has changed yet, so the rows can be sampled again one by one.
@@ -109,18 +114,18 @@ class Sampler:
         if not in_place:
             logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
-        if self.grammar_mask is not None and any(r.masks_next_token for r in reqs):
+        if self.grammar_mask is not None and any(r.constraint.masks_next_token for r in reqs):
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
-            self._mask_stop_below_min(logits[i], req, len(req.output_ids))
+            self._mask_stop_below_min(logits[i], req, len(req.output_ids) + ahead)
         # One pass gives each row's max (to find rows with nothing to sample) and its argmax
         # (the greedy rows' token).
         top, tokens = kernels.row_max_argmax(logits)
         failures = _unsampleable_rows(top, reqs)
         for row in failures:
             logits[row] = 0.0  # drawn from (uniformly) so the batch stays valid, then dropped
-        tokens = self._draw(logits, reqs, tokens)
-        accepted = self._advance_grammars(logits, tokens, reqs, failures)
+        tokens = self._draw(logits, reqs, tokens, ahead)
+        accepted = self._advance_grammars(logits, tokens, reqs, failures, ahead)
         try:
             logprobs = self._logprobs(raw, wants_logprobs, tokens, reqs)
         except Exception:  # matchers have moved: fail the rows instead of raising
@@ -134,8 +139,9 @@ class Sampler:
         self,
         logits: torch.Tensor,
         tokens: torch.Tensor,
-        reqs: Sequence[Row],
+        reqs: Sequence[Req],
         failures: dict[int, tuple[int, str]],
+        ahead: int,
     ) -> list[bool]:
         """Advance each constrained row's matcher by its token; never raises.
 
@@ -146,10 +152,11 @@ class Sampler:
         that cannot be advanced.
         """
         accepted = [False] * len(reqs)
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and i not in failures]
+        matchers = [r.constraint.matcher for r in reqs]
+        rows = [i for i, m in enumerate(matchers) if m is not None and i not in failures]
         if self.grammar_accept is not None and len(rows) > 1:
             try:  # the batch first; refused rows (their matchers unchanged) redraw below
-                batch = self.grammar_accept([reqs[i].grammar for i in rows], tokens[rows].tolist())
+                batch = self.grammar_accept([matchers[i] for i in rows], tokens[rows].tolist())
                 for row, ok in zip(rows, batch, strict=True):
                     accepted[row] = ok
             except Exception:
@@ -159,7 +166,7 @@ class Sampler:
             if accepted[row]:
                 continue
             try:
-                accepted[row] = self._accept_or_redraw(logits, tokens, row, req)
+                accepted[row] = self._accept_or_redraw(logits, tokens, row, req, ahead)
             except Exception:
                 logger.exception("advancing the grammar of request %s failed", req.rid)
                 accepted[row] = False
@@ -168,9 +175,9 @@ class Sampler:
         return accepted
 
     def _accept_or_redraw(
-        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Row
+        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Req, ahead: int
     ) -> bool:
-        grammar = req.grammar
+        grammar = req.constraint.matcher
         assert grammar is not None, "only constrained rows are accepted"
         for _ in range(_MAX_REDRAWS):
             if grammar.accept_token(int(tokens[row])):
@@ -178,11 +185,11 @@ class Sampler:
             logits[row, int(tokens[row])] = float("-inf")
             if not bool((logits[row] > float("-inf")).any()):
                 return False
-            tokens[row] = self._draw(logits[row : row + 1], [req])[0]
+            tokens[row] = self._draw(logits[row : row + 1], [req], None, ahead)[0]
         return False
 
     def verify_draft(
-        self, raw: torch.Tensor, req: Row, bitmask: torch.Tensor | None
+        self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor | None
     ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
         """Accept the longest prefix of ``req.draft.tokens`` the model agrees with, plus one token.
 
@@ -217,7 +224,7 @@ class Sampler:
     def process_draft_rows(
         self,
         logits: torch.Tensor,
-        req: Row,
+        req: Req,
         draft: Sequence[int],
         first: int,
         bitmask: torch.Tensor | None,
@@ -233,7 +240,9 @@ class Sampler:
                 list(params.logit_bias.values()), device=logits.device
             )
         if params.has_penalties:
-            counts, seen = (t.clone() for t in self._token_counts(req, logits.device))
+            counts, seen = (
+                t.clone() for t in req.penalties.get(req, self.vocab_size, logits.device)
+            )
             for token in draft[:first]:
                 counts[token] += 1
                 seen[token] = True
@@ -250,7 +259,7 @@ class Sampler:
         return logits
 
     @staticmethod
-    def draft_probs(logits: torch.Tensor, req: Row) -> torch.Tensor:
+    def draft_probs(logits: torch.Tensor, req: Req) -> torch.Tensor:
         """The distributions [m, V] a sampled request draws from, given processed ``logits``
         [m, V]: temperature, top-k, top-p, min-p, normalised (zero where filtered out)."""
         params = req.sampling
@@ -265,7 +274,7 @@ class Sampler:
         return kept / kept.sum(-1, keepdim=True)
 
     @staticmethod
-    def _draft_uniform(req: Row) -> Callable[[], float]:
+    def _draft_uniform(req: Req) -> Callable[[], float]:
         """U[0, 1) draws for drafting and verifying ``req``, seeded by the request and
         counted in ``req.draft.draws`` (a stream apart from the sampling draws)."""
 
@@ -275,15 +284,15 @@ class Sampler:
 
         return uniform
 
-    def draw_draft_token(self, probs: torch.Tensor, req: Row) -> int:
+    def draw_draft_token(self, probs: torch.Tensor, req: Req) -> int:
         """One token from a draft model's distribution ``probs`` [V] for ``req``, seeded."""
         return sample_inverse_cdf(probs.double(), self._draft_uniform(req)())
 
-    def _stop_ids(self, req: Row) -> list[int]:
+    def _stop_ids(self, req: Req) -> list[int]:
         ids = list(req.sampling.stop_token_ids)
         return ids if req.sampling.ignore_eos else ids + self.eos_token_ids
 
-    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Row]) -> None:
+    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for i, req in enumerate(reqs):
             params = req.sampling
             if params.logit_bias:
@@ -292,23 +301,10 @@ class Sampler:
                 logits[i, ids] += bias
             if not params.has_penalties:
                 continue
-            counts, seen = self._token_counts(req, logits.device)
+            counts, seen = req.penalties.get(req, self.vocab_size, logits.device)
             logits[i] = _penalised(logits[i], params, counts, seen)
 
-    def _token_counts(self, req: Row, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output token counts [V] float32, seen in prompt or output [V] bool), built once."""
-        if req.token_counts is None:
-            counts = torch.zeros(self.vocab_size, device=device)
-            seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-            seen[torch.tensor(req.input_ids, device=device)] = True
-            if req.output_ids:
-                out = torch.tensor(req.output_ids, device=device)
-                counts.index_add_(0, out, torch.ones(len(out), device=device))
-                seen[out] = True
-            req.token_counts = (counts, seen)
-        return req.token_counts
-
-    def _mask_stop_below_min(self, row: torch.Tensor, req: Row, produced: int) -> None:
+    def _mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
         """Forbid stop tokens while fewer than min_new_tokens are out (row [V], in place) —
         unless the grammar allows nothing else: its end wins over min_new_tokens."""
         if produced >= req.sampling.min_new_tokens:
@@ -316,11 +312,15 @@ class Sampler:
         stop_ids = self._stop_ids(req)
         masked = row.clone()
         masked[stop_ids] = float("-inf")
-        if not req.masks_next_token or bool(torch.isfinite(masked).any()):
+        if not req.constraint.masks_next_token or bool(torch.isfinite(masked).any()):
             row.copy_(masked)
 
     def _draw(
-        self, logits: torch.Tensor, reqs: Sequence[Row], argmax: torch.Tensor | None = None
+        self,
+        logits: torch.Tensor,
+        reqs: Sequence[Req],
+        argmax: torch.Tensor | None = None,
+        ahead: int = 0,
     ) -> torch.Tensor:
         """One token per row: the argmax for greedy rows (``argmax``: already computed),
         a filtered, seeded draw for the others. Scoring-only rows (max_new_tokens 0: the token
@@ -343,14 +343,14 @@ class Sampler:
             torch.tensor([p.top_p for p in params], device=device),
             torch.tensor([p.min_p for p in params], device=device),
             torch.tensor([reqs[i].seed for i in rows], device=device),
-            torch.tensor([len(reqs[i].output_ids) for i in rows], device=device),
+            torch.tensor([len(reqs[i].output_ids) + ahead for i in rows], device=device),
         )
         tokens[rows] = sampled
         return tokens
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Row]
+        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Req]
     ) -> list[tuple[float, list[tuple[float, int]]] | None]:
         """Logprobs of the model's own distribution for the requests that ask: ``raw`` holds
         their unprocessed logits rows, ``rows`` their positions in the batch."""
@@ -388,7 +388,7 @@ def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     return (logits - top) / temps
 
 
-def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Row]) -> dict[int, tuple[int, str]]:
+def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tuple[int, str]]:
     """Rows that leave no token to sample, with the reason, from each processed row's max
     ``top`` [N]: NaN if any entry of the row is, -inf if every entry is."""
     broken = torch.isnan(top)
@@ -397,7 +397,7 @@ def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Row]) -> dict[int, tupl
     for row in (broken | empty).nonzero().flatten().tolist():
         if bool(broken[row]):
             failures[row] = (500, "the model produced NaN logits for this request")
-        elif reqs[row].masks_next_token:
+        elif reqs[row].constraint.masks_next_token:
             failures[row] = (
                 400,
                 "no token is allowed: the constraint admits none here given logit_bias, "

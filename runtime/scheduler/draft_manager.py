@@ -36,6 +36,7 @@ from runtime.speculative.policy import PRIOR_COST, Acceptance, VerifyCost
 
 if TYPE_CHECKING:
     from runtime.sampler import Sampler
+    from runtime.sampling_params import SamplingParams
     from runtime.scheduler.kv_manager import KVCacheManager
     from runtime.scheduler.output_processor import OutputProcessor
     from runtime.scheduler.req import Req
@@ -162,10 +163,9 @@ class DraftManager:
 
     # ---- proposing ---------------------------------------------------------------------
 
-    def speculates(self, req: Req) -> bool:
-        """Whether speculation is on for ``req`` (the server's and the request's choice);
-        the scheduler records it in ``req.speculates``."""
-        return self.speculation is not None and not req.sampling.no_speculation
+    def speculates(self, params: SamplingParams) -> bool:
+        """Whether speculation is on for a request (the server's and the request's choice)."""
+        return self.speculation is not None and not params.no_speculation
 
     def propose(self, reqs: Sequence[Req]) -> None:
         """Give each request that will decode next step the draft to verify then: what its
@@ -196,10 +196,10 @@ class DraftManager:
         ask the draft model for instead (0: none). cost: a draft token's and a draft's,
         relative to a request's share of a step (``VerifyCost.relative``); probe: per source,
         whether a request whose drafts do not pay may still try one token now and then."""
-        if req.finished_reason is not None or req.pending_len != 1 or req.draft.tokens:
+        if req.finished or req.pending_len != 1 or req.draft.tokens:
             return 0
         budget = req.remaining_new_tokens - 1
-        grammar = req.grammar
+        grammar = req.constraint.matcher
         if budget <= 0 or (grammar is not None and grammar.is_terminated()):
             return 0
         state = req.draft
@@ -208,7 +208,7 @@ class DraftManager:
             if forced:
                 state.set(forced, JUMP)
                 return 0
-        gate = req.reasoning_gate
+        gate = req.constraint.gate
         if not req.speculates or (gate is not None and gate.opening):
             return 0
         assert self.speculation is not None
@@ -266,10 +266,10 @@ class DraftManager:
         grammar refuses, and before the end of its reasoning (the grammar starts after it, and
         a verify row past it would need the grammar's mask), and before the token that ends
         the grammar (no mask follows it)."""
-        gate = req.reasoning_gate
+        gate = req.constraint.gate
         if gate is not None and gate.end_token in tokens:
             tokens = tokens[: tokens.index(gate.end_token)]
-        grammar = req.grammar
+        grammar = req.constraint.matcher
         if grammar is None or not tokens:
             return tokens
         accepted = 0
@@ -317,8 +317,8 @@ class DraftManager:
             logger.exception("the draft model failed; no model drafts this step")
             failed = True
         for (req, _), tokens in zip(wanted, drafted, strict=True):
-            if req.grammar is not None and tokens:  # choose advanced it past each token
-                req.grammar.rollback(len(tokens))
+            if req.constraint.matcher is not None and tokens:  # choose advanced it past each token
+                req.constraint.matcher.rollback(len(tokens))
         if failed:
             drafted = [[] for _ in wanted]
         self.cost.observe_draft(time.perf_counter() - started, len(wanted))
@@ -335,9 +335,9 @@ class DraftManager:
         (which then stands past the token). -1: stop drafting."""
         row = _to_vocab(row.float(), self.vocab_size)
         mask = None
-        if req.grammar is not None:
+        if req.constraint.matcher is not None:
             mask = allocate_bitmask(1, self.vocab_size)
-            req.grammar.fill_mask(mask, 0)
+            req.constraint.matcher.fill_mask(mask, 0)
         logits = self.sampler.process_draft_rows(row, req, drafted, len(drafted), mask)
         if not bool(torch.isfinite(logits).any()):
             return -1, None
@@ -349,10 +349,10 @@ class DraftManager:
             if not bool(torch.isfinite(q).all()):
                 return -1, None
             token = self.sampler.draw_draft_token(q, req)
-        gate = req.reasoning_gate
+        gate = req.constraint.gate
         if gate is not None and token == gate.end_token:
             return -1, None
-        grammar = req.grammar
+        grammar = req.constraint.matcher
         if grammar is not None:
             if not grammar.accept_token(token):
                 return -1, None
@@ -366,11 +366,11 @@ class DraftManager:
     def mask(self, req: Req) -> torch.Tensor | Exception | None:
         """The grammar's masks at each position of the draft (the matcher then stands past
         it, as ``verify`` expects), what filling them raised, or None (unconstrained)."""
-        if req.grammar is None:
+        if req.constraint.matcher is None:
             return None
         mask = allocate_bitmask(len(req.draft.tokens) + 1, self.vocab_size)
         try:
-            fill_draft_masks(req.grammar, req.draft.tokens, mask, 0)
+            fill_draft_masks(req.constraint.matcher, req.draft.tokens, mask, 0)
         except Exception as exc:
             return exc
         return mask
@@ -387,25 +387,23 @@ class DraftManager:
         if isinstance(mask, Exception):
             raise mask
         assert not isinstance(mask, bool)
-        constrained = req.grammar is not None
+        constrained = req.constraint.matcher is not None
         tokens, logprobs = self.sampler.verify_draft(rows, req, mask)
         if constrained:
-            assert req.grammar is not None
-            if not commit_draft(req.grammar, draft, DraftVerdict(len(tokens) - 1, tokens[-1])):
+            assert req.constraint.matcher is not None
+            if not commit_draft(
+                req.constraint.matcher, draft, DraftVerdict(len(tokens) - 1, tokens[-1])
+            ):
                 # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
                 # draw that position again through the full pipeline, which re-checks it.
                 position = len(tokens) - 1
-                req.output_ids.extend(draft[:position])  # the drawn row sees the right history
-                try:
-                    again = self.sampler.sample(rows[position : position + 1], [req])
-                finally:
-                    del req.output_ids[len(req.output_ids) - position :]
+                again = self.sampler.sample(rows[position : position + 1], [req], ahead=position)
                 if again.failures:
                     req.fail(*again.failures[0])
                     return
                 tokens[-1] = again.token_ids[0]
                 logprobs[-1] = again.logprobs[0]
-        self.kv.truncate(req, req.kv_len - (len(draft) + 1 - len(tokens)))
+        self.kv.truncate(req, req.kv.kv_len - (len(draft) + 1 - len(tokens)))
         state = req.draft
         accepted = len(tokens) - 1
         if state.source == JUMP:

@@ -60,7 +60,7 @@ from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
-from runtime.scheduler.req import Req
+from runtime.scheduler.req import Req, Status
 from runtime.scheduler.schedule_policy import make_policy, program_aware, with_starved_first
 from runtime.scheduler.step_batch import StepBatch
 from runtime.scheduler.stop_checker import StopChecker
@@ -213,6 +213,8 @@ class Scheduler:
             logger.warning("program %s was idle too long: its pinned KV is released", program)
         if self.grammar.queue:
             compiled, failed_compiles = self.grammar.poll()
+            for req in compiled:
+                req.status = Status.WAITING
             self.waiting.extend(compiled)
             self._emit(failed_compiles)
         if not self.waiting and not self.running:
@@ -229,9 +231,10 @@ class Scheduler:
         for req in admitted:
             self.waiting.remove(req)
             self.running.append(req)
-            if req.retractions == 0:
+            if req.status is Status.WAITING:  # its first admission
                 self.stats["prompt_tokens"] += len(req.input_ids)
-                self.stats["cached_tokens"] += req.cached_tokens
+                self.stats["cached_tokens"] += req.kv.cached_tokens
+            req.status = Status.RUNNING
         self._shed_pins_if_blocking()
         if prefill or decodes:
             self.activity.record_step(
@@ -305,7 +308,7 @@ class Scheduler:
         drafted = {id(d.req) for d in step.drafts}
         for req, n in step.work:
             # Prefill progress goes into the tree now, so requests sharing it can reuse it.
-            if n > 1 and id(req) not in drafted and req.finished_reason is None:
+            if n > 1 and id(req) not in drafted and not req.finished:
                 self.kv.cache_prefix(req)
         self.drafts.propose([req for req, _ in step.work])
 
@@ -381,7 +384,7 @@ class Scheduler:
         return SampleOutput(tokens, logprobs, failures, accepted)
 
     def _finish_and_emit(self, failed: list[Req]) -> None:
-        done = [r for r in self.running if r.finished_reason is not None]
+        done = [r for r in self.running if r.finished]
         outputs = self.outputs.outputs_for(self.running + failed)
         for req in failed:
             self.activity.record_finished(req)
@@ -440,9 +443,9 @@ class Scheduler:
             room = self.context_len - len(msg.input_ids)
             if params.max_new_tokens > room:
                 msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
-            req = Req(msg, seed)
-            req.speculates = self.drafts.speculates(req)
+            req = Req(msg, seed, self.drafts.speculates(msg.sampling_params))
             if needs_preparing(req.sampling):
+                req.status = Status.CONSTRAINING
                 self.grammar.enqueue(req)
             else:
                 self.waiting.append(req)

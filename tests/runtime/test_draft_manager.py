@@ -74,10 +74,10 @@ def _manager(config: ModelConfig, worker: _Worker, tokenizer) -> DraftManager:  
 
 
 def _req(backend, regex: str) -> Req:  # noqa: ANN001
-    req = Req(GenerateRequest("r", [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=32)), 0)
-    req.grammar = backend.compile(GrammarSpec.for_regex(regex)).new_matcher()
-    req.speculates = True
-    req.kv_len = len(req.token_ids) - 1  # decoding: the last token waits for its KV
+    params = SamplingParams(temperature=0, max_new_tokens=32)
+    req = Req(GenerateRequest("r", [5, 6, 7], params), 0, speculates=True)
+    req.constraint.matcher = backend.compile(GrammarSpec.for_regex(regex)).new_matcher()
+    req.kv.kv_len = len(req.token_ids) - 1  # decoding: the last token waits for its KV
     return req
 
 
@@ -93,7 +93,7 @@ def test_model_drafts_stop_at_what_the_grammar_refuses(parts):
     manager.propose([req])
     assert req.draft.tokens == [a, b]  # z is refused: drafting stops there
     assert req.draft.source == DRAFT_MODEL and req.draft.probs is None  # greedy: certain
-    assert req.grammar.accept_token(a)  # the matcher stands where it stood
+    assert req.constraint.matcher.accept_token(a)  # the matcher stands where it stood
 
 
 def test_a_failing_draft_model_leaves_the_matcher_where_it_was(parts):
@@ -102,5 +102,6 @@ def test_a_failing_draft_model_leaves_the_matcher_where_it_was(parts):
     manager = _manager(config, _Worker(config.vocab_size, [a, b], fail_after=2), tokenizer)
     req = _req(backend, "abc")
     manager.propose([req])  # two tokens chosen (the matcher advanced), then the model broke
-    assert req.draft.tokens == [] and req.finished_reason is None
-    assert req.grammar.accept_token(a) and req.grammar.accept_token(b)  # from the start
+    assert req.draft.tokens == [] and not req.finished
+    matcher = req.constraint.matcher
+    assert matcher.accept_token(a) and matcher.accept_token(b)  # from the start

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from runtime.sampler import Sampler
+from runtime.sampler import PenaltyCounts, Sampler
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.grammar_manager import ConstraintState
 
 V = 8
 TRIALS = 5000
@@ -30,11 +31,10 @@ class _Row:
     rid: str = "r"
     input_ids: list[int] = field(default_factory=lambda: [1, 2, 3])
     output_ids: list[int] = field(default_factory=list)
-    grammar: None = None
-    token_counts: tuple[torch.Tensor, torch.Tensor] | None = None
+    constraint: ConstraintState = field(default_factory=ConstraintState)
+    penalties: PenaltyCounts = field(default_factory=PenaltyCounts)
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    masks_next_token: bool = False
 
 
 def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
