@@ -23,14 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import kernels
-from grammar import sample_inverse_cdf, verify_draft
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.scheduler.req import Req
-
-# Salt that puts draft-verification uniforms in a stream apart from the sampling draws.
-_DRAFT_STREAM = 0x5DEECE66D
 
 GrammarMaskFn = Callable[[torch.Tensor, Sequence[Any]], None]
 GrammarAcceptFn = Callable[[list[Any], list[int]], list[bool]]
@@ -117,7 +113,7 @@ class Sampler:
         if self.grammar_mask is not None and any(r.constraint.masks_next_token for r in reqs):
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
-            self._mask_stop_below_min(logits[i], req, len(req.output_ids) + ahead)
+            self.mask_stop_below_min(logits[i], req, len(req.output_ids) + ahead)
         # One pass gives each row's max (to find rows with nothing to sample) and its argmax
         # (the greedy rows' token).
         top, tokens = kernels.row_max_argmax(logits)
@@ -188,106 +184,6 @@ class Sampler:
             tokens[row] = self._draw(logits[row : row + 1], [req], None, ahead)[0]
         return False
 
-    def verify_draft(
-        self, raw: torch.Tensor, req: Req, bitmask: torch.Tensor | None
-    ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
-        """Accept the longest prefix of ``req.draft.tokens`` the model agrees with, plus one token.
-
-        raw: [n + 1, V] logits of the positions from the last sampled token through the draft;
-        bitmask: [n + 1, W] the grammar's mask at each of them, or None (unconstrained). Row i
-        goes through the same pipeline as a token-by-token step at output length
-        len(output_ids) + i, penalties counting draft[:i] (``process_draft_rows``). Greedy
-        accepts while the argmax equals the draft token; sampling uses the speculative rule
-        against the draft's distributions (``req.draft.probs``; None: certain tokens), so
-        outputs keep the token-by-token distribution. Returns the emitted tokens and their
-        logprobs (None unless requested).
-        """
-        params = req.sampling
-        draft = req.draft.tokens
-        logits = self.process_draft_rows(raw.clone(), req, draft, 0, bitmask)
-        if params.is_greedy:
-            verdict = verify_draft(draft, logits, True, lambda: 0.0)
-        else:
-            verdict = verify_draft(
-                draft, self.draft_probs(logits, req), False, self._draft_uniform(req),
-                req.draft.probs,
-            )  # fmt: skip
-        tokens = draft[: verdict.accepted] + [verdict.next_token]
-        rows = raw[: len(tokens)]
-        logprobs: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(tokens)
-        if req.return_logprob:
-            table = torch.log_softmax(rows, dim=-1)
-            for i, token in enumerate(tokens):
-                logprobs[i] = (float(table[i, token]), top_logprobs(table[i], req.top_logprobs_num))
-        return tokens, logprobs
-
-    def process_draft_rows(
-        self,
-        logits: torch.Tensor,
-        req: Req,
-        draft: Sequence[int],
-        first: int,
-        bitmask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Process, in place, rows of ``req``'s logits as its token-by-token steps would:
-        row r predicts the token after draft[:first + r] (output length len(output_ids) +
-        first + r). Bias, penalties counting those draft tokens too, the grammar's ``bitmask``
-        rows (None: unconstrained) and the stop-token mask below min_new_tokens. The target's
-        rows and a draft model's rows go through this one function, so p and q match."""
-        params = req.sampling
-        if params.logit_bias:
-            logits[:, list(params.logit_bias)] += torch.tensor(
-                list(params.logit_bias.values()), device=logits.device
-            )
-        if params.has_penalties:
-            counts, seen = (
-                t.clone() for t in req.penalties.get(req, self.vocab_size, logits.device)
-            )
-            for token in draft[:first]:
-                counts[token] += 1
-                seen[token] = True
-            for r in range(logits.shape[0]):
-                if r:
-                    token = draft[first + r - 1]
-                    counts[token] += 1
-                    seen[token] = True
-                logits[r] = _penalised(logits[r], params, counts, seen)
-        if bitmask is not None:
-            kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
-        for r in range(logits.shape[0]):
-            self._mask_stop_below_min(logits[r], req, len(req.output_ids) + first + r)
-        return logits
-
-    @staticmethod
-    def draft_probs(logits: torch.Tensor, req: Req) -> torch.Tensor:
-        """The distributions [m, V] a sampled request draws from, given processed ``logits``
-        [m, V]: temperature, top-k, top-p, min-p, normalised (zero where filtered out)."""
-        params = req.sampling
-        n = logits.shape[0]
-        probs = torch.softmax(_scaled(logits, torch.tensor([[params.temperature]])), dim=-1)
-        kept = kernels.filter_probs(
-            probs,
-            torch.full((n,), params.top_k, device=probs.device),
-            torch.full((n,), params.top_p, device=probs.device),
-            torch.full((n,), params.min_p, device=probs.device),
-        )
-        return kept / kept.sum(-1, keepdim=True)
-
-    @staticmethod
-    def _draft_uniform(req: Req) -> Callable[[], float]:
-        """U[0, 1) draws for drafting and verifying ``req``, seeded by the request and
-        counted in ``req.draft.draws`` (a stream apart from the sampling draws)."""
-
-        def uniform() -> float:
-            req.draft.draws += 1
-            return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft.draws)
-
-        return uniform
-
-    def draw_draft_token(self, probs: torch.Tensor, req: Req) -> int:
-        """One token from a draft model's distribution ``probs`` [V] for ``req``, seeded."""
-        return sample_inverse_cdf(probs.double(), self._draft_uniform(req)())
-
     def _stop_ids(self, req: Req) -> list[int]:
         ids = list(req.sampling.stop_token_ids)
         return ids if req.sampling.ignore_eos else ids + self.eos_token_ids
@@ -295,16 +191,13 @@ class Sampler:
     def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for i, req in enumerate(reqs):
             params = req.sampling
-            if params.logit_bias:
-                ids = torch.tensor(list(params.logit_bias), device=logits.device)
-                bias = torch.tensor(list(params.logit_bias.values()), device=logits.device)
-                logits[i, ids] += bias
+            add_logit_bias(logits[i : i + 1], params)
             if not params.has_penalties:
                 continue
             counts, seen = req.penalties.get(req, self.vocab_size, logits.device)
-            logits[i] = _penalised(logits[i], params, counts, seen)
+            logits[i] = penalised(logits[i], params, counts, seen)
 
-    def _mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
+    def mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
         """Forbid stop tokens while fewer than min_new_tokens are out (row [V], in place) —
         unless the grammar allows nothing else: its end wins over min_new_tokens."""
         if produced >= req.sampling.min_new_tokens:
@@ -336,7 +229,7 @@ class Sampler:
         device = logits.device
         params = [reqs[i].sampling for i in rows]
         temps = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-        probs = torch.softmax(_scaled(logits[rows], temps), dim=-1)
+        probs = torch.softmax(scaled(logits[rows], temps), dim=-1)
         sampled = kernels.sample_from_probs(
             probs,
             torch.tensor([p.top_k for p in params], device=device),
@@ -364,7 +257,14 @@ class Sampler:
         return out
 
 
-def _penalised(
+def add_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
+    """Add ``params.logit_bias`` to each row of ``logits`` [m, V], in place."""
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), device=logits.device)
+        logits[:, ids] += torch.tensor(list(params.logit_bias.values()), device=logits.device)
+
+
+def penalised(
     row: torch.Tensor, params: SamplingParams, counts: torch.Tensor, seen: torch.Tensor
 ) -> torch.Tensor:
     """``row`` [V] with the repetition, frequency and presence penalties of ``params`` given
@@ -380,7 +280,7 @@ def _penalised(
     return row.clamp(max=torch.finfo(row.dtype).max)
 
 
-def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+def scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     """(logits - row max) / temperature: [N, V] logits, [N, 1] temperatures (each at least
     GREEDY_TEMPERATURE). Every finite entry ends in [-inf, 0], so nothing overflows."""
     top = logits.max(dim=-1, keepdim=True).values

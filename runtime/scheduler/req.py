@@ -8,7 +8,7 @@ reads it or calls its methods:
   stop regexes;
 - ``out`` (``OutputCursor``, output_processor.py): logprobs recorded and outputs sent;
 - ``penalties`` (``PenaltyCounts``, sampler.py): token counts for the penalties;
-- ``draft`` (``DraftState``, draft_manager.py): the draft to verify next.
+- ``draft`` (``DraftState``, runtime/speculative/drafts.py): the draft to verify next.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import time
 from runtime.ipc import FinishReason, GenerateRequest, ProgramStep
 from runtime.sampler import PenaltyCounts
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler.draft_manager import DraftState
 from runtime.scheduler.grammar_manager import ConstraintState
 from runtime.scheduler.kv_manager import KVPlacement
 from runtime.scheduler.output_processor import OutputCursor
 from runtime.scheduler.token_array import TokenArray
+from runtime.speculative.drafts import DraftState
 
 logger = logging.getLogger(__name__)
 

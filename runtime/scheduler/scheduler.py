@@ -55,7 +55,6 @@ from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.cache_view import CacheView
 from runtime.scheduler.decode_manager import DecodeManager
-from runtime.scheduler.draft_manager import JUMP, DraftManager, SpeculationConfig
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
@@ -66,6 +65,8 @@ from runtime.scheduler.step_batch import StepBatch
 from runtime.scheduler.stop_checker import StopChecker
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
+from runtime.speculative.drafts import JUMP, DraftManager, SpeculationConfig
+from runtime.speculative.verify import DraftVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +140,8 @@ class Scheduler:
         )
         speculation, draft_worker = _speculation(args, self.runner)
         self.drafts = DraftManager(
-            self.sampler,
-            self.kv,
-            self.outputs,
-            config.vocab_size,
-            self._count_draft,
+            DraftVerifier(self.sampler),
+            tree,
             jump_forward=not args.disable_jump_forward,
             speculation=speculation,
             draft_worker=draft_worker,
@@ -296,12 +294,7 @@ class Scheduler:
         sampled = self._sample(logits, step.sample_rows, step.sample_reqs)
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:
-            try:
-                rows = logits[draft.row : draft.row + draft.req.step_len]
-                self.drafts.verify(draft.req, rows, draft_masks.get(id(draft.req), False))
-            except Exception as exc:
-                draft.req.draft.clear()
-                draft.req.fail_from(exc, "verifying the draft of")
+            self._verify(draft.req, logits[draft.row : draft.row + draft.req.step_len], draft_masks)
         self.stats["forward_steps"] += 1
         self.stats["generated_tokens"] += len(step.sample_reqs)
         self.stats["emit_steps"] += len(step.sample_reqs)
@@ -311,6 +304,25 @@ class Scheduler:
             if n > 1 and id(req) not in drafted and not req.finished:
                 self.kv.cache_prefix(req)
         self.drafts.propose([req for req, _ in step.work])
+
+    def _verify(
+        self, req: Req, rows: torch.Tensor, masks: dict[int, torch.Tensor | Exception | None]
+    ) -> None:
+        """Keep what the model agrees with of ``req``'s draft (``rows``: its positions'
+        logits), drop the KV of the rest, and emit the kept tokens."""
+        source, proposed = req.draft.source, len(req.draft.tokens)
+        try:
+            verified = self.drafts.verify(req, rows, masks.get(id(req), False))
+        except Exception as exc:
+            req.draft.clear()
+            req.fail_from(exc, "verifying the draft of")
+            return
+        if verified is None:
+            return
+        kept = len(verified.tokens)
+        self.kv.truncate(req, req.kv.kv_len - (proposed + 1 - kept))
+        self._count_draft(source, proposed, kept - 1, kept)
+        self.outputs.emit_tokens(req, verified.tokens, verified.logprobs, verified.constrained)
 
     def _timed_forward(self, batch: ForwardBatch, tokens: int | None) -> torch.Tensor:
         """The forward; a speculating server's decode forward (``tokens``: its rows; None:
