@@ -39,6 +39,9 @@ _MAX_REDRAWS = 32
 
 logger = logging.getLogger(__name__)
 
+TopLogprobs = list[tuple[float, int]]  # (logprob, token), the most likely first
+Logprob = tuple[float, TopLogprobs]  # a token's logprob and its row's top entries
+
 
 class PenaltyCounts:
     """A request's output token counts [V] float32 and the tokens seen in its prompt or
@@ -71,7 +74,7 @@ class PenaltyCounts:
 class SampleOutput:
     token_ids: list[int]
     # For rows whose request returns logprobs: (logprob, [(logprob, token), ...] top entries).
-    logprobs: list[tuple[float, list[tuple[float, int]]] | None]
+    logprobs: list[Logprob | None]
     # Rows that could not be sampled: row -> (HTTP status, message). Their token is meaningless.
     failures: dict[int, tuple[int, str]] = field(default_factory=dict)
     # Rows whose grammar matcher has already accepted their token (see Sampler.sample).
@@ -244,16 +247,14 @@ class Sampler:
     @staticmethod
     def _logprobs(
         raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Req]
-    ) -> list[tuple[float, list[tuple[float, int]]] | None]:
+    ) -> list[Logprob | None]:
         """Logprobs of the model's own distribution for the requests that ask: ``raw`` holds
         their unprocessed logits rows, ``rows`` their positions in the batch."""
-        out: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(reqs)
-        if raw is None:
-            return out
-        logprobs = torch.log_softmax(raw, dim=-1)
-        chosen = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
-        for j, i in enumerate(rows):
-            out[i] = (chosen[j], top_logprobs(logprobs[j], reqs[i].top_logprobs_num))
+        out: list[Logprob | None] = [None] * len(reqs)
+        if raw is not None:
+            top = [reqs[i].top_logprobs_num for i in rows]
+            for i, entry in zip(rows, token_logprobs(raw, tokens[rows], top), strict=True):
+                out[i] = entry
         return out
 
 
@@ -308,7 +309,20 @@ def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tupl
     return failures
 
 
-def top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+def token_logprobs(
+    rows: torch.Tensor, tokens: Sequence[int] | torch.Tensor, top: Sequence[int]
+) -> list[Logprob]:
+    """Row i's logprob of tokens[i] and its top[i] most likely entries, from logits [m, V]."""
+    table = torch.log_softmax(rows, dim=-1)
+    ids = torch.as_tensor(tokens, device=table.device).unsqueeze(1)
+    chosen = table.gather(1, ids).squeeze(1).tolist()
+    return [
+        (value, top_logprobs(table[i], k))
+        for i, (value, k) in enumerate(zip(chosen, top, strict=True))
+    ]
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> TopLogprobs:
     """The k most likely (logprob, token) pairs of one row [V]."""
     if k <= 0:
         return []

@@ -64,22 +64,6 @@ def needs_preparing(params: SamplingParams) -> bool:
     return params.has_grammar or bool(params.stop_regex)
 
 
-def _mask_sources(reqs: Sequence[Req]) -> list[tuple[Any, int | None] | None]:
-    """Per request, what its mask is filled from: (matcher, a token allowed besides the
-    grammar's), or None for an unconstrained row. A request whose reasoning gate is opening
-    gets its held matcher's mask plus the token that opens the reasoning."""
-    sources: list[tuple[Any, int | None] | None] = []
-    for req in reqs:
-        gate = req.constraint.gate
-        if req.constraint.matcher is not None:
-            sources.append((req.constraint.matcher, None))
-        elif gate is not None and gate.opening:
-            sources.append((gate.matcher, gate.start_token))
-        else:
-            sources.append(None)
-    return sources
-
-
 def _identity(
     reqs: Sequence[Req], sources: Sequence[tuple[Any, int | None] | None]
 ) -> tuple[tuple[int, int, int | None], ...]:
@@ -123,9 +107,19 @@ class ConstraintState:
     stop_text: IncrementalDecoder | None = None  # the output's text the stop regexes read
 
     @property
+    def mask_source(self) -> tuple[Any, int | None] | None:
+        """What the next token's mask is filled from: (matcher, a token allowed besides the
+        grammar's), or None (unmasked). While its reasoning gate is opening, the held
+        matcher's mask plus the token that opens the reasoning."""
+        gate = self.gate
+        if self.matcher is not None:
+            return self.matcher, None
+        return (gate.matcher, gate.start_token) if gate is not None and gate.opening else None
+
+    @property
     def masks_next_token(self) -> bool:
         """Whether a grammar mask applies to the next token (see GrammarManager.apply_masks)."""
-        return self.matcher is not None or (self.gate is not None and self.gate.opening)
+        return self.mask_source is not None
 
     def advance(self, token: int, matcher_advanced: bool) -> bool:
         """Take the request's new output token (``matcher_advanced``: the matcher has taken
@@ -246,7 +240,7 @@ class GrammarManager:
         down: it is done ahead only while the recent fills took at least OVERLAP_FILL_MIN_MS
         (free-text strings, long bounded repetitions), and after the forward otherwise."""
         self._prepared = None
-        sources = _mask_sources(reqs)
+        sources = [req.constraint.mask_source for req in reqs]
         present = [s for s in sources if s is not None]
         if not present or (device.type == "cpu" and self.fill_ms < OVERLAP_FILL_MIN_MS):
             return
@@ -255,9 +249,9 @@ class GrammarManager:
 
     def apply_masks(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place;
-        see ``_mask_sources``). Uses the masks ``prepare_masks`` filled for these requests,
-        else fills them now."""
-        sources = _mask_sources(reqs)
+        see ``ConstraintState.mask_source``). Uses the masks ``prepare_masks`` filled for
+        these requests, else fills them now."""
+        sources = [req.constraint.mask_source for req in reqs]
         rows = [i for i, s in enumerate(sources) if s is not None]
         prepared, self._prepared = self._prepared, None
         if not rows:

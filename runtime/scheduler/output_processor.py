@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.ipc import FinishReason, SpeculationStats, TokenOutput
-from runtime.sampler import SampleOutput, top_logprobs
+from runtime.sampler import Logprob, SampleOutput, TopLogprobs, token_logprobs
 from runtime.scheduler.stop_checker import PROMPT_TAIL, StopChecker
 
 if TYPE_CHECKING:
@@ -25,10 +25,8 @@ class OutputCursor:
     """A request's logprobs and how much of its output was sent; written by the
     OutputProcessor only."""
 
-    input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] = field(
-        default_factory=list
-    )
-    output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int, TopLogprobs]] = field(default_factory=list)
+    output_logprobs: list[tuple[float, int, TopLogprobs]] = field(default_factory=list)
     input_logprobs_done: bool = False  # its prompt's logprobs are all recorded
     sent_tokens: int = 0
     sent_output_logprobs: int = 0
@@ -69,7 +67,7 @@ class OutputProcessor:
         self,
         req: Req,
         tokens: list[int],
-        logprobs: list[tuple[float, list[tuple[float, int]]] | None],
+        logprobs: list[Logprob | None],
         grammar_advanced: bool,
     ) -> None:
         """Append new tokens one by one until the request stops (the rest are dropped).
@@ -98,11 +96,12 @@ class OutputProcessor:
         recorded = req.out.input_logprobs
         if not recorded and req.logprob_start_len == 0:
             recorded.append((None, req.input_ids[0], []))
-        logprobs = torch.log_softmax(rows, dim=-1)  # [count, V]
-        targets = torch.tensor(req.input_ids[first_token : first_token + rows.shape[0]])
-        chosen = logprobs.gather(1, targets.unsqueeze(1).to(logprobs.device)).squeeze(1)
-        for i, (value, token) in enumerate(zip(chosen.tolist(), targets.tolist(), strict=True)):
-            recorded.append((value, token, top_logprobs(logprobs[i], req.top_logprobs_num)))
+        targets = req.input_ids[first_token : first_token + rows.shape[0]]
+        top = [req.top_logprobs_num] * len(targets)
+        for token, (value, entries) in zip(
+            targets, token_logprobs(rows, targets, top), strict=True
+        ):
+            recorded.append((value, token, entries))
 
     def outputs_for(self, reqs: list[Req]) -> list[TokenOutput]:
         """TokenOutputs for finished requests, and for streaming ones with enough new tokens."""

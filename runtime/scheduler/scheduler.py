@@ -258,6 +258,19 @@ class Scheduler:
         if self.args.debug_invariants:
             self.kv.check_invariants(self.running)
             self.drafts.check_invariants()
+            self._check_statuses()
+
+    def _check_statuses(self) -> None:
+        """Raise unless every queued request has its queue's status (after a step)."""
+        queues = [
+            (self.grammar.queue, (Status.CONSTRAINING,)),
+            (self.waiting, (Status.WAITING, Status.RETRACTED)),
+            (self.running, (Status.RUNNING,)),
+        ]
+        for queue, statuses in queues:
+            for req in queue:
+                if req.status not in statuses:
+                    raise AssertionError(f"{req} is queued with {[s.value for s in statuses]}")
 
     def _shed_pins_if_blocking(self) -> None:
         """Unpin the least recently used program when even the smallest waiting request does
@@ -312,7 +325,8 @@ class Scheduler:
         logits), drop the KV of the rest, and emit the kept tokens."""
         source, proposed = req.draft.source, len(req.draft.tokens)
         try:
-            verified = self.drafts.verify(req, rows, masks.get(id(req), False))
+            mask = masks[id(req)] if id(req) in masks else self.drafts.verifier.mask(req)
+            verified = self.drafts.verify(req, rows, mask)
         except Exception as exc:
             req.draft.clear()
             req.fail_from(exc, "verifying the draft of")
@@ -322,7 +336,8 @@ class Scheduler:
         kept = len(verified.tokens)
         self.kv.truncate(req, req.kv.kv_len - (proposed + 1 - kept))
         self._count_draft(source, proposed, kept - 1, kept)
-        self.outputs.emit_tokens(req, verified.tokens, verified.logprobs, verified.constrained)
+        constrained = req.constraint.matcher is not None  # it stands past the tokens already
+        self.outputs.emit_tokens(req, verified.tokens, verified.logprobs, constrained)
 
     def _timed_forward(self, batch: ForwardBatch, tokens: int | None) -> torch.Tensor:
         """The forward; a speculating server's decode forward (``tokens``: its rows; None:
@@ -347,7 +362,7 @@ class Scheduler:
         except Exception:  # sampling fills them again and fails the row that raises
             logger.exception("filling the grammar masks ahead failed")
         for draft in step.drafts:
-            draft_masks[id(draft.req)] = self.drafts.mask(draft.req)
+            draft_masks[id(draft.req)] = self.drafts.verifier.mask(draft.req)
         for message in drain(self.inbox, timeout=0):
             self.handle(message)
 

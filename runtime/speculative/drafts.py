@@ -190,8 +190,8 @@ class DraftManager:
             return
         assert self.proposer is not None and self.speculation is not None
         cost = self.cost.relative(len(reqs))
-        ceiling = self.speculation.num_draft_tokens
-        probe = {s: self.overall[s].worth(cost, ceiling) > 0 for s in SPECULATIVE_SOURCES}
+        most = self.speculation.num_draft_tokens
+        probe = {s: self.overall[s].worth(cost, most) > 0 for s in SPECULATIVE_SOURCES}
 
         def length(req: Req, source: str, ceiling: int) -> int:
             assert self.speculation is not None
@@ -230,21 +230,15 @@ class DraftManager:
 
     # ---- verifying ---------------------------------------------------------------------
 
-    def mask(self, req: Req) -> torch.Tensor | Exception | None:
-        """The grammar's masks at each position of ``req``'s draft (DraftVerifier.mask)."""
-        return self.verifier.mask(req)
-
     def verify(
-        self, req: Req, rows: torch.Tensor, filled: torch.Tensor | Exception | None | bool = False
+        self, req: Req, rows: torch.Tensor, mask: torch.Tensor | Exception | None
     ) -> Verified | None:
-        """What ``req`` keeps of its draft (rows: its positions' logits), learning from it how
-        far to draft; the caller drops the KV of the rest and emits the tokens. filled: what
-        ``mask`` returned for this draft (False: call it here). None: the request failed."""
+        """What ``req`` keeps of its draft (rows: its positions' logits; mask: what
+        ``verifier.mask`` gave for it), learning from it how far to draft; the caller drops
+        the KV of the rest and emits the tokens. None: the request failed."""
         started = time.perf_counter()
-        mask = self.mask(req) if filled is False else filled
         if isinstance(mask, Exception):
             raise mask
-        assert not isinstance(mask, bool)
         verified = self.verifier.verify(req, rows, mask)
         if verified is None:
             return None

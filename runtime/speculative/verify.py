@@ -13,30 +13,24 @@ and q match.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 import kernels
 from grammar import allocate_bitmask, commit_draft, fill_draft_masks, verify_draft
-from runtime.sampler import Sampler, add_logit_bias, penalised, scaled, top_logprobs
+from runtime.sampler import Logprob, Sampler, add_logit_bias, penalised, scaled, token_logprobs
 
 if TYPE_CHECKING:
     from runtime.scheduler.req import Req
 
-Logprob = tuple[float, list[tuple[float, int]]]
 
-
-@dataclass
-class Verified:
-    """What a verification keeps: ``tokens`` (the accepted draft tokens plus one), their
-    logprobs (None unless requested), and ``constrained``: the request's matcher stands past
-    them already."""
+class Verified(NamedTuple):
+    """What a verification keeps: the accepted draft tokens plus one, and their logprobs
+    (None unless requested). The request's matcher, if any, stands past them."""
 
     tokens: list[int]
     logprobs: list[Logprob | None]
-    constrained: bool
 
 
 class DraftVerifier:
@@ -71,9 +65,8 @@ class DraftVerifier:
         tokens = draft[: verdict.accepted] + [verdict.next_token]
         logprobs: list[Logprob | None] = [None] * len(tokens)
         if req.return_logprob:
-            table = torch.log_softmax(raw[: len(tokens)], dim=-1)
-            for i, token in enumerate(tokens):
-                logprobs[i] = (float(table[i, token]), top_logprobs(table[i], req.top_logprobs_num))
+            top = [req.top_logprobs_num] * len(tokens)
+            logprobs = list(token_logprobs(raw[: len(tokens)], tokens, top))
         matcher = req.constraint.matcher
         if matcher is not None and not commit_draft(matcher, draft, verdict):
             # The mask allowed a token the matcher refuses (see Sampler._advance_grammars):
@@ -84,7 +77,7 @@ class DraftVerifier:
                 req.fail(*again.failures[0])
                 return None
             tokens[-1], logprobs[-1] = again.token_ids[0], again.logprobs[0]
-        return Verified(tokens, logprobs, matcher is not None)
+        return Verified(tokens, logprobs)
 
     def process(
         self,
