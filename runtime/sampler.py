@@ -18,16 +18,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import kernels
-from grammar import GrammarMatcher, sample_inverse_cdf, verify_draft
 from runtime.sampling_params import SamplingParams
 
-# Salt that puts draft-verification uniforms in a stream apart from the sampling draws.
-_DRAFT_STREAM = 0x5DEECE66D
+if TYPE_CHECKING:
+    from runtime.scheduler.req import Req
 
 GrammarMaskFn = Callable[[torch.Tensor, Sequence[Any]], None]
 GrammarAcceptFn = Callable[[list[Any], list[int]], list[bool]]
@@ -40,38 +39,42 @@ _MAX_REDRAWS = 32
 
 logger = logging.getLogger(__name__)
 
-
-class Draft(Protocol):
-    tokens: list[int]  # to verify
-    probs: torch.Tensor | None  # [n, V] the distributions they were drawn from; None: certain
-    draws: int  # uniforms used drafting and verifying so far
+TopLogprobs = list[tuple[float, int]]  # (logprob, token), the most likely first
+Logprob = tuple[float, TopLogprobs]  # a token's logprob and its row's top entries
 
 
-class Row(Protocol):
-    """What the sampler reads and updates of a request (the scheduler's ``Req`` is one)."""
+class PenaltyCounts:
+    """A request's output token counts [V] float32 and the tokens seen in its prompt or
+    output [V] bool, for the penalties: built by the sampler when first needed, then
+    advanced by each output token."""
 
-    rid: str
-    sampling: SamplingParams
-    seed: int
-    input_ids: list[int]
-    output_ids: list[int]
-    grammar: GrammarMatcher | None
-    token_counts: tuple[torch.Tensor, torch.Tensor] | None  # penalties, [vocab] each
-    return_logprob: bool
-    top_logprobs_num: int
+    def __init__(self) -> None:
+        self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    @property
-    def draft(self) -> Draft: ...
+    def get(self, req: Req, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if self.tensors is None:
+            counts = torch.zeros(vocab_size, device=device)
+            seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            seen[torch.tensor(req.input_ids, device=device)] = True
+            if req.output_ids:
+                out = torch.tensor(req.output_ids, device=device)
+                counts.index_add_(0, out, torch.ones(len(out), device=device))
+                seen[out] = True
+            self.tensors = (counts, seen)
+        return self.tensors
 
-    @property
-    def masks_next_token(self) -> bool: ...
+    def add(self, token: int) -> None:
+        if self.tensors is not None:
+            counts, seen = self.tensors
+            counts[token] += 1
+            seen[token] = True
 
 
 @dataclass
 class SampleOutput:
     token_ids: list[int]
     # For rows whose request returns logprobs: (logprob, [(logprob, token), ...] top entries).
-    logprobs: list[tuple[float, list[tuple[float, int]]] | None]
+    logprobs: list[Logprob | None]
     # Rows that could not be sampled: row -> (HTTP status, message). Their token is meaningless.
     failures: dict[int, tuple[int, str]] = field(default_factory=dict)
     # Rows whose grammar matcher has already accepted their token (see Sampler.sample).
@@ -95,10 +98,11 @@ class Sampler:
         self.grammar_accept = grammar_accept
 
     def sample(
-        self, logits: torch.Tensor, reqs: Sequence[Row], in_place: bool = False
+        self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False, ahead: int = 0
     ) -> SampleOutput:
-        """logits: [N, V] float32, row i for reqs[i]'s next token. Modifies ``logits`` only
-        with ``in_place`` (a copy the caller will not read again: saves a copy of [N, V]).
+        """logits: [N, V] float32, row i for reqs[i]'s next token, ``ahead`` tokens past its
+        outputs (a verified draft's). Modifies ``logits`` only with ``in_place`` (a copy the
+        caller will not read again: saves a copy of [N, V]).
 
         Constrained rows' matchers accept their tokens here (``grammar_accepted``). If this
         raises, no matcher has changed yet, so the rows can be sampled again one by one.
@@ -109,18 +113,18 @@ class Sampler:
         if not in_place:
             logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
-        if self.grammar_mask is not None and any(r.masks_next_token for r in reqs):
+        if self.grammar_mask is not None and any(r.constraint.masks_next_token for r in reqs):
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
-            self._mask_stop_below_min(logits[i], req, len(req.output_ids))
+            self.mask_stop_below_min(logits[i], req, len(req.output_ids) + ahead)
         # One pass gives each row's max (to find rows with nothing to sample) and its argmax
         # (the greedy rows' token).
         top, tokens = kernels.row_max_argmax(logits)
         failures = _unsampleable_rows(top, reqs)
         for row in failures:
             logits[row] = 0.0  # drawn from (uniformly) so the batch stays valid, then dropped
-        tokens = self._draw(logits, reqs, tokens)
-        accepted = self._advance_grammars(logits, tokens, reqs, failures)
+        tokens = self._draw(logits, reqs, tokens, ahead)
+        accepted = self._advance_grammars(logits, tokens, reqs, failures, ahead)
         try:
             logprobs = self._logprobs(raw, wants_logprobs, tokens, reqs)
         except Exception:  # matchers have moved: fail the rows instead of raising
@@ -134,8 +138,9 @@ class Sampler:
         self,
         logits: torch.Tensor,
         tokens: torch.Tensor,
-        reqs: Sequence[Row],
+        reqs: Sequence[Req],
         failures: dict[int, tuple[int, str]],
+        ahead: int,
     ) -> list[bool]:
         """Advance each constrained row's matcher by its token; never raises.
 
@@ -146,10 +151,11 @@ class Sampler:
         that cannot be advanced.
         """
         accepted = [False] * len(reqs)
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and i not in failures]
+        matchers = [r.constraint.matcher for r in reqs]
+        rows = [i for i, m in enumerate(matchers) if m is not None and i not in failures]
         if self.grammar_accept is not None and len(rows) > 1:
             try:  # the batch first; refused rows (their matchers unchanged) redraw below
-                batch = self.grammar_accept([reqs[i].grammar for i in rows], tokens[rows].tolist())
+                batch = self.grammar_accept([matchers[i] for i in rows], tokens[rows].tolist())
                 for row, ok in zip(rows, batch, strict=True):
                     accepted[row] = ok
             except Exception:
@@ -159,7 +165,7 @@ class Sampler:
             if accepted[row]:
                 continue
             try:
-                accepted[row] = self._accept_or_redraw(logits, tokens, row, req)
+                accepted[row] = self._accept_or_redraw(logits, tokens, row, req, ahead)
             except Exception:
                 logger.exception("advancing the grammar of request %s failed", req.rid)
                 accepted[row] = False
@@ -168,9 +174,9 @@ class Sampler:
         return accepted
 
     def _accept_or_redraw(
-        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Row
+        self, logits: torch.Tensor, tokens: torch.Tensor, row: int, req: Req, ahead: int
     ) -> bool:
-        grammar = req.grammar
+        grammar = req.constraint.matcher
         assert grammar is not None, "only constrained rows are accepted"
         for _ in range(_MAX_REDRAWS):
             if grammar.accept_token(int(tokens[row])):
@@ -178,137 +184,23 @@ class Sampler:
             logits[row, int(tokens[row])] = float("-inf")
             if not bool((logits[row] > float("-inf")).any()):
                 return False
-            tokens[row] = self._draw(logits[row : row + 1], [req])[0]
+            tokens[row] = self._draw(logits[row : row + 1], [req], None, ahead)[0]
         return False
 
-    def verify_draft(
-        self, raw: torch.Tensor, req: Row, bitmask: torch.Tensor | None
-    ) -> tuple[list[int], list[tuple[float, list[tuple[float, int]]] | None]]:
-        """Accept the longest prefix of ``req.draft.tokens`` the model agrees with, plus one token.
-
-        raw: [n + 1, V] logits of the positions from the last sampled token through the draft;
-        bitmask: [n + 1, W] the grammar's mask at each of them, or None (unconstrained). Row i
-        goes through the same pipeline as a token-by-token step at output length
-        len(output_ids) + i, penalties counting draft[:i] (``process_draft_rows``). Greedy
-        accepts while the argmax equals the draft token; sampling uses the speculative rule
-        against the draft's distributions (``req.draft.probs``; None: certain tokens), so
-        outputs keep the token-by-token distribution. Returns the emitted tokens and their
-        logprobs (None unless requested).
-        """
-        params = req.sampling
-        draft = req.draft.tokens
-        logits = self.process_draft_rows(raw.clone(), req, draft, 0, bitmask)
-        if params.is_greedy:
-            verdict = verify_draft(draft, logits, True, lambda: 0.0)
-        else:
-            verdict = verify_draft(
-                draft, self.draft_probs(logits, req), False, self._draft_uniform(req),
-                req.draft.probs,
-            )  # fmt: skip
-        tokens = draft[: verdict.accepted] + [verdict.next_token]
-        rows = raw[: len(tokens)]
-        logprobs: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(tokens)
-        if req.return_logprob:
-            table = torch.log_softmax(rows, dim=-1)
-            for i, token in enumerate(tokens):
-                logprobs[i] = (float(table[i, token]), top_logprobs(table[i], req.top_logprobs_num))
-        return tokens, logprobs
-
-    def process_draft_rows(
-        self,
-        logits: torch.Tensor,
-        req: Row,
-        draft: Sequence[int],
-        first: int,
-        bitmask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Process, in place, rows of ``req``'s logits as its token-by-token steps would:
-        row r predicts the token after draft[:first + r] (output length len(output_ids) +
-        first + r). Bias, penalties counting those draft tokens too, the grammar's ``bitmask``
-        rows (None: unconstrained) and the stop-token mask below min_new_tokens. The target's
-        rows and a draft model's rows go through this one function, so p and q match."""
-        params = req.sampling
-        if params.logit_bias:
-            logits[:, list(params.logit_bias)] += torch.tensor(
-                list(params.logit_bias.values()), device=logits.device
-            )
-        if params.has_penalties:
-            counts, seen = (t.clone() for t in self._token_counts(req, logits.device))
-            for token in draft[:first]:
-                counts[token] += 1
-                seen[token] = True
-            for r in range(logits.shape[0]):
-                if r:
-                    token = draft[first + r - 1]
-                    counts[token] += 1
-                    seen[token] = True
-                logits[r] = _penalised(logits[r], params, counts, seen)
-        if bitmask is not None:
-            kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
-        for r in range(logits.shape[0]):
-            self._mask_stop_below_min(logits[r], req, len(req.output_ids) + first + r)
-        return logits
-
-    @staticmethod
-    def draft_probs(logits: torch.Tensor, req: Row) -> torch.Tensor:
-        """The distributions [m, V] a sampled request draws from, given processed ``logits``
-        [m, V]: temperature, top-k, top-p, min-p, normalised (zero where filtered out)."""
-        params = req.sampling
-        n = logits.shape[0]
-        probs = torch.softmax(_scaled(logits, torch.tensor([[params.temperature]])), dim=-1)
-        kept = kernels.filter_probs(
-            probs,
-            torch.full((n,), params.top_k, device=probs.device),
-            torch.full((n,), params.top_p, device=probs.device),
-            torch.full((n,), params.min_p, device=probs.device),
-        )
-        return kept / kept.sum(-1, keepdim=True)
-
-    @staticmethod
-    def _draft_uniform(req: Row) -> Callable[[], float]:
-        """U[0, 1) draws for drafting and verifying ``req``, seeded by the request and
-        counted in ``req.draft.draws`` (a stream apart from the sampling draws)."""
-
-        def uniform() -> float:
-            req.draft.draws += 1
-            return kernels.row_uniform(req.seed ^ _DRAFT_STREAM, req.draft.draws)
-
-        return uniform
-
-    def draw_draft_token(self, probs: torch.Tensor, req: Row) -> int:
-        """One token from a draft model's distribution ``probs`` [V] for ``req``, seeded."""
-        return sample_inverse_cdf(probs.double(), self._draft_uniform(req)())
-
-    def _stop_ids(self, req: Row) -> list[int]:
+    def _stop_ids(self, req: Req) -> list[int]:
         ids = list(req.sampling.stop_token_ids)
         return ids if req.sampling.ignore_eos else ids + self.eos_token_ids
 
-    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Row]) -> None:
+    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for i, req in enumerate(reqs):
             params = req.sampling
-            if params.logit_bias:
-                ids = torch.tensor(list(params.logit_bias), device=logits.device)
-                bias = torch.tensor(list(params.logit_bias.values()), device=logits.device)
-                logits[i, ids] += bias
+            add_logit_bias(logits[i : i + 1], params)
             if not params.has_penalties:
                 continue
-            counts, seen = self._token_counts(req, logits.device)
-            logits[i] = _penalised(logits[i], params, counts, seen)
+            counts, seen = req.penalties.get(req, self.vocab_size, logits.device)
+            logits[i] = penalised(logits[i], params, counts, seen)
 
-    def _token_counts(self, req: Row, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output token counts [V] float32, seen in prompt or output [V] bool), built once."""
-        if req.token_counts is None:
-            counts = torch.zeros(self.vocab_size, device=device)
-            seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-            seen[torch.tensor(req.input_ids, device=device)] = True
-            if req.output_ids:
-                out = torch.tensor(req.output_ids, device=device)
-                counts.index_add_(0, out, torch.ones(len(out), device=device))
-                seen[out] = True
-            req.token_counts = (counts, seen)
-        return req.token_counts
-
-    def _mask_stop_below_min(self, row: torch.Tensor, req: Row, produced: int) -> None:
+    def mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
         """Forbid stop tokens while fewer than min_new_tokens are out (row [V], in place) —
         unless the grammar allows nothing else: its end wins over min_new_tokens."""
         if produced >= req.sampling.min_new_tokens:
@@ -316,11 +208,15 @@ class Sampler:
         stop_ids = self._stop_ids(req)
         masked = row.clone()
         masked[stop_ids] = float("-inf")
-        if not req.masks_next_token or bool(torch.isfinite(masked).any()):
+        if not req.constraint.masks_next_token or bool(torch.isfinite(masked).any()):
             row.copy_(masked)
 
     def _draw(
-        self, logits: torch.Tensor, reqs: Sequence[Row], argmax: torch.Tensor | None = None
+        self,
+        logits: torch.Tensor,
+        reqs: Sequence[Req],
+        argmax: torch.Tensor | None = None,
+        ahead: int = 0,
     ) -> torch.Tensor:
         """One token per row: the argmax for greedy rows (``argmax``: already computed),
         a filtered, seeded draw for the others. Scoring-only rows (max_new_tokens 0: the token
@@ -336,35 +232,40 @@ class Sampler:
         device = logits.device
         params = [reqs[i].sampling for i in rows]
         temps = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-        probs = torch.softmax(_scaled(logits[rows], temps), dim=-1)
+        probs = torch.softmax(scaled(logits[rows], temps), dim=-1)
         sampled = kernels.sample_from_probs(
             probs,
             torch.tensor([p.top_k for p in params], device=device),
             torch.tensor([p.top_p for p in params], device=device),
             torch.tensor([p.min_p for p in params], device=device),
             torch.tensor([reqs[i].seed for i in rows], device=device),
-            torch.tensor([len(reqs[i].output_ids) for i in rows], device=device),
+            torch.tensor([len(reqs[i].output_ids) + ahead for i in rows], device=device),
         )
         tokens[rows] = sampled
         return tokens
 
     @staticmethod
     def _logprobs(
-        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Row]
-    ) -> list[tuple[float, list[tuple[float, int]]] | None]:
+        raw: torch.Tensor | None, rows: list[int], tokens: torch.Tensor, reqs: Sequence[Req]
+    ) -> list[Logprob | None]:
         """Logprobs of the model's own distribution for the requests that ask: ``raw`` holds
         their unprocessed logits rows, ``rows`` their positions in the batch."""
-        out: list[tuple[float, list[tuple[float, int]]] | None] = [None] * len(reqs)
-        if raw is None:
-            return out
-        logprobs = torch.log_softmax(raw, dim=-1)
-        chosen = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
-        for j, i in enumerate(rows):
-            out[i] = (chosen[j], top_logprobs(logprobs[j], reqs[i].top_logprobs_num))
+        out: list[Logprob | None] = [None] * len(reqs)
+        if raw is not None:
+            top = [reqs[i].top_logprobs_num for i in rows]
+            for i, entry in zip(rows, token_logprobs(raw, tokens[rows], top), strict=True):
+                out[i] = entry
         return out
 
 
-def _penalised(
+def add_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
+    """Add ``params.logit_bias`` to each row of ``logits`` [m, V], in place."""
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), device=logits.device)
+        logits[:, ids] += torch.tensor(list(params.logit_bias.values()), device=logits.device)
+
+
+def penalised(
     row: torch.Tensor, params: SamplingParams, counts: torch.Tensor, seen: torch.Tensor
 ) -> torch.Tensor:
     """``row`` [V] with the repetition, frequency and presence penalties of ``params`` given
@@ -380,7 +281,7 @@ def _penalised(
     return row.clamp(max=torch.finfo(row.dtype).max)
 
 
-def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+def scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     """(logits - row max) / temperature: [N, V] logits, [N, 1] temperatures (each at least
     GREEDY_TEMPERATURE). Every finite entry ends in [-inf, 0], so nothing overflows."""
     top = logits.max(dim=-1, keepdim=True).values
@@ -388,7 +289,7 @@ def _scaled(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     return (logits - top) / temps
 
 
-def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Row]) -> dict[int, tuple[int, str]]:
+def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Req]) -> dict[int, tuple[int, str]]:
     """Rows that leave no token to sample, with the reason, from each processed row's max
     ``top`` [N]: NaN if any entry of the row is, -inf if every entry is."""
     broken = torch.isnan(top)
@@ -397,7 +298,7 @@ def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Row]) -> dict[int, tupl
     for row in (broken | empty).nonzero().flatten().tolist():
         if bool(broken[row]):
             failures[row] = (500, "the model produced NaN logits for this request")
-        elif reqs[row].masks_next_token:
+        elif reqs[row].constraint.masks_next_token:
             failures[row] = (
                 400,
                 "no token is allowed: the constraint admits none here given logit_bias, "
@@ -408,7 +309,20 @@ def _unsampleable_rows(top: torch.Tensor, reqs: Sequence[Row]) -> dict[int, tupl
     return failures
 
 
-def top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+def token_logprobs(
+    rows: torch.Tensor, tokens: Sequence[int] | torch.Tensor, top: Sequence[int]
+) -> list[Logprob]:
+    """Row i's logprob of tokens[i] and its top[i] most likely entries, from logits [m, V]."""
+    table = torch.log_softmax(rows, dim=-1)
+    ids = torch.as_tensor(tokens, device=table.device).unsqueeze(1)
+    chosen = table.gather(1, ids).squeeze(1).tolist()
+    return [
+        (value, top_logprobs(table[i], k))
+        for i, (value, k) in enumerate(zip(chosen, top, strict=True))
+    ]
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> TopLogprobs:
     """The k most likely (logprob, token) pairs of one row [V]."""
     if k <= 0:
         return []

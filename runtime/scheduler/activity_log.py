@@ -87,11 +87,11 @@ class ActivityLog:
                 time.time(),
                 time.monotonic() - req.arrival,
                 len(req.input_ids),
-                req.cached_tokens,
+                req.kv.cached_tokens,
                 len(req.output_ids),
                 reason.to_dict() if reason is not None else None,
                 req.token_ids.prefix(len(req.token_ids)),
-                req.last_node,
+                req.kv.last_node,
                 req.cache_salt,
             )
         )

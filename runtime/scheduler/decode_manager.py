@@ -31,7 +31,7 @@ class DecodeManager:
 
     def _cost(self, req: Req) -> tuple[bool, int]:
         """Sort key: the cheapest to retract first (programs last when program-aware)."""
-        return (self.programs_last and req.program is not None, req.kv_len)
+        return (self.programs_last and req.program is not None, req.kv.kv_len)
 
     def allocate(self, running: list[Req]) -> tuple[list[Req], list[Req], list[Req]]:
         """Give each decoding request (pending_len == 1) slots for this step: one, plus its
@@ -68,8 +68,8 @@ class DecodeManager:
                 self.kv.release(victim, keep_in_cache=False)
                 failed.append(victim)
                 continue
-            self.kv.release(victim, keep_in_cache=True)
-            victim.reset_for_retract()
+            self.kv.retract(victim)
+            victim.retract()
             retracted.append(victim)
         if retracted:
             self.num_retracted += len(retracted)
@@ -79,8 +79,8 @@ class DecodeManager:
     def retract_cheapest(self, running: list[Req]) -> Req:
         """Retract the running request with the least computed KV; return it."""
         victim = min(running, key=self._cost)
-        self.kv.release(victim, keep_in_cache=True)
-        victim.reset_for_retract()
+        self.kv.retract(victim)
+        victim.retract()
         self.num_retracted += 1
         self.ratio.on_retract()
         return victim

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,17 +30,23 @@ from grammar import (
     CompileHandle,
     CompileSandbox,
     GrammarError,
+    GrammarMatcher,
     GrammarService,
     Prepared,
+    StopRegex,
     allocate_bitmask,
     allow_token,
     apply_filled_masks,
     create_backend,
 )
+from runtime.incremental_decoder import IncrementalDecoder
 from runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
-from runtime.scheduler.reasoning_gate import reasoning_gate
-from runtime.scheduler.req import Req
+from runtime.scheduler.reasoning_gate import ReasoningGate, reasoning_gate
+from runtime.scheduler.stop_checker import PROMPT_TAIL
 from runtime.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
@@ -56,22 +62,6 @@ _FILL_EMA = 0.2  # weight of the newest fill in the moving average
 def needs_preparing(params: SamplingParams) -> bool:
     """Whether a request has a constraint or stop regexes (so it waits in the grammar queue)."""
     return params.has_grammar or bool(params.stop_regex)
-
-
-def _mask_sources(reqs: Sequence[Req]) -> list[tuple[Any, int | None] | None]:
-    """Per request, what its mask is filled from: (matcher, a token allowed besides the
-    grammar's), or None for an unconstrained row. A request whose reasoning gate is opening
-    gets its held matcher's mask plus the token that opens the reasoning."""
-    sources: list[tuple[Any, int | None] | None] = []
-    for req in reqs:
-        gate = req.reasoning_gate
-        if req.grammar is not None:
-            sources.append((req.grammar, None))
-        elif gate is not None and gate.opening:
-            sources.append((gate.matcher, gate.start_token))
-        else:
-            sources.append(None)
-    return sources
 
 
 def _identity(
@@ -105,6 +95,44 @@ class PendingConstraint:
     compile: CompileHandle | None = None
 
 
+@dataclass
+class ConstraintState:
+    """A request's constraint and stop regexes: set by the GrammarManager while the request
+    waits in its queue, then moved on only through ``advance``."""
+
+    matcher: GrammarMatcher | None = None  # constrains the next token (None: free)
+    gate: ReasoningGate | None = None  # holds the matcher while the model reasons
+    pending: PendingConstraint | None = None  # preparing or compiling
+    stop_regex: StopRegex | None = None
+    stop_text: IncrementalDecoder | None = None  # the output's text the stop regexes read
+
+    @property
+    def mask_source(self) -> tuple[Any, int | None] | None:
+        """What the next token's mask is filled from: (matcher, a token allowed besides the
+        grammar's), or None (unmasked). While its reasoning gate is opening, the held
+        matcher's mask plus the token that opens the reasoning."""
+        gate = self.gate
+        if self.matcher is not None:
+            return self.matcher, None
+        return (gate.matcher, gate.start_token) if gate is not None and gate.opening else None
+
+    @property
+    def masks_next_token(self) -> bool:
+        """Whether a grammar mask applies to the next token (see GrammarManager.apply_masks)."""
+        return self.mask_source is not None
+
+    def advance(self, token: int, matcher_advanced: bool) -> bool:
+        """Take the request's new output token (``matcher_advanced``: the matcher has taken
+        it already); False if the grammar refuses it. The constraint applies once a reasoning
+        gate opens."""
+        gate = self.gate
+        if gate is not None:
+            if gate.advance(token):
+                self.matcher, self.gate = gate.matcher, None
+            return True
+        return matcher_advanced or self.matcher is None or self.matcher.accept_token(token)
+
+
 class GrammarManager:
     def __init__(
         self, args: ServerArgs, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]
@@ -128,7 +156,7 @@ class GrammarManager:
 
     def enqueue(self, req: Req) -> None:
         """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
-        req.grammar_pending = PendingConstraint(
+        req.constraint.pending = PendingConstraint(
             self.sandbox.submit(constraint_request(req.sampling))
         )
         self.queue.append(req)
@@ -149,7 +177,7 @@ class GrammarManager:
                 failed.append(req)
                 continue
             if done:
-                req.grammar_pending = None
+                req.constraint.pending = None
                 ready.append(req)
         if ready or failed:
             done_ids = {id(r) for r in ready + failed}
@@ -158,14 +186,19 @@ class GrammarManager:
 
     def _advance(self, req: Req) -> bool:
         """Move ``req`` on as far as it can go now; True once it can run."""
-        pending = req.grammar_pending
+        state = req.constraint
+        pending = state.pending
         assert pending is not None, "only queued requests advance"
         if pending.compile is None:
             if not pending.prepare.done():
                 return False
             prepared = pending.prepare.result()  # GrammarError if it failed
             if prepared.stop_regex is not None:
-                req.stop_matcher = pickle.loads(prepared.stop_regex)  # a fresh copy per request
+                state.stop_regex = pickle.loads(prepared.stop_regex)  # a fresh copy per request
+                state.stop_text = IncrementalDecoder(
+                    self.backend.tokenizer, req.input_ids[-PROMPT_TAIL:],
+                    req.sampling.skip_special_tokens, True,
+                )  # fmt: skip
             if prepared.lowered is None:
                 return True
             pending.compile = self.service.submit_lowered(prepared.lowered)
@@ -173,9 +206,9 @@ class GrammarManager:
         if compiled is None:
             return False
         matcher = compiled.new_matcher()
-        req.reasoning_gate = reasoning_gate(req.sampling, req.input_ids, matcher, self._blank)
-        if req.reasoning_gate is None:
-            req.grammar = matcher
+        state.gate = reasoning_gate(req.sampling, req.input_ids, matcher, self._blank)
+        if state.gate is None:
+            state.matcher = matcher
         return True
 
     def _blank(self, token: int) -> bool:
@@ -207,7 +240,7 @@ class GrammarManager:
         down: it is done ahead only while the recent fills took at least OVERLAP_FILL_MIN_MS
         (free-text strings, long bounded repetitions), and after the forward otherwise."""
         self._prepared = None
-        sources = _mask_sources(reqs)
+        sources = [req.constraint.mask_source for req in reqs]
         present = [s for s in sources if s is not None]
         if not present or (device.type == "cpu" and self.fill_ms < OVERLAP_FILL_MIN_MS):
             return
@@ -216,9 +249,9 @@ class GrammarManager:
 
     def apply_masks(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         """Mask row i of ``logits`` [N, V] with reqs[i]'s grammar where it has one (in place;
-        see ``_mask_sources``). Uses the masks ``prepare_masks`` filled for these requests,
-        else fills them now."""
-        sources = _mask_sources(reqs)
+        see ``ConstraintState.mask_source``). Uses the masks ``prepare_masks`` filled for
+        these requests, else fills them now."""
+        sources = [req.constraint.mask_source for req in reqs]
         rows = [i for i, s in enumerate(sources) if s is not None]
         prepared, self._prepared = self._prepared, None
         if not rows:

@@ -8,14 +8,39 @@ private to exactly one admitted request; ``check_invariants`` proves it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from radix_cache import KVSlotAllocator, RadixCache
+from radix_cache import KVSlotAllocator, RadixCache, TreeNode
 from radix_cache.tree import MatchResult
 from runtime.memory_pool import ReqToTokenPool
 from runtime.scheduler.program_pins import ProgramPins
-from runtime.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from runtime.scheduler.req import Req
+
+
+@dataclass
+class KVPlacement:
+    """Where a request's KV lives; written by the KVCacheManager only.
+
+    While admitted, positions [0, kv_len) of its ``token_ids`` have KV at the slots in row
+    ``row`` of the request-to-slot table; [0, cached_len) are owned by the radix tree and
+    pinned by a lock on ``last_node``; [cached_len, kv_len) are the request's private slots
+    (with page_size > 1 its pages, including the unused tail of the last one).
+    """
+
+    row: int | None = None
+    kv_len: int = 0
+    cached_len: int = 0
+    last_node: TreeNode | None = None
+    cached_tokens: int = 0  # prompt tokens served from the cache, for the client
+    # A loan in this step (KVCacheManager.lend): the cached length the request had before it
+    # borrowed a step-mate's slots (None: no loan), and whether it lent its own.
+    loan_start: int | None = None
+    lends: bool = False
 
 
 class KVCacheManager:
@@ -71,38 +96,38 @@ class KVCacheManager:
         row = self.req_to_token_pool.alloc()
         if row is None:
             return False
-        req.row = row
-        req.loan_start, req.lends = None, False
+        kv = req.kv
+        kv.row, kv.loan_start, kv.lends = row, None, False
         if self.tree is not None:
             match = self.cached_prefix(req)
             self.tree.lock(match.node)
-            req.last_node = match.node
-            req.cached_len = req.kv_len = match.length
+            kv.last_node = match.node
+            kv.cached_len = kv.kv_len = match.length
             self.req_to_token_pool.write(row, 0, match.slots)
         if not req.output_ids:  # a retracted request already reported its first match
-            req.cached_tokens = req.cached_len
+            kv.cached_tokens = kv.cached_len
         return True
 
     def lend(self, lender: Req, borrower: Req, end: int) -> None:
         """Let ``borrower`` (just admitted: nothing past its cached prefix) read ``lender``'s
-        slots for positions [borrower.cached_len, end) of the prefix they share, which the
+        slots for positions [borrower.kv.cached_len, end) of the prefix they share, which the
         lender computes in this step's forward (each layer writes the whole batch's K/V before
         any request attends): the borrower computes only what follows. The borrowed positions
         count as its cached prefix; ``settle_loans`` hands them to the tree after the forward.
         Precondition: both have the same cache salt."""
-        assert self.tree is not None and lender.row is not None and borrower.row is not None
+        assert self.tree is not None and lender.kv.row is not None and borrower.kv.row is not None
         assert lender.cache_salt == borrower.cache_salt, "KV is never lent across cache salts"
-        start = borrower.cached_len
-        assert borrower.kv_len == start < end <= lender.kv_len and end % self.page_size == 0
+        start = borrower.kv.cached_len
+        assert borrower.kv.kv_len == start < end <= lender.kv.kv_len and end % self.page_size == 0
         self.req_to_token_pool.write(
-            borrower.row, start, self.req_to_token_pool.host[lender.row, start:end]
+            borrower.kv.row, start, self.req_to_token_pool.host[lender.kv.row, start:end]
         )
-        borrower.loan_start = start
-        borrower.kv_len = borrower.cached_len = end
-        lender.lends = True
+        borrower.kv.loan_start = start
+        borrower.kv.kv_len = borrower.kv.cached_len = end
+        lender.kv.lends = True
         self._loans += (lender, borrower)
         if not borrower.output_ids:
-            borrower.cached_tokens = end
+            borrower.kv.cached_tokens = end
 
     def settle_loans(self) -> None:
         """After the forward that computed them, make this step's lent slots the tree's: in
@@ -112,29 +137,26 @@ class KVCacheManager:
         before anything can release a lender (an abort during the forward included)."""
         loans, self._loans = self._loans, []
         for req in loans:
-            if req.row is None or (req.loan_start is None and not req.lends):
+            kv = req.kv
+            if kv.row is None or (kv.loan_start is None and not kv.lends):
                 continue  # settled already (listed twice), or released before the forward
-            assert self.tree is not None and req.last_node is not None
-            if req.loan_start is not None:
-                match = self.tree.match_from(
-                    req.last_node,
-                    req.loan_start,
-                    req.token_ids.prefix(req.cached_len),
-                    req.cache_salt,
-                )
-                if match.length != req.cached_len:
+            assert self.tree is not None and kv.last_node is not None
+            if kv.loan_start is not None:
+                key = req.token_ids.prefix(kv.cached_len)
+                match = self.tree.match_from(kv.last_node, kv.loan_start, key, req.cache_salt)
+                if match.length != kv.cached_len:
                     raise AssertionError(
-                        f"{req.rid}: the tree holds {match.length} of {req.cached_len} lent tokens"
+                        f"{req.rid}: the tree holds {match.length} of {kv.cached_len} lent tokens"
                     )
                 # The tree's slots for the loan (the lender's, unless a request inserted the
                 # same tokens first); what precedes it was the borrower's own match.
-                loan = slice(req.loan_start, req.cached_len)
-                self.req_to_token_pool.write(req.row, req.loan_start, match.slots[loan])
+                loan = slice(kv.loan_start, kv.cached_len)
+                self.req_to_token_pool.write(kv.row, kv.loan_start, match.slots[loan])
                 self.tree.lock(match.node)
-                self.tree.unlock(req.last_node)
-                req.last_node, req.loan_start = match.node, None
-            if req.lends:
-                req.lends = False
+                self.tree.unlock(kv.last_node)
+                kv.last_node, kv.loan_start = match.node, None
+            if kv.lends:
+                kv.lends = False
                 self.cache_prefix(req)
 
     def alloc_extend(self, req: Req, n: int) -> bool:
@@ -146,41 +168,41 @@ class KVCacheManager:
             slots = self._alloc(req, n)
         if slots is None:
             return False
-        assert req.row is not None
-        self.req_to_token_pool.write(req.row, req.kv_len, slots)
-        req.kv_len += n
+        assert req.kv.row is not None
+        self.req_to_token_pool.write(req.kv.row, req.kv.kv_len, slots)
+        req.kv.kv_len += n
         return True
 
     def _alloc(self, req: Req, n: int) -> torch.Tensor | None:
-        if req.kv_len % self.page_size == 0:
+        if req.kv.kv_len % self.page_size == 0:
             return self.allocator.alloc(n)
-        last_slot = int(self.req_to_token_pool.host[req.row, req.kv_len - 1])
+        last_slot = int(self.req_to_token_pool.host[req.kv.row, req.kv.kv_len - 1])
         return self.allocator.alloc_continuing(last_slot, n)
 
     def truncate(self, req: Req, kv_len: int) -> None:
-        """Forget positions [kv_len, req.kv_len) (rejected draft tokens): free the pages past
+        """Forget positions [kv_len, req.kv.kv_len) (rejected draft tokens): free the pages past
         the one holding position kv_len - 1; that page's unused tail stays the request's."""
-        if kv_len >= req.kv_len:
+        if kv_len >= req.kv.kv_len:
             return
-        assert kv_len >= req.cached_len, "cannot truncate into the cached prefix"
+        assert kv_len >= req.kv.cached_len, "cannot truncate into the cached prefix"
         keep_until = -(-kv_len // self.page_size) * self.page_size
-        self._free_range(req, keep_until, req.kv_len)
-        req.kv_len = kv_len
+        self._free_range(req, keep_until, req.kv.kv_len)
+        req.kv.kv_len = kv_len
 
     def cache_prefix(self, req: Req) -> None:
         """Hand the computed positions [0, kv_len) to the tree (a chunked prefill's progress),
         keeping the request's lock on them; the trailing partial page stays private."""
         if self.tree is None:
             return
-        assert req.row is not None and req.last_node is not None, "cache_prefix needs admission"
+        kv = req.kv
+        assert kv.row is not None and kv.last_node is not None, "cache_prefix needs admission"
         self._insert(req)
-        match = self.tree.match_from(
-            req.last_node, req.cached_len, req.token_ids.prefix(req.kv_len), req.cache_salt
-        )
-        self.req_to_token_pool.write(req.row, 0, match.slots)
+        key = req.token_ids.prefix(kv.kv_len)
+        match = self.tree.match_from(kv.last_node, kv.cached_len, key, req.cache_salt)
+        self.req_to_token_pool.write(kv.row, 0, match.slots)
         self.tree.lock(match.node)
-        self.tree.unlock(req.last_node)
-        req.last_node, req.cached_len = match.node, match.length
+        self.tree.unlock(kv.last_node)
+        kv.last_node, kv.cached_len = match.node, match.length
 
     def release(self, req: Req, keep_in_cache: bool, finished: bool = False) -> None:
         """Give back everything ``req`` holds: its lock, its private slots and its row.
@@ -190,48 +212,54 @@ class KVCacheManager:
         finished: the request is done (not retracted); a compiled program's step then pins
         what it computed under its branch (``ProgramStep.keep_as``).
         """
-        if req.row is None:
+        kv = req.kv
+        if kv.row is None:
             return
         for hook in self.release_hooks:
             hook(req, keep_in_cache)
         # A request stopped inside a verified draft holds KV past its last kept token.
-        self.truncate(req, min(req.kv_len, len(req.token_ids)))
+        self.truncate(req, min(kv.kv_len, len(req.token_ids)))
         if self.tree is not None and keep_in_cache:
             self._insert(req)
-            aligned = req.kv_len - req.kv_len % self.page_size
-            self._free_range(req, aligned, req.kv_len)
+            aligned = kv.kv_len - kv.kv_len % self.page_size
+            self._free_range(req, aligned, kv.kv_len)
             step = req.program
             if finished and step is not None and step.keep_as is not None:
-                assert req.last_node is not None
-                match = self.tree.match_from(
-                    req.last_node, req.cached_len, req.token_ids.prefix(aligned), req.cache_salt
-                )
+                assert kv.last_node is not None
+                key = req.token_ids.prefix(aligned)
+                match = self.tree.match_from(kv.last_node, kv.cached_len, key, req.cache_salt)
                 self.pins.pin(step.program, step.keep_as, match.node, match.length)
         else:
-            self._free_range(req, req.cached_len, req.kv_len)
-        if self.tree is not None and req.last_node is not None:
-            self.tree.unlock(req.last_node)
-        self.req_to_token_pool.free(req.row)
-        req.row, req.last_node = None, None
+            self._free_range(req, kv.cached_len, kv.kv_len)
+        if self.tree is not None and kv.last_node is not None:
+            self.tree.unlock(kv.last_node)
+        self.req_to_token_pool.free(kv.row)
+        kv.row, kv.last_node = None, None
+
+    def retract(self, req: Req) -> None:
+        """Release ``req``'s KV into the cache for its return to the queue: its placement
+        starts over."""
+        self.release(req, keep_in_cache=True)
+        req.kv.kv_len = req.kv.cached_len = 0
 
     def _insert(self, req: Req) -> None:
         """Insert [0, kv_len) and free the request's private copies of what was already cached."""
-        assert self.tree is not None and req.row is not None
-        slots = self.req_to_token_pool.host[req.row, : req.kv_len]
-        already = self.tree.insert(req.token_ids.prefix(req.kv_len), slots, req.cache_salt)
-        if already > req.cached_len:
-            self.allocator.free(slots[req.cached_len : already])
+        assert self.tree is not None and req.kv.row is not None
+        slots = self.req_to_token_pool.host[req.kv.row, : req.kv.kv_len]
+        already = self.tree.insert(req.token_ids.prefix(req.kv.kv_len), slots, req.cache_salt)
+        if already > req.kv.cached_len:
+            self.allocator.free(slots[req.kv.cached_len : already])
 
     def _free_range(self, req: Req, start: int, end: int) -> None:
         if end > start:
-            self.allocator.free(self.req_to_token_pool.host[req.row, start:end])
+            self.allocator.free(self.req_to_token_pool.host[req.kv.row, start:end])
 
     def private_slots(self, reqs: list[Req]) -> torch.Tensor:
         """Slots the admitted ``reqs`` hold outside the tree (for invariant checks)."""
         parts = [
-            self.req_to_token_pool.host[r.row, r.cached_len : r.kv_len]
+            self.req_to_token_pool.host[r.kv.row, r.kv.cached_len : r.kv.kv_len]
             for r in reqs
-            if r.row is not None and r.kv_len > r.cached_len
+            if r.kv.row is not None and r.kv.kv_len > r.kv.cached_len
         ]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 

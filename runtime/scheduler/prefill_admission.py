@@ -91,8 +91,8 @@ class PrefillAdmission:
         ids = req.token_ids.array()
         page = self.kv.page_size
         limit = req.match_limit  # positions whose logits it needs are its own to compute
-        best, lender, reachable = req.cached_len, None, req.cached_len
-        first = req.cached_len  # the first uncached position: a sharer must agree there
+        best, lender, reachable = req.kv.cached_len, None, req.kv.cached_len
+        first = req.kv.cached_len  # the first uncached position: a sharer must agree there
         if first >= limit:
             return True
         token = ids[first]
@@ -105,7 +105,7 @@ class PrefillAdmission:
             differ = np.flatnonzero(ids[:n] != other_ids[:n])
             shared = min(int(differ[0]) if differ.size else n, limit)
             reachable = max(reachable, shared)
-            end = min(shared, other.kv_len)
+            end = min(shared, other.kv.kv_len)
             end -= end % page
             if end > best:
                 best, lender = end, other

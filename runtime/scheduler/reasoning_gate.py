@@ -2,9 +2,9 @@
 
 A request with a constraint and ``reasoning_end_token_id`` (e.g. the id of ``</think>``) is
 free until it emits that token; its constraint applies from the next token on. While the gate
-holds the matcher, ``req.grammar`` is None, so nothing of the grammar runs for the request: no
-mask, no jump-forward draft, no matcher step. Once the gate opens, ``req.grammar`` is the fresh
-matcher and the request is an ordinary constrained one.
+holds the matcher, ``req.constraint.matcher`` is None, so nothing of the grammar runs for the
+request: no mask, no jump-forward draft, no matcher step. Once the gate opens, the matcher is
+``req.constraint.matcher`` and the request is an ordinary constrained one.
 
 Where the output starts is read from the prompt's last token that is not whitespace:
 

@@ -54,17 +54,18 @@ from runtime.sampler import SampleOutput, Sampler
 from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.cache_view import CacheView
 from runtime.scheduler.decode_manager import DecodeManager
-from runtime.scheduler.draft_manager import JUMP, DraftManager, SpeculationConfig
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
-from runtime.scheduler.req import Req
+from runtime.scheduler.req import Req, Status
 from runtime.scheduler.schedule_policy import make_policy, program_aware, with_starved_first
 from runtime.scheduler.step_batch import StepBatch
 from runtime.scheduler.stop_checker import StopChecker
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
+from runtime.speculative.drafts import JUMP, DraftManager, SpeculationConfig
+from runtime.speculative.verify import DraftVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +122,8 @@ class Scheduler:
         )
         speculation, draft_worker = _speculation(args, self.runner)
         self.drafts = DraftManager(
-            self.sampler,
-            self.kv,
-            self.outputs,
-            config.vocab_size,
-            self._count_draft,
+            DraftVerifier(self.sampler),
+            tree,
             jump_forward=not args.disable_jump_forward,
             speculation=speculation,
             draft_worker=draft_worker,
@@ -195,6 +193,8 @@ class Scheduler:
             logger.warning("program %s was idle too long: its pinned KV is released", program)
         if self.grammar.queue:
             compiled, failed_compiles = self.grammar.poll()
+            for req in compiled:
+                req.status = Status.WAITING
             self.waiting.extend(compiled)
             self._emit(failed_compiles)
         if not self.waiting and not self.running:
@@ -211,9 +211,10 @@ class Scheduler:
         for req in admitted:
             self.waiting.remove(req)
             self.running.append(req)
-            if req.retractions == 0:
+            if req.status is Status.WAITING:  # its first admission
                 self.stats["prompt_tokens"] += len(req.input_ids)
-                self.stats["cached_tokens"] += req.cached_tokens
+                self.stats["cached_tokens"] += req.kv.cached_tokens
+            req.status = Status.RUNNING
         self._shed_pins_if_blocking()
         if prefill or decodes:
             self.activity.record_step(
@@ -239,6 +240,19 @@ class Scheduler:
         if self.args.debug_invariants:
             self.kv.check_invariants(self.running)
             self.drafts.check_invariants()
+            self._check_statuses()
+
+    def _check_statuses(self) -> None:
+        """Raise unless every queued request has its queue's status (after a step)."""
+        queues = [
+            (self.grammar.queue, (Status.CONSTRAINING,)),
+            (self.waiting, (Status.WAITING, Status.RETRACTED)),
+            (self.running, (Status.RUNNING,)),
+        ]
+        for queue, statuses in queues:
+            for req in queue:
+                if req.status not in statuses:
+                    raise AssertionError(f"{req} is queued with {[s.value for s in statuses]}")
 
     def _shed_pins_if_blocking(self) -> None:
         """Unpin the least recently used program when even the smallest waiting request does
@@ -275,21 +289,37 @@ class Scheduler:
         sampled = self._sample(logits, step.sample_rows, step.sample_reqs)
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:
-            try:
-                rows = logits[draft.row : draft.row + draft.req.step_len]
-                self.drafts.verify(draft.req, rows, draft_masks.get(id(draft.req), False))
-            except Exception as exc:
-                draft.req.draft.clear()
-                draft.req.fail_from(exc, "verifying the draft of")
+            self._verify(draft.req, logits[draft.row : draft.row + draft.req.step_len], draft_masks)
         self.stats["forward_steps"] += 1
         self.stats["generated_tokens"] += len(step.sample_reqs)
         self.stats["emit_steps"] += len(step.sample_reqs)
         drafted = {id(d.req) for d in step.drafts}
         for req, n in step.work:
             # Prefill progress goes into the tree now, so requests sharing it can reuse it.
-            if n > 1 and id(req) not in drafted and req.finished_reason is None:
+            if n > 1 and id(req) not in drafted and not req.finished:
                 self.kv.cache_prefix(req)
         self.drafts.propose([req for req, _ in step.work])
+
+    def _verify(
+        self, req: Req, rows: torch.Tensor, masks: dict[int, torch.Tensor | Exception | None]
+    ) -> None:
+        """Keep what the model agrees with of ``req``'s draft (``rows``: its positions'
+        logits), drop the KV of the rest, and emit the kept tokens."""
+        source, proposed = req.draft.source, len(req.draft.tokens)
+        try:
+            mask = masks[id(req)] if id(req) in masks else self.drafts.verifier.mask(req)
+            verified = self.drafts.verify(req, rows, mask)
+        except Exception as exc:
+            req.draft.clear()
+            req.fail_from(exc, "verifying the draft of")
+            return
+        if verified is None:
+            return
+        kept = len(verified.tokens)
+        self.kv.truncate(req, req.kv.kv_len - (proposed + 1 - kept))
+        self._count_draft(source, proposed, kept - 1, kept)
+        constrained = req.constraint.matcher is not None  # it stands past the tokens already
+        self.outputs.emit_tokens(req, verified.tokens, verified.logprobs, constrained)
 
     def _timed_forward(self, batch: ForwardBatch, tokens: int | None) -> torch.Tensor:
         """The forward; a speculating server's decode forward (``tokens``: its rows; None:
@@ -314,7 +344,7 @@ class Scheduler:
         except Exception:  # sampling fills them again and fails the row that raises
             logger.exception("filling the grammar masks ahead failed")
         for draft in step.drafts:
-            draft_masks[id(draft.req)] = self.drafts.mask(draft.req)
+            draft_masks[id(draft.req)] = self.drafts.verifier.mask(draft.req)
         for message in drain(self.inbox, timeout=0):
             self.handle(message)
 
@@ -363,7 +393,7 @@ class Scheduler:
         return SampleOutput(tokens, logprobs, failures, accepted)
 
     def _finish_and_emit(self, failed: list[Req]) -> None:
-        done = [r for r in self.running if r.finished_reason is not None]
+        done = [r for r in self.running if r.finished]
         outputs = self.outputs.outputs_for(self.running + failed)
         for req in failed:
             self.activity.record_finished(req)
@@ -422,9 +452,9 @@ class Scheduler:
             room = self.context_len - len(msg.input_ids)
             if params.max_new_tokens > room:
                 msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
-            req = Req(msg, seed)
-            req.speculates = self.drafts.speculates(req)
+            req = Req(msg, seed, self.drafts.speculates(msg.sampling_params))
             if needs_preparing(req.sampling):
+                req.status = Status.CONSTRAINING
                 self.grammar.enqueue(req)
             else:
                 self.waiting.append(req)

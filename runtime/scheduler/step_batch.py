@@ -61,10 +61,10 @@ class StepBatch:
         logit_rows: list[int] = []
         offset = 0
         for req, n in self.work:
-            start = req.kv_len - n
-            if req.wants_prompt_logprobs and not req.input_logprobs_done:
+            start = req.kv.kv_len - n
+            if req.wants_prompt_logprobs and not req.out.input_logprobs_done:
                 first = max(req.logprob_start_len - 1, start)
-                last = min(req.kv_len, len(req.input_ids) - 1)
+                last = min(req.kv.kv_len, len(req.input_ids) - 1)
                 if last > first:
                     self.prompt_spans.append(
                         PromptLogprobSpan(req, len(logit_rows), last - first, first + 1)
@@ -73,16 +73,16 @@ class StepBatch:
             if req.draft.tokens:
                 self.drafts.append(DraftRows(req, len(logit_rows)))
                 logit_rows.extend(range(offset, offset + n))
-            elif req.kv_len == len(req.token_ids):
+            elif req.kv.kv_len == len(req.token_ids):
                 self.sample_reqs.append(req)
                 self.sample_rows.append(len(logit_rows))
                 logit_rows.append(offset + n - 1)
             offset += n
-        rows = [req.row for req, _ in self.work]
+        rows = [req.kv.row for req, _ in self.work]
         assert None not in rows, "every request in a step is admitted"
         return runner.build_batch(
             rows,  # type: ignore[arg-type]
-            [req.kv_len - n for req, n in self.work],
+            [req.kv.kv_len - n for req, n in self.work],
             [req.step_tokens(n) for req, n in self.work],
             # On the CPU: build_batch sees whether these are one row per request (CUDA graphs).
             logits=torch.tensor(logit_rows, dtype=torch.int64),

@@ -4,11 +4,12 @@ stop regexes on the decoded text (across token boundaries), the grammar, and max
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runtime.incremental_decoder import IncrementalDecoder
 from runtime.ipc import FinishReason
-from runtime.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from runtime.scheduler.req import Req
 
 # Prompt tokens given to an incremental decoder as context (SentencePiece spacing).
 PROMPT_TAIL = 6
@@ -42,7 +43,8 @@ class StopChecker:
                 return
             if params.stop_regex and self._check_stop_regex(req):
                 return
-        if check_grammar and req.grammar is not None and req.grammar.is_terminated():
+        matcher = req.constraint.matcher
+        if check_grammar and matcher is not None and matcher.is_terminated():
             req.finish(FinishReason.stop(None))
             return
         if produced >= params.max_new_tokens:
@@ -60,16 +62,11 @@ class StopChecker:
         return False
 
     def _check_stop_regex(self, req: Req) -> bool:
-        """Feed the new text to the request's stop-regex matcher (prepared, with its automata,
-        in the grammar queue: building them here could stall the scheduler)."""
-        matcher = req.stop_matcher
-        if matcher is None:
+        """Feed the new text to the request's stop-regex matcher (prepared, with its automata
+        and its decoder, in the grammar queue: building them here could stall the scheduler)."""
+        matcher, decoder = req.constraint.stop_regex, req.constraint.stop_text
+        if matcher is None or decoder is None:
             raise RuntimeError("the stop regexes were not prepared")
-        if req.stop_decoder is None:
-            req.stop_decoder = IncrementalDecoder(
-                self.tokenizer, req.input_ids[-PROMPT_TAIL:], req.sampling.skip_special_tokens, True
-            )
-        decoder = req.stop_decoder
         before = len(decoder.text)
         decoder.add(req.output_ids[-1:], final=False)
         match = matcher.feed(decoder.text[before:])

@@ -1,8 +1,9 @@
-"""Speculative decoding: what proposes draft tokens for the target model to verify.
+"""Drafts and speculative decoding: tokens proposed after a step and verified by the next.
 
-``ngram``: prompt lookup in the request's own tokens (no second model). ``draft_worker``: a
-small draft model with its own KV pool and radix cache (``DraftModelWorker``, ``DraftJob``,
-``ChooseFn``). The scheduler's DraftManager verifies every draft, whatever proposed it, in
-the forward that also runs the request's next token. Nothing is imported here, so the
-lookup does not load the model code.
+``drafts``: the ``DraftManager`` the scheduler calls (propose, mask, verify) and each request's
+``DraftState``. ``proposers``: the ``Proposer`` interface and its n-gram and draft-model
+implementations (``ngram``: prompt lookup; ``draft_worker``: the draft model, its KV pool and
+radix cache). ``verify``: the speculative rule over the request's own sampling pipeline.
+``policy``: how far to draft. Nothing is imported here, so the lookup does not load the model
+code.
 """

@@ -215,8 +215,8 @@ def test_retraction_keeps_where_the_reasoning_stands(
     for i, prompt in enumerate(prompts):
         scheduler.handle(GenerateRequest(f"r{i}", prompt, sampling))
     moments = [
-        lambda r: r.reasoning_gate is not None and len(r.output_ids) == 8,  # thinking
-        lambda r: r.grammar is not None and r.finished_reason is None,  # answering
+        lambda r: r.constraint.gate is not None and len(r.output_ids) == 8,  # thinking
+        lambda r: r.constraint.matcher is not None and not r.finished,  # answering
     ]
     retracted = 0
     deadline = time.monotonic() + 120

@@ -107,7 +107,7 @@ def test_on_cpu_masks_are_filled_beside_the_forward_only_when_fills_are_slow(
     def recording(reqs: Any, device: Any) -> None:
         before = grammar.fill_ms
         prepare(reqs, device)
-        if any(r.grammar is not None for r in reqs):  # not steps that only verify drafts
+        if any(r.constraint.matcher is not None for r in reqs):  # not steps that only verify drafts
             calls.append((grammar._prepared is not None, before))
 
     grammar.prepare_masks = recording  # type: ignore[method-assign]
@@ -157,7 +157,7 @@ def test_abort_during_a_forward_is_carried_out_after_it(tiny_model_path: Path) -
     def slow_forward(batch: Any) -> Any:
         entered.set()
         assert proceed.wait(10)
-        released_during_forward.append(victim.row is None)
+        released_during_forward.append(victim.kv.row is None)
         return forward(batch)
 
     scheduler.runner.forward = slow_forward  # type: ignore[method-assign]
@@ -168,7 +168,7 @@ def test_abort_during_a_forward_is_carried_out_after_it(tiny_model_path: Path) -
     proceed.set()
     stepping.join(10)
     assert released_during_forward == [False]  # the forward still had its KV
-    assert victim.row is None and victim not in scheduler.running
+    assert victim.kv.row is None and victim not in scheduler.running
     scheduler.runner.forward = forward  # type: ignore[method-assign]
     while scheduler.running:
         scheduler.step()

@@ -30,7 +30,7 @@ class Matcher:
 
 def _req(i: int, matcher: Matcher) -> Req:
     req = Req(GenerateRequest(f"r{i}", [1, 2], SamplingParams(max_new_tokens=4, temperature=0)), i)
-    req.grammar = matcher
+    req.constraint.matcher = matcher
     return req
 
 

@@ -14,7 +14,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler.decode_manager import DecodeManager
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.prefill_admission import IN_BATCH_SHARING_THRESHOLD, PrefillAdmission
-from runtime.scheduler.req import Req
+from runtime.scheduler.req import Req, Status
 from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 
@@ -45,7 +45,7 @@ def test_step_budget_and_chunks_split_long_prompts():
     chunks, admitted = admission.schedule([], waiting)
     assert [(r.rid, n) for r, n in chunks] == [("a", 8), ("b", 8)]
     assert admitted == waiting
-    assert all(r.kv_len == 8 and r.pending_len == 2 for r in admitted)
+    assert all(r.kv.kv_len == 8 and r.pending_len == 2 for r in admitted)
     kv.check_invariants(admitted)
     # Next step: the running partial prefills continue first.
     chunks, admitted = admission.schedule(waiting, [_req("c", list(range(200, 210)))])
@@ -71,7 +71,7 @@ def test_kv_budget_keeps_room_for_running_decodes():
     # 30 + 16 * ratio reserved for it; a second long prompt no longer fits and waits, unheld.
     second = _req("second", list(range(100, 130)), max_new_tokens=16)
     _, more = admission.schedule([first], [second])
-    assert more == [] and second.row is None and second.kv_len == 0
+    assert more == [] and second.kv.row is None and second.kv.kv_len == 0
     kv.check_invariants([first])
 
 
@@ -83,8 +83,8 @@ def _kv_paged(slots: int, page: int, rows: int = 8) -> KVCacheManager:
 
 
 def _row(kv: KVCacheManager, req: Req, end: int) -> list[int]:
-    assert req.row is not None
-    return kv.req_to_token_pool.host[req.row, :end].tolist()
+    assert req.kv.row is not None
+    return kv.req_to_token_pool.host[req.kv.row, :end].tolist()
 
 
 def test_requests_sharing_an_uncached_prefix_borrow_its_slots_in_the_same_step():
@@ -96,12 +96,12 @@ def test_requests_sharing_an_uncached_prefix_borrow_its_slots_in_the_same_step()
     assert admitted == [a, b, c]
     # a computes the prefix; b and c read its slots and compute only their own last token.
     assert [(r.rid, n) for r, n in chunks] == [("a", len(prefix) + 1), ("b", 1), ("c", 1)]
-    assert b.cached_len == c.cached_len == len(prefix) and b.cached_tokens == len(prefix)
+    assert b.kv.cached_len == c.kv.cached_len == len(prefix) and b.kv.cached_tokens == len(prefix)
     assert _row(kv, b, len(prefix)) == _row(kv, c, len(prefix)) == _row(kv, a, len(prefix))
     kv.check_invariants(admitted)  # each lent slot is a's alone until the forward is done
     kv.settle_loans()
     kv.check_invariants(admitted)
-    assert a.cached_len == len(prefix) + 1 and a.lends is False and b.loan_start is None
+    assert a.kv.cached_len == len(prefix) + 1 and a.kv.lends is False and b.kv.loan_start is None
     assert kv.tree is not None and kv.tree.match_prefix(prefix).length == len(prefix)
     # The lender finishing first (even aborted, keeping nothing) leaves the borrowers whole.
     kv.release(a, keep_in_cache=False, finished=True)
@@ -123,7 +123,7 @@ def test_requests_of_different_cache_salts_share_no_kv_in_step_or_cached():
     # One request per salt computes the prefix; only d, with a's salt, reads a's slots.
     whole = len(prefix) + 1
     assert [(r.rid, n) for r, n in chunks] == [("a", whole), ("b", whole), ("c", whole), ("d", 1)]
-    assert [r.cached_tokens for r in reqs] == [0, 0, 0, len(prefix)]
+    assert [r.kv.cached_tokens for r in reqs] == [0, 0, 0, len(prefix)]
     kv.settle_loans()
     for req in reqs:
         kv.release(req, keep_in_cache=True, finished=True)
@@ -149,7 +149,7 @@ def test_a_short_shared_tail_is_borrowed_not_recomputed():
     b, c = _req("b", list(range(20)) + tail + [7]), _req("c", list(range(20)) + tail + [8])
     chunks, admitted = admission.schedule([a], [b, c])
     assert [(r.rid, n) for r, n in chunks] == [("b", 6), ("c", 1)]
-    assert c.cached_len == 25 and c.cached_tokens == 25
+    assert c.kv.cached_len == 25 and c.kv.cached_tokens == 25
     kv.settle_loans()
     kv.check_invariants([a, b, c])
 
@@ -168,7 +168,7 @@ def test_a_borrower_computes_the_positions_whose_logits_it_needs():
     )  # fmt: skip
     chunks, admitted = admission.schedule([], [a, b])
     assert admitted == [a, b]
-    assert b.cached_len == 29  # logits from position 29 on are b's to compute
+    assert b.kv.cached_len == 29  # logits from position 29 on are b's to compute
     assert dict((r.rid, n) for r, n in chunks)["b"] == 41 - 29
     kv.settle_loans()
     kv.check_invariants(admitted)
@@ -181,7 +181,7 @@ def test_a_shared_prefix_computed_in_a_later_chunk_waits_a_round():
     a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
     chunks, admitted = admission.schedule([], [a, b])
     # a computes 16 of the shared tokens now, the rest (40) in later chunks: b waits for them.
-    assert admitted == [a] and b.row is None
+    assert admitted == [a] and b.kv.row is None
     kv.check_invariants([a])
 
 
@@ -191,10 +191,10 @@ def test_loans_are_whole_pages():
     prefix = list(range(40))
     a, b = _req("a", prefix + [900]), _req("b", prefix + [901])
     chunks, admitted = admission.schedule([], [a, b])
-    assert admitted == [a, b] and b.cached_len == 32  # two pages; the third is b's own
+    assert admitted == [a, b] and b.kv.cached_len == 32  # two pages; the third is b's own
     assert [(r.rid, n) for r, n in chunks] == [("a", 41), ("b", 9)]
     assert _row(kv, b, 32) == _row(kv, a, 32)
-    assert kv.req_to_token_pool.host[b.row, 32].item() % 16 == 0  # its own page starts there
+    assert kv.req_to_token_pool.host[b.kv.row, 32].item() % 16 == 0  # its own page starts there
     kv.check_invariants(admitted)
     kv.settle_loans()
     kv.check_invariants(admitted)
@@ -250,7 +250,8 @@ def test_decode_under_pressure_drops_drafts_then_retracts_the_cheapest():
     ready, retracted, failed = decodes.allocate([big, small])
     assert ready == [big] and big.draft.tokens == []  # the draft went first
     assert retracted == [small] and not failed  # then the request with the least KV
-    assert small.row is None and small.kv_len == 0 and small.retractions == 1
+    assert small.kv.row is None and small.kv.kv_len == 0
+    assert small.status is Status.RETRACTED
     assert small.output_ids == [7]  # its output so far is kept
     assert decodes.num_retracted == 1
     kv.check_invariants([big, filler])
@@ -281,14 +282,14 @@ def test_the_scheduler_reads_the_slot_table_on_its_host_copy_only():
     a = _req("a", list(range(10)))
     assert kv.admit(a) and kv.alloc_extend(a, a.pending_len)
     assert kv.alloc_extend(a, 1)  # position 10 continues the page holding 8 and 9
-    held = pool.host[a.row, :11].clone()
+    held = pool.host[a.kv.row, :11].clone()
     assert int(held[10]) == int(held[9]) + 1 and int(held[8]) % 4 == 0
     kv_pool = KVPool(256, 1, 1, 4, torch.float32, torch.device("meta"))
-    batch = ForwardBatch.build([a.row], [0], [list(range(11))], kv_pool, pool)
+    batch = ForwardBatch.build([a.kv.row], [0], [list(range(11))], kv_pool, pool)
     assert batch.out_cache_loc.device.type == "meta" and batch.out_cache_loc.shape == (11,)
     a.token_ids.append(10)
     kv.release(a, keep_in_cache=True, finished=True)
     b = _req("b", list(range(11)) + [99])
-    assert kv.admit(b) and b.cached_len == 8
-    assert torch.equal(pool.host[b.row, :8], held[:8])
+    assert kv.admit(b) and b.kv.cached_len == 8
+    assert torch.equal(pool.host[b.kv.row, :8], held[:8])
     kv.check_invariants([b])

@@ -166,7 +166,7 @@ def test_duplicated_names_match_what_implements_them():
     for level in LOG_LEVELS:
         assert level in uvicorn.config.LOG_LEVELS
         assert isinstance(logging.getLevelName(level.upper()), int)
-    from runtime.scheduler.draft_manager import DRAFT_MODEL, NGRAM
+    from runtime.speculative.drafts import DRAFT_MODEL, NGRAM
 
     assert SPECULATIVE_ALGORITHMS == (NGRAM, DRAFT_MODEL)
     assert SPECULATIVE_POLICIES == ("adaptive", "always")  # SpeculationConfig.adaptive

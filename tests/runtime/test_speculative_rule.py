@@ -3,38 +3,24 @@ verifications, for certain drafts (lookup) and drafts drawn from a draft model's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
+from runtime.ipc import GenerateRequest
 from runtime.sampler import Sampler
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler.req import Req
+from runtime.speculative.drafts import DRAFT_MODEL, NGRAM
+from runtime.speculative.verify import DraftVerifier
 
 V = 8
 TRIALS = 5000
 
 
-@dataclass
-class _Draft:
-    tokens: list[int]
-    probs: torch.Tensor | None = None
-    draws: int = 0
-
-
-@dataclass
-class _Row:
-    sampling: SamplingParams
-    seed: int
-    draft: _Draft
-    rid: str = "r"
-    input_ids: list[int] = field(default_factory=lambda: [1, 2, 3])
-    output_ids: list[int] = field(default_factory=list)
-    grammar: None = None
-    token_counts: tuple[torch.Tensor, torch.Tensor] | None = None
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    masks_next_token: bool = False
+def _req(params: SamplingParams, seed: int, draft: list[int], q: torch.Tensor | None = None) -> Req:
+    req = Req(GenerateRequest("r", [1, 2, 3], params), seed)
+    req.draft.set(draft, NGRAM if q is None else DRAFT_MODEL, q)
+    return req
 
 
 def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
@@ -49,9 +35,9 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
     return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(statistic / 2)))
 
 
-def _target(sampler: Sampler, logits: torch.Tensor, row: _Row) -> torch.Tensor:
-    processed = sampler.process_draft_rows(logits.clone(), row, row.draft.tokens, 0, None)
-    return sampler.draft_probs(processed, row)
+def _target(verifier: DraftVerifier, logits: torch.Tensor, req: Req) -> torch.Tensor:
+    processed = verifier.process(logits.clone(), req, req.draft.tokens, 0, None)
+    return verifier.probs(processed, req)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +54,7 @@ def test_verified_tokens_follow_the_target_distribution(params: SamplingParams, 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, V, generator=gen) * 1.5  # rows for 2 draft tokens + the bonus
     q = torch.softmax(torch.randn(2, V, generator=gen), -1)  # the draft model's
-    sampler = Sampler(V, eos_token_ids=[V - 1])
+    verifier = DraftVerifier(Sampler(V, eos_token_ids=[V - 1]))
     # Certain drafts: each row's second most likely token, accepted often but not always.
     certain = logits[:2].topk(2).indices[:, 1].tolist()
     first = torch.zeros(V)
@@ -77,32 +63,33 @@ def test_verified_tokens_follow_the_target_distribution(params: SamplingParams, 
     draw = torch.Generator().manual_seed(1)
     for seed in range(TRIALS):
         if drafter == "certain":
-            draft = _Draft(certain)
+            req = _req(params, seed, certain)
         else:
             tokens = [int(torch.multinomial(q[i], 1, generator=draw)) for i in range(2)]
-            draft = _Draft(tokens, q)
-        row = _Row(params, seed, draft)
-        tokens, _ = sampler.verify_draft(logits, row, None)
+            req = _req(params, seed, tokens, q)
+        verified = verifier.verify(req, logits, None)
+        assert verified is not None
+        tokens = verified.tokens
         lengths[len(tokens) - 1] += 1
         first[tokens[0]] += 1
         if len(tokens) > 1:
             second[tokens[1]] += 1
-    row = _Row(params, 0, _Draft(certain if drafter == "certain" else [0, 0]))
-    p0 = _target(sampler, logits, row)[0]
+    req = _req(params, 0, certain if drafter == "certain" else [0, 0])
+    p0 = _target(verifier, logits, req)[0]
     assert chi_square_p_value(first, p0) > 1e-3
     # The second token given the first was accepted: row 1 of the target (with penalties,
     # counting that token; a model draft's first token varies, so only certain drafts).
     if drafter == "certain":
-        p1 = _target(sampler, logits, row)[1]
+        p1 = _target(verifier, logits, req)[1]
         assert chi_square_p_value(second, p1) > 1e-3
     assert lengths[1:].sum() > TRIALS * 0.05  # drafts were accepted, so both rows were tested
 
 
 def test_greedy_accepts_while_the_argmax_agrees():
-    sampler = Sampler(V, eos_token_ids=[V - 1])
+    verifier = DraftVerifier(Sampler(V, eos_token_ids=[V - 1]))
     logits = torch.full((3, V), -5.0)
     logits[0, 3] = logits[1, 5] = logits[2, 1] = 5.0
     greedy = SamplingParams(temperature=0.0)
-    assert sampler.verify_draft(logits, _Row(greedy, 0, _Draft([3, 5])), None)[0] == [3, 5, 1]
-    assert sampler.verify_draft(logits, _Row(greedy, 0, _Draft([3, 6])), None)[0] == [3, 5]
-    assert sampler.verify_draft(logits, _Row(greedy, 0, _Draft([2, 5])), None)[0] == [3]
+    for draft, kept in (([3, 5], [3, 5, 1]), ([3, 6], [3, 5]), ([2, 5], [3])):
+        verified = verifier.verify(_req(greedy, 0, draft), logits, None)
+        assert verified is not None and verified.tokens == kept

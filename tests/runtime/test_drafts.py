@@ -1,5 +1,5 @@
-"""DraftManager with a stand-in draft model: what it proposes under a grammar, and that a
-failing draft model leaves every matcher where it was."""
+"""DraftManager with a stand-in draft model (DraftModelProposer): what it proposes under a
+grammar, and that a failing draft model leaves every matcher where it was."""
 
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ from transformers import AutoTokenizer
 from grammar import GrammarSpec, create_backend
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.ipc import GenerateRequest
-from runtime.memory_pool import ReqToTokenPool
 from runtime.model_config import ModelConfig
 from runtime.sampler import Sampler
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler.draft_manager import DRAFT_MODEL, DraftManager, SpeculationConfig
-from runtime.scheduler.kv_manager import KVCacheManager
-from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.req import Req
-from runtime.scheduler.stop_checker import StopChecker
+from runtime.speculative.drafts import DRAFT_MODEL, DraftManager, SpeculationConfig
+from runtime.speculative.verify import DraftVerifier
 
 
 class _Worker:
@@ -59,25 +56,20 @@ def parts(tiny_model_path: Path):
     return tokenizer, config, backend
 
 
-def _manager(config: ModelConfig, worker: _Worker, tokenizer) -> DraftManager:  # noqa: ANN001
-    allocator = KVSlotAllocator(1024)
-    kv = KVCacheManager(
-        allocator, RadixCache(allocator), ReqToTokenPool(4, 256, torch.device("cpu"))
-    )
-    outputs = OutputProcessor(StopChecker(tokenizer, config.eos_token_ids), 1)
-    sampler = Sampler(config.vocab_size, config.eos_token_ids)
+def _manager(config: ModelConfig, worker: _Worker) -> DraftManager:
+    verifier = DraftVerifier(Sampler(config.vocab_size, config.eos_token_ids))
     spec = SpeculationConfig(DRAFT_MODEL, num_draft_tokens=4, adaptive=False)
     return DraftManager(
-        sampler, kv, outputs, config.vocab_size, lambda *a: None, jump_forward=False,
-        speculation=spec, draft_worker=worker,  # type: ignore[arg-type]
+        verifier, RadixCache(KVSlotAllocator(1024)), jump_forward=False, speculation=spec,
+        draft_worker=worker,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
 def _req(backend, regex: str) -> Req:  # noqa: ANN001
-    req = Req(GenerateRequest("r", [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=32)), 0)
-    req.grammar = backend.compile(GrammarSpec.for_regex(regex)).new_matcher()
-    req.speculates = True
-    req.kv_len = len(req.token_ids) - 1  # decoding: the last token waits for its KV
+    params = SamplingParams(temperature=0, max_new_tokens=32)
+    req = Req(GenerateRequest("r", [5, 6, 7], params), 0, speculates=True)
+    req.constraint.matcher = backend.compile(GrammarSpec.for_regex(regex)).new_matcher()
+    req.kv.kv_len = len(req.token_ids) - 1  # decoding: the last token waits for its KV
     return req
 
 
@@ -88,19 +80,20 @@ def _ids(tokenizer, text: str) -> list[int]:  # noqa: ANN001
 def test_model_drafts_stop_at_what_the_grammar_refuses(parts):
     tokenizer, config, backend = parts
     a, b, z = (_ids(tokenizer, c)[0] for c in "abz")
-    manager = _manager(config, _Worker(config.vocab_size, [a, b, z, a]), tokenizer)
+    manager = _manager(config, _Worker(config.vocab_size, [a, b, z, a]))
     req = _req(backend, "(ab)+")
     manager.propose([req])
     assert req.draft.tokens == [a, b]  # z is refused: drafting stops there
     assert req.draft.source == DRAFT_MODEL and req.draft.probs is None  # greedy: certain
-    assert req.grammar.accept_token(a)  # the matcher stands where it stood
+    assert req.constraint.matcher.accept_token(a)  # the matcher stands where it stood
 
 
 def test_a_failing_draft_model_leaves_the_matcher_where_it_was(parts):
     tokenizer, config, backend = parts
     a, b = (_ids(tokenizer, c)[0] for c in "ab")
-    manager = _manager(config, _Worker(config.vocab_size, [a, b], fail_after=2), tokenizer)
+    manager = _manager(config, _Worker(config.vocab_size, [a, b], fail_after=2))
     req = _req(backend, "abc")
     manager.propose([req])  # two tokens chosen (the matcher advanced), then the model broke
-    assert req.draft.tokens == [] and req.finished_reason is None
-    assert req.grammar.accept_token(a) and req.grammar.accept_token(b)  # from the start
+    assert req.draft.tokens == [] and not req.finished
+    matcher = req.constraint.matcher
+    assert matcher.accept_token(a) and matcher.accept_token(b)  # from the start
