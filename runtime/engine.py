@@ -20,6 +20,7 @@ from runtime.detokenizer import DetokenizerManager
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
+from runtime.ipc import ControlCommand
 from runtime.model_files import load_tokenizer, locate_model
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
 from runtime.scheduler.scheduler import Scheduler
@@ -172,18 +173,16 @@ class Engine:
         return shaped if request.is_batch else shaped[0]
 
     async def _one(self, sub: SubRequest) -> dict[str, Any]:
-        result: dict[str, Any] = {}
         async for chunk in sub.run(self.tokenizer_manager):
-            result = chunk
-        result.pop("delta", None)
-        return result
+            final = chunk
+        return final.to_dict()
 
     async def _stream(self, parse: Callable[[], GenerateInput]) -> AsyncIterator[dict[str, Any]]:
         subs = await parse().sub_requests(self.tokenizer_manager.tokenize)
         if len(subs) != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
         async for chunk in subs[0].run(self.tokenizer_manager, stream=True):
-            yield chunk
+            yield chunk.to_dict(with_delta=True)
 
     # ---- compiled programs ----------------------------------------------------------------
 
@@ -214,7 +213,9 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Drop all cached prefixes; False while requests are running."""
-        return bool(self._call(self.tokenizer_manager.control("flush_cache"))["success"])
+        return bool(
+            self._call(self.tokenizer_manager.control(ControlCommand.FLUSH_CACHE))["success"]
+        )
 
     def role_blocks(self) -> RoleBlocks:
         """The chat template's per-role headers and footers (``runtime/role_blocks.py``), which
@@ -229,11 +230,11 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """The server args as the scheduler runs them (device defaults filled in), KV usage,
         cache hit rate, running/queued counts and throughput."""
-        return self._call(self.tokenizer_manager.control("server_info"))
+        return self._call(self.tokenizer_manager.control(ControlCommand.SERVER_INFO))
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless the scheduler's KV accounting is exact right now."""
-        report = self._call(self.tokenizer_manager.control("check_invariants"))
+        report = self._call(self.tokenizer_manager.control(ControlCommand.CHECK_INVARIANTS))
         if not report["ok"]:
             raise AssertionError(report["error"])
 

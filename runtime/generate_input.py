@@ -36,7 +36,7 @@ from runtime.request_checks import (
 from runtime.sampling_params import RequestLimits, SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.tokenizer_manager import TokenizerManager
+    from runtime.tokenizer_manager import RequestOutput, TokenizerManager
 
 # Alternatives returned per position with logprobs.
 MAX_TOP_LOGPROBS = 1024
@@ -83,8 +83,8 @@ class SubRequest:
     sample_index: int = 0
     cache_salt: str | None = None
 
-    def run(self, manager: TokenizerManager, stream: bool = False) -> AsyncIterator[dict[str, Any]]:
-        """Its result dicts from ``manager`` (``TokenizerManager.generate``): with ``stream``
+    def run(self, manager: TokenizerManager, stream: bool = False) -> AsyncIterator[RequestOutput]:
+        """Its outputs from ``manager`` (``TokenizerManager.generate``): with ``stream``
         one per output step, else one at the end."""
         return manager.generate(
             self.input_ids,

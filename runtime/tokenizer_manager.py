@@ -32,13 +32,16 @@ from runtime.channels import Receiver, Sender
 from runtime.errors import RequestError, SchedulerDied
 from runtime.ipc import (
     AbortRequest,
+    ControlCommand,
     ControlReply,
     ControlRequest,
+    FinishReason,
     GenerateRequest,
     ProgramRelease,
     ProgramStep,
     SchedulerFailed,
     SchedulerReady,
+    SpeculationStats,
     TextOutput,
     TextOutputBatch,
 )
@@ -54,6 +57,79 @@ TOKENIZE_THREADS = 2
 INLINE_TOKENIZE_SIZE = 2048
 # Callers' rids remembered after their requests end (the dashboard lists recent requests).
 RECENT_LABELS = 256
+
+
+# (logprob, token id, [(logprob, token id), ...] top alternatives) of one position; the
+# first prompt token's logprob is None.
+LogprobEntry = tuple[Any, int, list[Any]]
+TokenLogprob = tuple[float | None, int]
+
+
+@dataclass
+class RequestOutput:
+    """What ``generate`` yields for one request: the text and output ids so far (``delta``:
+    the text new in this chunk), token counts, why it finished (None while it runs), the
+    seconds since it arrived, logprob entries (``input_logprobs`` None unless asked for),
+    speculation numbers, and the outputs validate-and-retry drew. ``to_dict`` renders the
+    native API's ``{"text", "output_ids", "meta_info"}``."""
+
+    rid: str
+    text: str
+    delta: str
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: FinishReason | None
+    e2e_latency: float
+    input_logprobs: list[LogprobEntry] | None = None
+    output_logprobs: list[LogprobEntry] = field(default_factory=list)
+    spec: SpeculationStats | None = None
+    validation_attempts: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def output_token_logprobs(self) -> list[TokenLogprob]:
+        return [(lp, t) for lp, t, _ in self.output_logprobs]
+
+    @property
+    def output_top_logprobs(self) -> list[list[TokenLogprob]]:
+        return [top for _, _, top in self.output_logprobs]
+
+    @property
+    def input_token_logprobs(self) -> list[TokenLogprob]:
+        return [(lp, t) for lp, t, _ in self.input_logprobs or []]
+
+    @property
+    def input_top_logprobs(self) -> list[list[TokenLogprob]]:
+        return [top for _, _, top in self.input_logprobs or []]
+
+    def meta_info(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason and self.finish_reason.to_dict(),
+            "e2e_latency": self.e2e_latency,
+        }
+        if self.spec is not None:
+            meta.update(self.spec.to_meta(self.completion_tokens))
+        if self.input_logprobs is not None or self.output_logprobs:
+            meta["input_token_logprobs"] = self.input_token_logprobs
+            meta["input_top_logprobs"] = self.input_top_logprobs
+            meta["output_token_logprobs"] = self.output_token_logprobs
+            meta["output_top_logprobs"] = self.output_top_logprobs
+        if self.validation_attempts is not None:
+            meta["validation_attempts"] = self.validation_attempts
+        return meta
+
+    def to_dict(self, with_delta: bool = False) -> dict[str, Any]:
+        result = {"text": self.text, "output_ids": self.output_ids, "meta_info": self.meta_info()}
+        return {**result, "delta": self.delta} if with_delta else result
 
 
 @dataclass
@@ -253,8 +329,8 @@ class TokenizerManager:
         stream: bool = False,
         program: ProgramStep | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Yield result dicts: with ``stream`` one per output chunk, else one at the end.
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield RequestOutputs: with ``stream`` one per output chunk, else one at the end.
         ``program``: the request is a step of a compiled program (``runtime.program``).
         ``cache_salt``: the request reuses cached KV only of requests with the same salt
         (InvalidRequestValue unless None or 1..256 printable ASCII characters).
@@ -276,14 +352,14 @@ class TokenizerManager:
         async for chunk in run(call):
             yield chunk
 
-    async def _generate_validated(self, call: _Call) -> AsyncIterator[dict[str, Any]]:
+    async def _generate_validated(self, call: _Call) -> AsyncIterator[RequestOutput]:
         """Validate-and-retry: compile the schema's enforceable part (best effort), check each
         finished output against the whole schema (``grammar.output_validator``) and draw again
         (seed + attempt when seeded) until one passes; after ``validation_attempts`` failures,
         RequestError 422 naming what the last output broke. An output cut by max_new_tokens is
         returned unchecked, as in exact mode (its finish_reason says so). Greedy requests get
         one attempt: another would repeat it. Streams get the whole output in one chunk, once
-        it has passed. ``meta_info["validation_attempts"]``: the outputs drawn."""
+        it has passed. ``validation_attempts``: the outputs drawn."""
         from grammar.validate import ValidationPool, ValidationTimeout
 
         params = call.sampling_params
@@ -304,26 +380,24 @@ class TokenizerManager:
         compiled = dataclasses.replace(params, grammar_best_effort=True, strict_mode="validate")
         reason = ""
         for attempt in range(attempts):
-            final: dict[str, Any] | None = None
+            final: RequestOutput | None = None
             once = dataclasses.replace(
                 call, sampling_params=compiled.for_sample(attempt), stream=False
             )
             async for chunk in self._generate_once(once):
                 final = chunk
-            assert final is not None, "a request ends with its final chunk"
-            meta = final["meta_info"]
-            finish = meta["finish_reason"] or {}
+            assert final is not None and final.finish_reason is not None, "ends with its final"
             failure = None
-            if finish.get("type") != "length":
+            if final.finish_reason.type != "length":
                 assert self.loop is not None
                 try:  # in a killable process: a schema's patterns may backtrack for ever
-                    failure = await self.loop.run_in_executor(self._pool, check, final["text"])
+                    failure = await self.loop.run_in_executor(self._pool, check, final.text)
                 except (ValueError, ValidationTimeout) as exc:  # the schema's fault
                     raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
             if failure is None:
-                meta["validation_attempts"] = attempt + 1
+                final.validation_attempts = attempt + 1
                 if call.stream:
-                    final["delta"] = final["text"]
+                    final.delta = final.text
                 yield final
                 return
             reason = failure
@@ -334,8 +408,8 @@ class TokenizerManager:
             "json_schema",
         )
 
-    async def _generate_once(self, call: _Call) -> AsyncIterator[dict[str, Any]]:
-        """One request to the scheduler: result dicts as ``generate`` describes."""
+    async def _generate_once(self, call: _Call) -> AsyncIterator[RequestOutput]:
+        """One request to the scheduler: outputs as ``generate`` describes."""
         input_ids, sampling_params, rid, stream = (
             call.input_ids, call.sampling_params, call.rid, call.stream
         )  # fmt: skip
@@ -401,33 +475,18 @@ class TokenizerManager:
                 self.to_scheduler.send(AbortRequest(internal))
 
     @staticmethod
-    def _accumulate(state: _RequestState, out: TextOutput) -> dict[str, Any]:
+    def _accumulate(state: _RequestState, out: TextOutput) -> RequestOutput:
         state.text += out.text_delta
         state.output_ids.extend(out.new_token_ids)
         state.output_logprobs.extend(out.output_logprobs)
         if out.input_logprobs is not None:
             state.input_logprobs = out.input_logprobs
-        meta: dict[str, Any] = {
-            "id": state.label,
-            "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens,
-            "cached_tokens": out.cached_tokens,
-            "finish_reason": out.finished_reason and out.finished_reason.to_dict(),
-            "e2e_latency": time.monotonic() - state.created,
-        }
-        if out.spec is not None:
-            meta.update(out.spec.to_meta(out.completion_tokens))
-        if state.input_logprobs is not None or state.output_logprobs:
-            meta["input_token_logprobs"] = [(lp, t) for lp, t, _ in state.input_logprobs or []]
-            meta["input_top_logprobs"] = [top for _, _, top in state.input_logprobs or []]
-            meta["output_token_logprobs"] = [(lp, t) for lp, t, _ in state.output_logprobs]
-            meta["output_top_logprobs"] = [top for _, _, top in state.output_logprobs]
-        return {
-            "text": state.text,
-            "delta": out.text_delta,
-            "output_ids": list(state.output_ids),
-            "meta_info": meta,
-        }
+        return RequestOutput(
+            state.label, state.text, out.text_delta, list(state.output_ids), out.prompt_tokens,
+            out.completion_tokens, out.cached_tokens, out.finished_reason,
+            time.monotonic() - state.created, state.input_logprobs,
+            list(state.output_logprobs), out.spec,
+        )  # fmt: skip
 
     async def abort(self, rid: str) -> None:
         """Abort the request the caller knows as ``rid`` (a no-op if none is running)."""
@@ -436,10 +495,9 @@ class TokenizerManager:
             self.to_scheduler.send(AbortRequest(internal))
 
     async def control(
-        self, command: str, timeout: float = 60.0, args: dict[str, Any] | None = None
+        self, command: ControlCommand, timeout: float = 60.0, args: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Ask the scheduler (``ControlRequest``: flush_cache, server_info, cache_tree, ...)
-        and wait for its reply."""
+        """Ask the scheduler (``ControlRequest``) and wait for its reply."""
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         assert self.loop is not None

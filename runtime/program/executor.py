@@ -67,7 +67,7 @@ from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.tokenizer_manager import TokenizerManager
+    from runtime.tokenizer_manager import RequestOutput, TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -336,12 +336,12 @@ class _Segment:
             group=group,
         )
 
-    def _count(self, meta: dict[str, Any], reused: int, encoded: int) -> None:
+    def _count(self, result: RequestOutput, reused: int, encoded: int) -> None:
         stats = self.session.stats
         stats["requests"] += 1
-        stats["prompt_tokens"] += int(meta.get("prompt_tokens") or 0)
-        stats["cached_tokens"] += int(meta.get("cached_tokens") or 0)
-        stats["completion_tokens"] += int(meta.get("completion_tokens") or 0)
+        stats["prompt_tokens"] += result.prompt_tokens
+        stats["cached_tokens"] += result.cached_tokens
+        stats["completion_tokens"] += result.completion_tokens
         stats["reused_tokens"] += reused
         stats["reencoded_tokens"] += encoded
 
@@ -353,17 +353,15 @@ class _Segment:
             raise RequestError("the prompt is empty: a program's first gen needs text before it")
         prompt = list(branch.ids)
         step = self._step(branch, keep=True)
-        final: dict[str, Any] = {}
-        async for chunk in self.tm.generate(
+        async for final in self.tm.generate(
             prompt, op.params, stream=self.stream, program=step, cache_salt=self.session.cache_salt
         ):
-            final = chunk
-            if self.stream and chunk.get("delta"):
+            if self.stream and final.delta:
                 await self.emit(
-                    {"type": "delta", "branch": branch.key, "text": chunk["delta"],
-                     "completion_tokens": len(chunk["output_ids"])}
+                    {"type": "delta", "branch": branch.key, "text": final.delta,
+                     "completion_tokens": len(final.output_ids)}
                 )  # fmt: skip
-        text, output_ids = final["text"], list(final["output_ids"])
+        text, output_ids = final.text, list(final.output_ids)
         kept, rest = await self.tm.run_tokenizer(
             lambda: _kept_output(self.tokenizer, prompt, output_ids, text),
             "text",
@@ -373,9 +371,9 @@ class _Segment:
         branch.pending = rest
         branch.pin_key = branch.key
         branch.reuse_len = len(prompt) + len(kept)
-        meta = dict(final["meta_info"])
+        meta = final.meta_info()
         meta["reused_tokens"], meta["reencoded_tokens"] = reused, encoded
-        self._count(meta, reused, encoded)
+        self._count(final, reused, encoded)
         await self.emit(
             {"type": "gen", "branch": branch.key, "name": op.name, "text": text,
              "meta_info": meta}
@@ -409,7 +407,7 @@ class _Segment:
         boundary = heal_boundary(ids[start:], tails)
         first = start + boundary
         reuse = min(branch.reuse_len, first)
-        calls: list[Awaitable[dict[str, Any]]] = []
+        calls: list[Awaitable[RequestOutput]] = []
         # The prefix itself first when it has tokens no pin covers: it is prefilled once (the
         # choices, admitted in the same step, read its slots: the scheduler's in-step loans)
         # and pinned for the branch's next step.
@@ -425,7 +423,7 @@ class _Segment:
             )
             for tail, lp_start in zip(tails, starts, strict=True)
         ]
-        unconditional_calls: list[Awaitable[dict[str, Any]]] = []
+        unconditional_calls: list[Awaitable[RequestOutput]] = []
         if op.method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED:
             for choice in op.choices:
                 choice_ids = await self.tm.tokenize(choice, "choices")
@@ -440,20 +438,22 @@ class _Segment:
         prefix_tokens = ids[first:]
         choice_tokens = [tail[boundary:] for tail in tails]
         choice_logprobs = [
-            [e[0] for e in r["meta_info"]["input_token_logprobs"][first - lp_start :]]
+            [e[0] for e in (r.input_logprobs or [])[first - lp_start :]]
             for r, lp_start in zip(scored, starts, strict=True)
         ]
         unconditional = None
         if unconditional_calls:
             unconditional = [
-                [e[0] for e in r["meta_info"]["input_token_logprobs"] if e[0] is not None]
+                [e[0] for e in r.input_logprobs or [] if e[0] is not None]
                 for r in results[int(prefill) + len(tails) :]
             ]
         index, _ = pick(op.method, choice_logprobs, unconditional)
         branch.pending += op.choices[index]
-        metas = [{k: r["meta_info"][k] for k in ("prompt_tokens", "cached_tokens")} for r in scored]
+        metas = [
+            {"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens} for r in scored
+        ]
         for i, r in enumerate(results[: int(prefill) + len(tails)]):
-            self._count(r["meta_info"], reused if i == 0 else 0, encoded if i == 0 else 0)
+            self._count(r, reused if i == 0 else 0, encoded if i == 0 else 0)
         await self.emit(
             {
                 "type": "select",
@@ -470,9 +470,8 @@ class _Segment:
             }
         )
 
-    async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> dict[str, Any]:
-        final: dict[str, Any] = {}
-        async for chunk in self.tm.generate(
+    async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> RequestOutput:
+        async for final in self.tm.generate(  # noqa: B007 (the last one is the result)
             ids,
             SCORE_ONLY,
             return_logprob=start >= 0,
@@ -480,7 +479,7 @@ class _Segment:
             program=step,
             cache_salt=self.session.cache_salt,
         ):
-            final = chunk
+            pass
         return final
 
     async def _fork(self, branch: Branch, op: ForkOp) -> None:
@@ -493,7 +492,7 @@ class _Segment:
                 # The program's first KV: prefilled once and pinned, so the branches (and the
                 # parent after the join) continue from a pin rather than match from the root.
                 result = await self._score(branch.ids, -1, self._step(branch, keep=True))
-                self._count(result["meta_info"], reused, encoded)
+                self._count(result, reused, encoded)
                 branch.pin_key, branch.reuse_len = branch.key, len(branch.ids)
             else:
                 # The branches start at once: the scheduler admits them in one step, the first

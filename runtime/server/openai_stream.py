@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.server.openai_format import (
+    Logprob,
     ResponseContext,
     chat_logprobs,
     completion_logprobs,
@@ -35,6 +36,7 @@ from runtime.server.tool_calls import (
     ToolCallStart,
     make_tool_parser,
 )
+from runtime.tokenizer_manager import RequestOutput
 
 
 def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> bytes:
@@ -50,14 +52,14 @@ def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> by
     return sse_event(body)
 
 
-def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[dict[str, Any]]) -> bytes:
+def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[RequestOutput | None]) -> bytes:
     body = {
         "id": ctx.request_id,
         "object": kind,
         "created": ctx.created,
         "model": ctx.model,
         "choices": [],
-        "usage": usage(finals, ctx.n),
+        "usage": usage([final for final in finals if final is not None], ctx.n),
     }
     return sse_event(body)
 
@@ -72,29 +74,28 @@ async def _completion_chunks(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "text_completion"
-    finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
+    finals: list[RequestOutput | None] = [None] * num_choices
     started = [False] * num_choices
     sent = [0] * num_choices  # output logprobs sent per choice
     offsets = [0] * num_choices  # characters of text sent per choice
     async for index, chunk in events:
-        meta = chunk["meta_info"]
-        text = chunk["delta"]
+        text = chunk.delta
         first, started[index] = not started[index], True
         if first and ctx.echo_texts:
             text = ctx.echo_texts[index // ctx.n] + text
         logprobs = None
         if want_logprobs:
-            chosen = list(meta.get("output_token_logprobs", [])[sent[index] :])
-            tops = list(meta.get("output_top_logprobs", [])[sent[index] :])
+            chosen: list[Logprob] = list(chunk.output_token_logprobs[sent[index] :])
+            tops = chunk.output_top_logprobs[sent[index] :]
             sent[index] += len(chosen)
             if first and ctx.echo_texts:
-                chosen = list(meta.get("input_token_logprobs", [])) + chosen
-                tops = list(meta.get("input_top_logprobs", [])) + tops
+                chosen = chunk.input_token_logprobs + chosen
+                tops = chunk.input_top_logprobs + tops
             logprobs = completion_logprobs(ctx.token_text, chosen, tops, offsets[index])
         offsets[index] += len(text)
-        if meta["finish_reason"] is not None:
+        if chunk.finished:
             finals[index] = chunk
-        choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(meta)
+        choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(chunk)
         yield _chunk(ctx, kind, [choice])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
@@ -110,7 +111,7 @@ async def _chat_chunks(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk"
-    finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
+    finals: list[RequestOutput | None] = [None] * num_choices
     started = [False] * num_choices
     sent = [0] * num_choices  # output logprobs sent per choice
     parsers = [
@@ -123,13 +124,12 @@ async def _chat_chunks(
     ]
     reasoners = [ctx.reasoning() if ctx.reasoning else None for _ in range(num_choices)]
     async for index, chunk in events:
-        meta = chunk["meta_info"]
-        finished = meta["finish_reason"] is not None
+        finished = chunk.finished
         if not started[index]:
             started[index] = True
             role = {"role": "assistant", "content": ""}
             yield _chunk(ctx, kind, [{"index": index, "delta": role, "logprobs": None}])
-        text, thinking = chunk["delta"], ""
+        text, thinking = chunk.delta, ""
         reasoner = reasoners[index]
         if reasoner is not None:  # the reasoning goes apart; the rest is content and tools
             split = reasoner.feed(text, final=finished)
@@ -140,8 +140,8 @@ async def _chat_chunks(
             pieces += parser.finish()
         logprobs = None
         if want_logprobs:
-            chosen = meta.get("output_token_logprobs", [])[sent[index] :]
-            tops = meta.get("output_top_logprobs", [])[sent[index] :]
+            chosen = list(chunk.output_token_logprobs[sent[index] :])
+            tops = chunk.output_top_logprobs[sent[index] :]
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
         deltas: list[dict[str, Any]] = [{"reasoning_content": thinking}] if thinking else []
@@ -158,7 +158,7 @@ async def _chat_chunks(
             if parser is not None:
                 remember_turn(ctx, parser.calls, chunk)
             choice = {"index": index, "delta": {}, "logprobs": None}
-            yield _chunk(ctx, kind, [choice | finish_fields(meta, called_tools=called)])
+            yield _chunk(ctx, kind, [choice | finish_fields(chunk, called_tools=called)])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
 

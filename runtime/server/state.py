@@ -24,7 +24,7 @@ from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
 from runtime.server.tool_call_formats import resolve_format
 from runtime.server_args import ServerArgs
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer_manager import RequestOutput, TokenizerManager
 
 
 @dataclass
@@ -92,7 +92,7 @@ def caller_is_admin(request: Request) -> bool:
     return bool(request.scope.get(ADMIN_SCOPE_KEY, True))
 
 
-def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[dict[str, Any]]]:
+def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[RequestOutput]]:
     """One result stream per sub-request, each yielding a chunk per output step (so the metrics
     see time to first token and inter-token latency even for non-streaming clients)."""
     return [state.metrics.observe(sub.run(state.tokenizer_manager, stream=True)) for sub in subs]
