@@ -22,10 +22,12 @@ from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
 from runtime.ipc import ControlCommand
 from runtime.model_files import load_tokenizer, locate_model
+from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
 from runtime.scheduler.scheduler import Scheduler
 from runtime.server_args import ServerArgs
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer_manager import TokenizerManager, final_output
+from runtime.validate_retry import ValidatedGeneration
 
 Prompt = str | list[str] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
@@ -58,15 +60,9 @@ class Engine:
         self.tokenizer = tokenizer
         self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
         self.detokenizer = DetokenizerManager(tokenizer)
-        self.tokenizer_manager = TokenizerManager(
-            tokenizer,
-            to_scheduler,
-            max_n=self.args.max_n,
-            strict_mode=self.args.schema_strict_mode,
-            validation_attempts=self.args.schema_validation_attempts,
-            validation_timeout=self.args.schema_validation_timeout,
-            program_pin_timeout_s=self.args.program_pin_timeout_s,
-        )
+        self.tokenizer_manager = TokenizerManager(tokenizer, to_scheduler, max_n=self.args.max_n)
+        self.generation = ValidatedGeneration(self.tokenizer_manager, self.args)
+        self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)
         self._loop = asyncio.new_event_loop()
         self._threads = [
             threading.Thread(target=self._run_scheduler, name="scheduler", daemon=True),
@@ -173,15 +169,13 @@ class Engine:
         return shaped if request.is_batch else shaped[0]
 
     async def _one(self, sub: SubRequest) -> dict[str, Any]:
-        async for chunk in sub.run(self.tokenizer_manager):
-            final = chunk
-        return final.to_dict()
+        return (await final_output(sub.run(self.generation))).to_dict()
 
     async def _stream(self, parse: Callable[[], GenerateInput]) -> AsyncIterator[dict[str, Any]]:
         subs = await parse().sub_requests(self.tokenizer_manager.tokenize)
         if len(subs) != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
-        async for chunk in subs[0].run(self.tokenizer_manager, stream=True):
+        async for chunk in subs[0].run(self.generation, stream=True):
             yield chunk.to_dict(with_delta=True)
 
     # ---- compiled programs ----------------------------------------------------------------
@@ -196,8 +190,8 @@ class Engine:
             from runtime.program.spec import parse_program
 
             parsed = parse_program(request, self.tokenizer_manager.limits)
-            async for event in self.tokenizer_manager.programs.run(parsed):
-                yield event
+            async for event in self.programs.run(parsed):
+                yield event.to_dict()
 
         return self._iterate(events())
 
@@ -205,7 +199,7 @@ class Engine:
         """Forget a compiled program and unpin its KV; False if it is not known."""
 
         async def end() -> bool:
-            return bool(self.tokenizer_manager.programs.end(program_id))
+            return bool(self.programs.end(program_id))
 
         return bool(self._call(end()))
 
@@ -252,7 +246,7 @@ class Engine:
         self._loop.call_soon_threadsafe(self._loop.stop)
         for thread in self._threads:
             thread.join(timeout=10)
-        self.tokenizer_manager.close()
+        self.generation.close()
         if self._frozen:
             unfreeze_heap()
 

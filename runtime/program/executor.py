@@ -15,20 +15,9 @@ live KV in one batch. A session (a program's branches, their tokens and pins) li
 program's segments (its Python code runs between them) until the program ends, or is idle for
 the pin timeout.
 
-Results go out as events, in order per branch::
-
-    {"type": "program", "program_id": ...}                   # first
-    {"type": "delta", "branch": key, "text": ..., "completion_tokens": n}  # stream: a
-                                          # gen's new text; n: its output tokens so far
-    {"type": "gen", "branch": key, "name": ..., "text": ..., "meta_info": {...}}
-    {"type": "select", "branch": key, "name": ..., "choice": ..., "prefix_tokens": [...],
-     "choice_tokens": [[...]], "choice_logprobs": [[...]], "meta": [...],
-     "unconditional": [[...]] | null}
-    {"type": "error", "branch": key, "name": ..., "status": 400, "message": ...}
-    {"type": "done", "program_id": ..., "meta_info": {...}}   # last
-
-A failed op stops its branch (later ops of that branch are skipped, as the interpreter's
-branch stops at its first error); the other branches go on.
+Results go out as events (``runtime/program/events.py``), in order per branch. A failed op stops its
+branch (later ops of that branch are skipped, as the interpreter's branch stops at its first error);
+the other branches go on.
 
 A program runs under the cache salt of its first segment (every request it makes carries it);
 a later segment with another salt is refused, so no tenant continues another's program.
@@ -40,12 +29,21 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import RequestError, SchedulerDied
 from runtime.ipc import ProgramRelease, ProgramStep
+from runtime.program.events import (
+    GenDelta,
+    GenDone,
+    OpFailed,
+    ProgramDone,
+    ProgramEvent,
+    ProgramStarted,
+    SelectDone,
+)
 from runtime.program.select_math import (
     HEAL_WINDOW,
     UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
@@ -65,9 +63,11 @@ from runtime.program.spec import (
 )
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
+from runtime.tokenizer_manager import final_output
 
 if TYPE_CHECKING:
-    from runtime.tokenizer_manager import RequestOutput, TokenizerManager
+    from runtime.tokenizer_manager import RequestOutput
+    from runtime.validate_retry import ValidatedGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ BOUNDARY_TOKENS = 4
 MAX_SESSIONS = 4096
 SCORE_ONLY = SamplingParams(max_new_tokens=0)
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
+Emit = Callable[[ProgramEvent], Awaitable[None]]
 
 
 @dataclass
@@ -122,10 +122,12 @@ class Session:
 
 
 class ProgramRunner:
-    """The compiled programs of one tokenizer manager."""
+    """The compiled programs of one tokenizer manager: its requests go through ``generation``
+    (validate-and-retry around the manager)."""
 
-    def __init__(self, tm: TokenizerManager, ttl_s: float) -> None:
-        self.tm = tm
+    def __init__(self, generation: ValidatedGeneration, ttl_s: float) -> None:
+        self.generation = generation
+        self.tm = generation.manager
         self.ttl_s = ttl_s
         self.sessions: dict[str, Session] = {}
 
@@ -173,23 +175,23 @@ class ProgramRunner:
 
     # ---- running -----------------------------------------------------------------------
 
-    async def run(self, request: ProgramRequest) -> AsyncIterator[dict[str, Any]]:
+    async def run(self, request: ProgramRequest) -> AsyncGenerator[ProgramEvent, None]:
         """Run one segment; yield its events (see the module doc). Unknown branches and a
         busy program raise RequestError before anything runs."""
         session = self._session(request.program_id, request.cache_salt)
         for key in request.branches:
             if key not in session.branches:
                 raise RequestError(f"branches: the program has no branch {key!r}")
-        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        events: asyncio.Queue[ProgramEvent | None] = asyncio.Queue()
 
-        async def emit(event: dict[str, Any]) -> None:
+        async def emit(event: ProgramEvent) -> None:
             events.put_nowait(event)
 
         session.busy = True
         finished = False
         work: asyncio.Future[None] | None = None
         try:
-            yield {"type": "program", "program_id": session.program_id}
+            yield ProgramStarted(session.program_id)
             segment = _Segment(self, session, request.stream, emit)
             work = asyncio.ensure_future(segment.run(request.branches))
             work.add_done_callback(lambda _: events.put_nowait(None))
@@ -197,11 +199,7 @@ class ProgramRunner:
                 yield event
             await work  # raises what the segment itself could not handle
             finished = True
-            yield {
-                "type": "done",
-                "program_id": session.program_id,
-                "meta_info": dict(session.stats),
-            }
+            yield ProgramDone(session.program_id, dict(session.stats))
         finally:
             session.busy = False
             session.used = time.monotonic()
@@ -219,6 +217,7 @@ class _Segment:
     def __init__(self, runner: ProgramRunner, session: Session, stream: bool, emit: Emit) -> None:
         self.runner = runner
         self.tm = runner.tm
+        self.generate = runner.generation.generate
         self.tokenizer = runner.tm.tokenizer
         self.session = session
         self.stream = stream
@@ -275,10 +274,7 @@ class _Segment:
         branch.failed = True
         if isinstance(status, int) and status < 400:
             status = 500
-        await self.emit(
-            {"type": "error", "branch": branch.key, "name": name, "status": status,
-             "message": message}
-        )  # fmt: skip
+        await self.emit(OpFailed(branch.key, name, status, message))
 
     async def _op(self, branch: Branch, op: Op) -> None:
         if isinstance(op, TextOp):
@@ -353,14 +349,11 @@ class _Segment:
             raise RequestError("the prompt is empty: a program's first gen needs text before it")
         prompt = list(branch.ids)
         step = self._step(branch, keep=True)
-        async for final in self.tm.generate(
+        async for final in self.generate(
             prompt, op.params, stream=self.stream, program=step, cache_salt=self.session.cache_salt
         ):
             if self.stream and final.delta:
-                await self.emit(
-                    {"type": "delta", "branch": branch.key, "text": final.delta,
-                     "completion_tokens": len(final.output_ids)}
-                )  # fmt: skip
+                await self.emit(GenDelta(branch.key, final.delta, len(final.output_ids)))
         text, output_ids = final.text, list(final.output_ids)
         kept, rest = await self.tm.run_tokenizer(
             lambda: _kept_output(self.tokenizer, prompt, output_ids, text),
@@ -371,13 +364,10 @@ class _Segment:
         branch.pending = rest
         branch.pin_key = branch.key
         branch.reuse_len = len(prompt) + len(kept)
-        meta = final.meta_info()
+        meta = final.to_dict()["meta_info"]
         meta["reused_tokens"], meta["reencoded_tokens"] = reused, encoded
         self._count(final, reused, encoded)
-        await self.emit(
-            {"type": "gen", "branch": branch.key, "name": op.name, "text": text,
-             "meta_info": meta}
-        )  # fmt: skip
+        await self.emit(GenDone(branch.key, op.name, text, meta))
 
     async def _select(self, branch: Branch, op: SelectOp) -> None:
         reused, encoded = await self._encode(branch)
@@ -455,32 +445,23 @@ class _Segment:
         for i, r in enumerate(results[: int(prefill) + len(tails)]):
             self._count(r, reused if i == 0 else 0, encoded if i == 0 else 0)
         await self.emit(
-            {
-                "type": "select",
-                "branch": branch.key,
-                "name": op.name,
-                "choice": op.choices[index],
-                "prefix_tokens": prefix_tokens,
-                "choice_tokens": choice_tokens,
-                "choice_logprobs": choice_logprobs,
-                "meta": metas,
-                "unconditional": unconditional,
-                "reused_tokens": reused,
-                "reencoded_tokens": encoded,
-            }
-        )
+            SelectDone(
+                branch.key, op.name, op.choices[index], prefix_tokens, choice_tokens,
+                choice_logprobs, metas, unconditional, reused, encoded,
+            )
+        )  # fmt: skip
 
     async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> RequestOutput:
-        async for final in self.tm.generate(  # noqa: B007 (the last one is the result)
-            ids,
-            SCORE_ONLY,
-            return_logprob=start >= 0,
-            logprob_start_len=start,
-            program=step,
-            cache_salt=self.session.cache_salt,
-        ):
-            pass
-        return final
+        return await final_output(
+            self.generate(
+                ids,
+                SCORE_ONLY,
+                return_logprob=start >= 0,
+                logprob_start_len=start,
+                program=step,
+                cache_salt=self.session.cache_salt,
+            )
+        )
 
     async def _fork(self, branch: Branch, op: ForkOp) -> None:
         session = self.session

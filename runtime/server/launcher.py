@@ -76,15 +76,7 @@ def launch_server(args: ServerArgs) -> int:
         state = ServerState(
             args,
             tokenizer,
-            TokenizerManager(
-                tokenizer,
-                to_scheduler,
-                max_n=args.max_n,
-                strict_mode=args.schema_strict_mode,
-                validation_attempts=args.schema_validation_attempts,
-                validation_timeout=args.schema_validation_timeout,
-                program_pin_timeout_s=args.program_pin_timeout_s,
-            ),
+            TokenizerManager(tokenizer, to_scheduler, max_n=args.max_n),
             process_info={
                 "server_pid": os.getpid(),
                 "scheduler_pid": children["scheduler"].pid,
@@ -175,7 +167,7 @@ class _Supervisor:
             stopper.send(None)
             await asyncio.to_thread(receiver.join, 5.0)
             stopper.close()
-            self.state.tokenizer_manager.close()
+            self.state.generation.close()
         return self.exit_code
 
     async def _watch(self, server: uvicorn.Server) -> None:

@@ -120,11 +120,10 @@ def completion_response(
         prefix = ctx.echo_texts[index // ctx.n] if ctx.echo_texts else ""
         logprobs = None
         if want_logprobs:
-            chosen: list[Logprob] = list(final.output_token_logprobs)
-            tops = final.output_top_logprobs
+            chosen, tops = final.logprobs()
             if ctx.echo_texts:
-                chosen = final.input_token_logprobs + chosen
-                tops = final.input_top_logprobs + tops
+                prompt_chosen, prompt_tops = final.logprobs(prompt=True)
+                chosen, tops = prompt_chosen + chosen, prompt_tops + tops
             logprobs = completion_logprobs(ctx.token_text, chosen, tops, 0)
         choices.append(
             {"index": index, "text": prefix + final.text, "logprobs": logprobs}
@@ -166,9 +165,7 @@ def chat_response(
                 remember_turn(ctx, calls, final)
         logprobs = None
         if want_logprobs:
-            logprobs = chat_logprobs(
-                ctx.token_text, list(final.output_token_logprobs), final.output_top_logprobs
-            )
+            logprobs = chat_logprobs(ctx.token_text, *final.logprobs())
         choices.append(
             {"index": index, "message": message, "logprobs": logprobs}
             | finish_fields(final, called_tools=bool(calls))

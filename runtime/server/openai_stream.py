@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.server.openai_format import (
-    Logprob,
     ResponseContext,
     chat_logprobs,
     completion_logprobs,
@@ -85,15 +84,14 @@ async def _completion_chunks(
             text = ctx.echo_texts[index // ctx.n] + text
         logprobs = None
         if want_logprobs:
-            chosen: list[Logprob] = list(chunk.output_token_logprobs[sent[index] :])
-            tops = chunk.output_top_logprobs[sent[index] :]
+            chosen, tops = chunk.logprobs(start=sent[index])
             sent[index] += len(chosen)
             if first and ctx.echo_texts:
-                chosen = chunk.input_token_logprobs + chosen
-                tops = chunk.input_top_logprobs + tops
+                prompt_chosen, prompt_tops = chunk.logprobs(prompt=True)
+                chosen, tops = prompt_chosen + chosen, prompt_tops + tops
             logprobs = completion_logprobs(ctx.token_text, chosen, tops, offsets[index])
         offsets[index] += len(text)
-        if chunk.finished:
+        if chunk.finish_reason is not None:
             finals[index] = chunk
         choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(chunk)
         yield _chunk(ctx, kind, [choice])
@@ -124,7 +122,7 @@ async def _chat_chunks(
     ]
     reasoners = [ctx.reasoning() if ctx.reasoning else None for _ in range(num_choices)]
     async for index, chunk in events:
-        finished = chunk.finished
+        finished = chunk.finish_reason is not None
         if not started[index]:
             started[index] = True
             role = {"role": "assistant", "content": ""}
@@ -140,8 +138,7 @@ async def _chat_chunks(
             pieces += parser.finish()
         logprobs = None
         if want_logprobs:
-            chosen = list(chunk.output_token_logprobs[sent[index] :])
-            tops = chunk.output_top_logprobs[sent[index] :]
+            chosen, tops = chunk.logprobs(start=sent[index])
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
         deltas: list[dict[str, Any]] = [{"reasoning_content": thinking}] if thinking else []

@@ -66,7 +66,7 @@ class ResponseRun:
 
     def feed(self, chunk: RequestOutput) -> None:
         """Add one output of the generation to the output items."""
-        finished = chunk.finished
+        finished = chunk.finish_reason is not None
         logprobs = self._new_logprobs(chunk) if self.want_logprobs else None
         answer = chunk.delta
         if self.reasoning is not None:
@@ -106,8 +106,7 @@ class ResponseRun:
         )
 
     def _new_logprobs(self, chunk: RequestOutput) -> list[dict[str, Any]]:
-        chosen = list(chunk.output_token_logprobs[self._logprobs_sent :])
-        tops = chunk.output_top_logprobs[self._logprobs_sent :]
+        chosen, tops = chunk.logprobs(start=self._logprobs_sent)
         self._logprobs_sent += len(chosen)
         return chat_logprobs(self.token_text, chosen, tops)["content"] if chosen else []
 
