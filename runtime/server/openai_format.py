@@ -40,6 +40,12 @@ class ResponseContext:
     reasoning: Callable[[], ReasoningParser] | None = None
 
 
+def envelope(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every response body and stream chunk starts with."""
+    head = {"id": ctx.request_id, "object": kind, "created": ctx.created, "model": ctx.model}
+    return {**head, "choices": choices}
+
+
 def finish_fields(output: RequestOutput, called_tools: bool = False) -> dict[str, Any]:
     """``finish_reason`` ("stop", "length", "tool_calls", "abort") and SGLang's
     ``matched_stop`` (the stop string or token that ended the output, if any). An output with
@@ -129,14 +135,7 @@ def completion_response(
             {"index": index, "text": prefix + final.text, "logprobs": logprobs}
             | finish_fields(final)
         )
-    return {
-        "id": ctx.request_id,
-        "object": "text_completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-        "usage": usage(finals, ctx.n),
-    }
+    return envelope(ctx, "text_completion", choices) | {"usage": usage(finals, ctx.n)}
 
 
 def chat_response(
@@ -170,11 +169,4 @@ def chat_response(
             {"index": index, "message": message, "logprobs": logprobs}
             | finish_fields(final, called_tools=bool(calls))
         )
-    return {
-        "id": ctx.request_id,
-        "object": "chat.completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-        "usage": usage(finals, ctx.n),
-    }
+    return envelope(ctx, "chat.completion", choices) | {"usage": usage(finals, ctx.n)}

@@ -24,6 +24,7 @@ from runtime.server.openai_format import (
     ResponseContext,
     chat_logprobs,
     completion_logprobs,
+    envelope,
     finish_fields,
     remember_turn,
     usage,
@@ -38,29 +39,18 @@ from runtime.server.tool_calls import (
 from runtime.tokenizer_manager import RequestOutput
 
 
-def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> bytes:
-    body: dict[str, Any] = {
-        "id": ctx.request_id,
-        "object": kind,
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-    }
+def _chunk(
+    ctx: ResponseContext, kind: str, choices: list[dict[str, Any]], totals: Any = None
+) -> bytes:
+    """One chunk; with include_usage every chunk has ``usage`` (``totals``: the last's)."""
+    body = envelope(ctx, kind, choices)
     if ctx.include_usage:
-        body["usage"] = None
+        body["usage"] = totals
     return sse_event(body)
 
 
 def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[RequestOutput | None]) -> bytes:
-    body = {
-        "id": ctx.request_id,
-        "object": kind,
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": [],
-        "usage": usage([final for final in finals if final is not None], ctx.n),
-    }
-    return sse_event(body)
+    return _chunk(ctx, kind, [], usage([final for final in finals if final is not None], ctx.n))
 
 
 def completion_stream(
