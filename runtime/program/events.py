@@ -4,7 +4,7 @@ first, ``ProgramDone`` last. ``to_dict`` is an event's JSON (``POST /program``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 
@@ -13,7 +13,7 @@ class ProgramEvent:
     KIND: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.KIND, **vars(self)}
+        return {"type": self.KIND, **asdict(self)}
 
 
 @dataclass
@@ -71,7 +71,20 @@ class OpFailed(ProgramEvent):
 
 
 @dataclass
+class ProgramStats:
+    """A program's requests and their tokens so far (``reused_tokens``: tokens of a prompt kept
+    from the branch; ``reencoded_tokens``: tokens its new text was encoded into)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    reencoded_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
 class ProgramDone(ProgramEvent):
     KIND = "done"
     program_id: str
-    meta_info: dict[str, int]
+    meta_info: ProgramStats

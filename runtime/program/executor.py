@@ -26,6 +26,7 @@ a later segment with another salt is refused, so no tenant continues another's p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -42,6 +43,7 @@ from runtime.program.events import (
     ProgramDone,
     ProgramEvent,
     ProgramStarted,
+    ProgramStats,
     SelectDone,
 )
 from runtime.program.select_math import (
@@ -109,16 +111,7 @@ class Session:
     forks: dict[int, list[str]] = field(default_factory=dict)
     used: float = field(default_factory=time.monotonic)
     busy: bool = False
-    stats: dict[str, int] = field(
-        default_factory=lambda: {
-            "requests": 0,
-            "prompt_tokens": 0,
-            "reused_tokens": 0,
-            "reencoded_tokens": 0,
-            "cached_tokens": 0,
-            "completion_tokens": 0,
-        }
-    )
+    stats: ProgramStats = field(default_factory=ProgramStats)
 
 
 class ProgramRunner:
@@ -199,7 +192,7 @@ class ProgramRunner:
                 yield event
             await work  # raises what the segment itself could not handle
             finished = True
-            yield ProgramDone(session.program_id, dict(session.stats))
+            yield ProgramDone(session.program_id, dataclasses.replace(session.stats))
         finally:
             session.busy = False
             session.used = time.monotonic()
@@ -334,12 +327,12 @@ class _Segment:
 
     def _count(self, result: RequestOutput, reused: int, encoded: int) -> None:
         stats = self.session.stats
-        stats["requests"] += 1
-        stats["prompt_tokens"] += result.prompt_tokens
-        stats["cached_tokens"] += result.cached_tokens
-        stats["completion_tokens"] += result.completion_tokens
-        stats["reused_tokens"] += reused
-        stats["reencoded_tokens"] += encoded
+        stats.requests += 1
+        stats.prompt_tokens += result.prompt_tokens
+        stats.cached_tokens += result.cached_tokens
+        stats.completion_tokens += result.completion_tokens
+        stats.reused_tokens += reused
+        stats.reencoded_tokens += encoded
 
     # ---- ops ---------------------------------------------------------------------------
 
@@ -479,7 +472,7 @@ class _Segment:
                 # The branches start at once: the scheduler admits them in one step, the first
                 # computes the unpinned tail they share and the others read its slots
                 # (KVCacheManager.lend), so no round trip is spent prefilling it first.
-                self.session.stats["reencoded_tokens"] += encoded
+                self.session.stats.reencoded_tokens += encoded
         group = f"{session.program_id}:{op.id}"
         keys = [branch_key(branch.key, op.id, i) for i in range(len(op.branches))]
         session.forks[op.id] = keys
