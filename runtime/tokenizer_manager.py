@@ -109,8 +109,8 @@ class RequestOutput:
             meta["output_token_logprobs"], meta["output_top_logprobs"] = self.logprobs()
         if self.validation_attempts is not None:
             meta["validation_attempts"] = self.validation_attempts
-        result = {"text": self.text, "output_ids": self.output_ids, "meta_info": meta}
-        return {**result, "delta": self.delta} if with_delta else result
+        delta = {"delta": self.delta} if with_delta else {}
+        return {"text": self.text, **delta, "output_ids": self.output_ids, "meta_info": meta}
 
 
 @dataclass
