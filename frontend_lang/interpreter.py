@@ -51,7 +51,7 @@ def _gen(state: ProgramState, expr: Gen) -> None:
         try:
             value = expr.parse(output.text)
         except ValueError as exc:
-            reason = (output.meta.get("finish_reason") or {}).get("type", "?")
+            reason = output.finish_type or "?"
             raise ValueError(
                 f"the output {output.text[:200]!r} does not parse ({exc}); it finished by "
                 f"{reason}: raise max_tokens if it was cut short"

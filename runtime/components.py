@@ -87,13 +87,5 @@ def build_components(args: ServerArgs, channels: Channels) -> Components:
         from runtime.tokenizer_manager import TokenizerManager
 
         assert channels.to_scheduler is not None
-        tokenizer_manager = TokenizerManager(
-            tokenizer,
-            channels.to_scheduler,
-            max_n=args.max_n,
-            strict_mode=args.schema_strict_mode,
-            validation_attempts=args.schema_validation_attempts,
-            validation_timeout=args.schema_validation_timeout,
-            program_pin_timeout_s=args.program_pin_timeout_s,
-        )
+        tokenizer_manager = TokenizerManager(tokenizer, channels.to_scheduler, max_n=args.max_n)
     return Components(channels, scheduler, detokenizer, tokenizer_manager, tokenizer)

@@ -20,9 +20,13 @@ from runtime.components import Channels, build_components
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.heap import freeze_startup_heap, unfreeze_heap
+from runtime.ipc import ControlCommand
 from runtime.model_files import locate_model
+from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
 from runtime.server_args import ServerArgs
+from runtime.tokenizer_manager import final_output
+from runtime.validate_retry import ValidatedGeneration
 
 Prompt = str | list[str] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
@@ -55,6 +59,8 @@ class Engine:
         self.scheduler, self.detokenizer = parts.scheduler, parts.detokenizer
         self.tokenizer_manager, self.tokenizer = parts.tokenizer_manager, parts.tokenizer
         self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
+        self.generation = ValidatedGeneration(self.tokenizer_manager, self.args)
+        self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)
         self._loop = asyncio.new_event_loop()
         self._threads = parts.start_threads(self._run_scheduler)
         loop_thread = threading.Thread(
@@ -155,18 +161,14 @@ class Engine:
         return shaped if request.is_batch else shaped[0]
 
     async def _one(self, sub: SubRequest) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        async for chunk in sub.run(self.tokenizer_manager):
-            result = chunk
-        result.pop("delta", None)
-        return result
+        return (await final_output(sub.run(self.generation))).to_dict()
 
     async def _stream(self, parse: Callable[[], GenerateInput]) -> AsyncIterator[dict[str, Any]]:
         subs = await parse().sub_requests(self.tokenizer_manager.tokenize)
         if len(subs) != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
-        async for chunk in subs[0].run(self.tokenizer_manager, stream=True):
-            yield chunk
+        async for chunk in subs[0].run(self.generation, stream=True):
+            yield chunk.to_dict(with_delta=True)
 
     # ---- compiled programs ----------------------------------------------------------------
 
@@ -180,8 +182,8 @@ class Engine:
             from runtime.program.spec import parse_program
 
             parsed = parse_program(request, self.tokenizer_manager.limits)
-            async for event in self.tokenizer_manager.programs.run(parsed):
-                yield event
+            async for event in self.programs.run(parsed):
+                yield event.to_dict()
 
         return self._iterate(events())
 
@@ -189,7 +191,7 @@ class Engine:
         """Forget a compiled program and unpin its KV; False if it is not known."""
 
         async def end() -> bool:
-            return bool(self.tokenizer_manager.programs.end(program_id))
+            return bool(self.programs.end(program_id))
 
         return bool(self._call(end()))
 
@@ -197,7 +199,9 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Drop all cached prefixes; False while requests are running."""
-        return bool(self._call(self.tokenizer_manager.control("flush_cache"))["success"])
+        return bool(
+            self._call(self.tokenizer_manager.control(ControlCommand.FLUSH_CACHE))["success"]
+        )
 
     def role_blocks(self) -> RoleBlocks:
         """The chat template's per-role headers and footers (``runtime/role_blocks.py``), which
@@ -212,11 +216,11 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """The server args as the scheduler runs them (device defaults filled in), KV usage,
         cache hit rate, running/queued counts and throughput."""
-        return self._call(self.tokenizer_manager.control("server_info"))
+        return self._call(self.tokenizer_manager.control(ControlCommand.SERVER_INFO))
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless the scheduler's KV accounting is exact right now."""
-        report = self._call(self.tokenizer_manager.control("check_invariants"))
+        report = self._call(self.tokenizer_manager.control(ControlCommand.CHECK_INVARIANTS))
         if not report["ok"]:
             raise AssertionError(report["error"])
 
@@ -233,7 +237,7 @@ class Engine:
         self._loop.call_soon_threadsafe(self._loop.stop)
         for thread in self._threads:
             thread.join(timeout=10)
-        self.tokenizer_manager.close()
+        self.generation.close()
         if self._frozen:
             unfreeze_heap()
 

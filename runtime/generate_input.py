@@ -36,7 +36,8 @@ from runtime.request_checks import (
 from runtime.sampling_params import RequestLimits, SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.tokenizer_manager import TokenizerManager
+    from runtime.tokenizer_manager import RequestOutput
+    from runtime.validate_retry import ValidatedGeneration
 
 # Alternatives returned per position with logprobs.
 MAX_TOP_LOGPROBS = 1024
@@ -83,16 +84,18 @@ class SubRequest:
     sample_index: int = 0
     cache_salt: str | None = None
 
-    def run(self, manager: TokenizerManager, stream: bool = False) -> AsyncIterator[dict[str, Any]]:
-        """Its result dicts from ``manager`` (``TokenizerManager.generate``): with ``stream``
-        one per output step, else one at the end."""
-        return manager.generate(
+    def run(
+        self, generation: ValidatedGeneration, stream: bool = False
+    ) -> AsyncIterator[RequestOutput]:
+        """Its outputs (``TokenizerManager.generate``, through validate-and-retry): with
+        ``stream`` one per output step, else one at the end."""
+        return generation.generate(
             self.input_ids,
             self.sampling,
-            self.rid,
-            self.logprobs.return_logprob,
-            self.logprobs.logprob_start_len,
-            self.logprobs.top_logprobs_num,
+            rid=self.rid,
+            return_logprob=self.logprobs.return_logprob,
+            logprob_start_len=self.logprobs.logprob_start_len,
+            top_logprobs_num=self.logprobs.top_logprobs_num,
             stream=stream,
             cache_salt=self.cache_salt,
         )

@@ -6,6 +6,7 @@ Engine passes the same objects through queues. Nothing else crosses between the 
 
 from __future__ import annotations
 
+import enum
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -65,14 +66,23 @@ class AbortRequest:
     rid: str
 
 
+class ControlCommand(enum.StrEnum):
+    """What a ControlRequest asks the scheduler; ``args`` as noted."""
+
+    FLUSH_CACHE = "flush_cache"
+    SERVER_INFO = "server_info"
+    CHECK_INVARIANTS = "check_invariants"
+    CACHE_TREE = "cache_tree"  # args: max_nodes
+    DASHBOARD = "dashboard"  # args: max_nodes
+    NODE_PREFIX = "node_prefix"  # args: node
+
+
 @dataclass
 class ControlRequest:
-    """``flush_cache``, ``server_info``, ``check_invariants``, ``cache_tree`` (args:
-    ``max_nodes``), ``dashboard`` (args: ``max_nodes``) or ``node_prefix`` (args: ``node``);
-    answered by a ControlReply with the same ``request_id``."""
+    """A ControlCommand; answered by a ControlReply with the same ``request_id``."""
 
     request_id: str
-    command: str
+    command: ControlCommand
     args: dict[str, Any] = field(default_factory=dict)
 
 

@@ -15,10 +15,7 @@ GIL), so a huge prompt never stalls the event loop that serves health checks and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import itertools
-import json
 import threading
 import time
 import uuid
@@ -32,13 +29,16 @@ from runtime.channels import Receiver, Sender
 from runtime.errors import RequestError, SchedulerDied
 from runtime.ipc import (
     AbortRequest,
+    ControlCommand,
     ControlReply,
     ControlRequest,
+    FinishReason,
     GenerateRequest,
     ProgramRelease,
     ProgramStep,
     SchedulerFailed,
     SchedulerReady,
+    SpeculationStats,
     TextOutput,
     TextOutputBatch,
 )
@@ -56,6 +56,63 @@ INLINE_TOKENIZE_SIZE = 2048
 RECENT_LABELS = 256
 
 
+# (logprob, token id, [(logprob, token id), ...] top alternatives) of one position; the
+# first prompt token's logprob is None.
+LogprobEntry = tuple[Any, int, list[Any]]
+TokenLogprob = tuple[float | None, int]
+
+
+@dataclass
+class RequestOutput:
+    """What ``generate`` yields for one request: the text and output ids so far (``delta``:
+    the text new in this chunk), token counts, why it finished (None while it runs), the
+    seconds since it arrived, logprob entries (``input_logprobs`` None unless asked for),
+    speculation numbers, and the outputs validate-and-retry drew. ``to_dict`` renders the
+    native API's ``{"text", "output_ids", "meta_info"}``."""
+
+    rid: str
+    text: str
+    delta: str
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: FinishReason | None
+    e2e_latency: float
+    input_logprobs: list[LogprobEntry] | None = None
+    output_logprobs: list[LogprobEntry] = field(default_factory=list)
+    spec: SpeculationStats | None = None
+    validation_attempts: int | None = None
+
+    def logprobs(
+        self, prompt: bool = False, start: int = 0
+    ) -> tuple[list[TokenLogprob], list[list[TokenLogprob]]]:
+        """(logprob, token id) of the output's positions (the prompt's) from ``start`` on, and
+        the top alternatives of each."""
+        entries = (self.input_logprobs or [] if prompt else self.output_logprobs)[start:]
+        return [(lp, t) for lp, t, _ in entries], [top for _, _, top in entries]
+
+    def to_dict(self, with_delta: bool = False) -> dict[str, Any]:
+        """The native API's result (``meta_info`` as SGLang's)."""
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason and self.finish_reason.to_dict(),
+            "e2e_latency": self.e2e_latency,
+        }
+        if self.spec is not None:
+            meta.update(self.spec.to_meta(self.completion_tokens))
+        if self.input_logprobs is not None or self.output_logprobs:
+            meta["input_token_logprobs"], meta["input_top_logprobs"] = self.logprobs(prompt=True)
+            meta["output_token_logprobs"], meta["output_top_logprobs"] = self.logprobs()
+        if self.validation_attempts is not None:
+            meta["validation_attempts"] = self.validation_attempts
+        delta = {"delta": self.delta} if with_delta else {}
+        return {"text": self.text, **delta, "output_ids": self.output_ids, "meta_info": meta}
+
+
 @dataclass
 class _RequestState:
     queue: asyncio.Queue[TextOutput | Exception]
@@ -68,44 +125,11 @@ class _RequestState:
     input_logprobs: list[Any] | None = None
 
 
-@dataclass(frozen=True)
-class _Call:
-    """One ``generate`` call's arguments."""
-
-    input_ids: list[int]
-    sampling_params: SamplingParams
-    rid: str | None
-    return_logprob: bool
-    logprob_start_len: int
-    top_logprobs_num: int
-    stream: bool
-    program: ProgramStep | None = None
-    cache_salt: str | None = None
-
-
 class TokenizerManager:
-    def __init__(
-        self,
-        tokenizer: Any,
-        to_scheduler: Sender,
-        max_n: int = DEFAULT_MAX_N,
-        strict_mode: str = "exact",
-        validation_attempts: int = 3,
-        validation_timeout: float = 5.0,
-        program_pin_timeout_s: float = 600.0,
-    ) -> None:
-        """strict_mode, validation_attempts: the defaults of json_schema requests that set
-        none (ServerArgs.schema_strict_mode, schema_validation_attempts); validation_timeout:
-        the deadline of one output's check (ServerArgs.schema_validation_timeout);
-        program_pin_timeout_s: how long a compiled program may sit idle (its session here and
-        its pins in the scheduler are then dropped)."""
+    def __init__(self, tokenizer: Any, to_scheduler: Sender, max_n: int = DEFAULT_MAX_N) -> None:
         self.tokenizer = tokenizer
         self.to_scheduler = to_scheduler
         self.max_n = max_n
-        self.strict_mode = strict_mode
-        self.validation_attempts = validation_attempts
-        self.validation_timeout = validation_timeout
-        self._checker: Any = None  # grammar.validate.ValidationPool, started on first use
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()
         self.server_info: dict[str, Any] = {}
@@ -118,17 +142,6 @@ class TokenizerManager:
         self._prefix = uuid.uuid4().hex[:12]
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
-        self._programs: Any = None  # runtime.program.executor.ProgramRunner, made on first use
-        self.program_pin_timeout_s = program_pin_timeout_s  # compiled programs' idle limit
-
-    @property
-    def programs(self) -> Any:
-        """The runner of compiled DSL programs (``runtime.program.executor.ProgramRunner``)."""
-        if self._programs is None:
-            from runtime.program.executor import ProgramRunner
-
-            self._programs = ProgramRunner(self, self.program_pin_timeout_s)
-        return self._programs
 
     def release_program(self, release: ProgramRelease) -> None:
         """Unpin a compiled program's KV in the scheduler (its branches joined, or it ended)."""
@@ -206,11 +219,6 @@ class TokenizerManager:
             if not future.done():
                 future.set_exception(SchedulerDied(f"the scheduler stopped: {error}"))
 
-    def close(self) -> None:
-        """Stop the output checkers of validate-and-retry (if any started)."""
-        if self._checker is not None:
-            self._checker.shutdown()
-
     # ---- requests ----------------------------------------------------------------------
 
     async def tokenize(self, text: str, field: str = "text") -> list[int]:
@@ -253,92 +261,19 @@ class TokenizerManager:
         stream: bool = False,
         program: ProgramStep | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Yield result dicts: with ``stream`` one per output chunk, else one at the end.
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield RequestOutputs: with ``stream`` one per output chunk, else one at the end.
         ``program``: the request is a step of a compiled program (``runtime.program``).
         ``cache_salt``: the request reuses cached KV only of requests with the same salt
         (InvalidRequestValue unless None or 1..256 printable ASCII characters).
 
         A request refused or failed by the runtime raises RequestError (status_code 4xx/5xx).
-        If the consumer stops early (client disconnect), the request is aborted. A json_schema
-        request in strict mode "validate" goes through ``_generate_validated``.
+        If the consumer stops early (client disconnect), the request is aborted.
+        Validate-and-retry is a wrapper around this (``runtime/validate_retry.py``).
         """
         # Checked here too, whatever the caller checked: every request to the scheduler passes
         # this point, and nothing about a salt may fail there.
         check_cache_salt(cache_salt)
-        call = _Call(
-            input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, program, cache_salt,
-        )  # fmt: skip
-        mode = sampling_params.strict_mode or self.strict_mode
-        validate = sampling_params.json_schema is not None and mode == "validate"
-        run = self._generate_validated if validate else self._generate_once
-        async for chunk in run(call):
-            yield chunk
-
-    async def _generate_validated(self, call: _Call) -> AsyncIterator[dict[str, Any]]:
-        """Validate-and-retry: compile the schema's enforceable part (best effort), check each
-        finished output against the whole schema (``grammar.output_validator``) and draw again
-        (seed + attempt when seeded) until one passes; after ``validation_attempts`` failures,
-        RequestError 422 naming what the last output broke. An output cut by max_new_tokens is
-        returned unchecked, as in exact mode (its finish_reason says so). Greedy requests get
-        one attempt: another would repeat it. Streams get the whole output in one chunk, once
-        it has passed. ``meta_info["validation_attempts"]``: the outputs drawn."""
-        from grammar.validate import ValidationPool, ValidationTimeout
-
-        params = call.sampling_params
-        schema = params.json_schema
-        schema_text = schema if isinstance(schema, str) else json.dumps(schema)
-        try:
-            json.loads(schema_text)
-        except ValueError as exc:
-            raise RequestError(
-                f"json_schema is not valid JSON: {exc}", 400, "json_schema"
-            ) from None
-        if self._checker is None:
-            self._checker = ValidationPool(TOKENIZE_THREADS, self.validation_timeout)
-        check = functools.partial(self._checker.check, schema_text)
-        attempts = params.validation_attempts or self.validation_attempts
-        if params.is_greedy:
-            attempts = 1
-        compiled = dataclasses.replace(params, grammar_best_effort=True, strict_mode="validate")
-        reason = ""
-        for attempt in range(attempts):
-            final: dict[str, Any] | None = None
-            once = dataclasses.replace(
-                call, sampling_params=compiled.for_sample(attempt), stream=False
-            )
-            async for chunk in self._generate_once(once):
-                final = chunk
-            assert final is not None, "a request ends with its final chunk"
-            meta = final["meta_info"]
-            finish = meta["finish_reason"] or {}
-            failure = None
-            if finish.get("type") != "length":
-                assert self.loop is not None
-                try:  # in a killable process: a schema's patterns may backtrack for ever
-                    failure = await self.loop.run_in_executor(self._pool, check, final["text"])
-                except (ValueError, ValidationTimeout) as exc:  # the schema's fault
-                    raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None
-            if failure is None:
-                meta["validation_attempts"] = attempt + 1
-                if call.stream:
-                    final["delta"] = final["text"]
-                yield final
-                return
-            reason = failure
-        raise RequestError(
-            f"no output satisfied json_schema in {attempts} attempt"
-            f"{'s' if attempts > 1 else ''} (strict_mode validate); the last: {reason}",
-            422,
-            "json_schema",
-        )
-
-    async def _generate_once(self, call: _Call) -> AsyncIterator[dict[str, Any]]:
-        """One request to the scheduler: result dicts as ``generate`` describes."""
-        input_ids, sampling_params, rid, stream = (
-            call.input_ids, call.sampling_params, call.rid, call.stream
-        )  # fmt: skip
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         if not input_ids:
@@ -366,12 +301,12 @@ class TokenizerManager:
                 internal,
                 input_ids,
                 sampling_params,
-                call.return_logprob,
-                call.logprob_start_len,
-                call.top_logprobs_num,
+                return_logprob,
+                logprob_start_len,
+                top_logprobs_num,
                 stream,
-                call.program,
-                call.cache_salt,
+                program,
+                cache_salt,
             )
         )
         finished = False
@@ -401,33 +336,18 @@ class TokenizerManager:
                 self.to_scheduler.send(AbortRequest(internal))
 
     @staticmethod
-    def _accumulate(state: _RequestState, out: TextOutput) -> dict[str, Any]:
+    def _accumulate(state: _RequestState, out: TextOutput) -> RequestOutput:
         state.text += out.text_delta
         state.output_ids.extend(out.new_token_ids)
         state.output_logprobs.extend(out.output_logprobs)
         if out.input_logprobs is not None:
             state.input_logprobs = out.input_logprobs
-        meta: dict[str, Any] = {
-            "id": state.label,
-            "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens,
-            "cached_tokens": out.cached_tokens,
-            "finish_reason": out.finished_reason and out.finished_reason.to_dict(),
-            "e2e_latency": time.monotonic() - state.created,
-        }
-        if out.spec is not None:
-            meta.update(out.spec.to_meta(out.completion_tokens))
-        if state.input_logprobs is not None or state.output_logprobs:
-            meta["input_token_logprobs"] = [(lp, t) for lp, t, _ in state.input_logprobs or []]
-            meta["input_top_logprobs"] = [top for _, _, top in state.input_logprobs or []]
-            meta["output_token_logprobs"] = [(lp, t) for lp, t, _ in state.output_logprobs]
-            meta["output_top_logprobs"] = [top for _, _, top in state.output_logprobs]
-        return {
-            "text": state.text,
-            "delta": out.text_delta,
-            "output_ids": list(state.output_ids),
-            "meta_info": meta,
-        }
+        return RequestOutput(
+            state.label, state.text, out.text_delta, list(state.output_ids), out.prompt_tokens,
+            out.completion_tokens, out.cached_tokens, out.finished_reason,
+            time.monotonic() - state.created, state.input_logprobs,
+            list(state.output_logprobs), out.spec,
+        )  # fmt: skip
 
     async def abort(self, rid: str) -> None:
         """Abort the request the caller knows as ``rid`` (a no-op if none is running)."""
@@ -436,10 +356,9 @@ class TokenizerManager:
             self.to_scheduler.send(AbortRequest(internal))
 
     async def control(
-        self, command: str, timeout: float = 60.0, args: dict[str, Any] | None = None
+        self, command: ControlCommand, timeout: float = 60.0, args: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Ask the scheduler (``ControlRequest``: flush_cache, server_info, cache_tree, ...)
-        and wait for its reply."""
+        """Ask the scheduler (``ControlRequest``) and wait for its reply."""
         if self.dead:
             raise SchedulerDied(f"the scheduler stopped: {self.dead}")
         assert self.loop is not None
@@ -451,3 +370,8 @@ class TokenizerManager:
             return await asyncio.wait_for(future, timeout)
         finally:
             self._controls.pop(request_id, None)
+
+
+async def final_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """A request's final output (the only one when it does not stream)."""
+    return [output async for output in outputs][-1]

@@ -44,6 +44,12 @@ class GenOutput:
     text: str
     meta: dict[str, Any]
 
+    @property
+    def finish_type(self) -> str | None:
+        """How the output ended ("stop", "length", "abort"), where the backend reports it."""
+        reason = self.meta.get("finish_reason")
+        return reason.get("type") if isinstance(reason, dict) else None
+
 
 @dataclass(frozen=True)
 class ChoiceLogprobs:

@@ -15,20 +15,9 @@ live KV in one batch. A session (a program's branches, their tokens and pins) li
 program's segments (its Python code runs between them) until the program ends, or is idle for
 the pin timeout.
 
-Results go out as events, in order per branch::
-
-    {"type": "program", "program_id": ...}                   # first
-    {"type": "delta", "branch": key, "text": ..., "completion_tokens": n}  # stream: a
-                                          # gen's new text; n: its output tokens so far
-    {"type": "gen", "branch": key, "name": ..., "text": ..., "meta_info": {...}}
-    {"type": "select", "branch": key, "name": ..., "choice": ..., "prefix_tokens": [...],
-     "choice_tokens": [[...]], "choice_logprobs": [[...]], "meta": [...],
-     "unconditional": [[...]] | null}
-    {"type": "error", "branch": key, "name": ..., "status": 400, "message": ...}
-    {"type": "done", "program_id": ..., "meta_info": {...}}   # last
-
-A failed op stops its branch (later ops of that branch are skipped, as the interpreter's
-branch stops at its first error); the other branches go on.
+Results go out as events (``runtime/program/events.py``), in order per branch. A failed op stops its
+branch (later ops of that branch are skipped, as the interpreter's branch stops at its first error);
+the other branches go on.
 
 A program runs under the cache salt of its first segment (every request it makes carries it);
 a later segment with another salt is refused, so no tenant continues another's program.
@@ -37,15 +26,26 @@ a later segment with another salt is refused, so no tenant continues another's p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import RequestError, SchedulerDied
 from runtime.ipc import ProgramRelease, ProgramStep
+from runtime.program.events import (
+    GenDelta,
+    GenDone,
+    OpFailed,
+    ProgramDone,
+    ProgramEvent,
+    ProgramStarted,
+    ProgramStats,
+    SelectDone,
+)
 from runtime.program.select_math import (
     HEAL_WINDOW,
     UNCONDITIONAL_LIKELIHOOD_NORMALIZED,
@@ -65,9 +65,11 @@ from runtime.program.spec import (
 )
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
+from runtime.tokenizer_manager import final_output
 
 if TYPE_CHECKING:
-    from runtime.tokenizer_manager import TokenizerManager
+    from runtime.tokenizer_manager import RequestOutput
+    from runtime.validate_retry import ValidatedGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ BOUNDARY_TOKENS = 4
 MAX_SESSIONS = 4096
 SCORE_ONLY = SamplingParams(max_new_tokens=0)
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
+Emit = Callable[[ProgramEvent], Awaitable[None]]
 
 
 @dataclass
@@ -109,23 +111,16 @@ class Session:
     forks: dict[int, list[str]] = field(default_factory=dict)
     used: float = field(default_factory=time.monotonic)
     busy: bool = False
-    stats: dict[str, int] = field(
-        default_factory=lambda: {
-            "requests": 0,
-            "prompt_tokens": 0,
-            "reused_tokens": 0,
-            "reencoded_tokens": 0,
-            "cached_tokens": 0,
-            "completion_tokens": 0,
-        }
-    )
+    stats: ProgramStats = field(default_factory=ProgramStats)
 
 
 class ProgramRunner:
-    """The compiled programs of one tokenizer manager."""
+    """The compiled programs of one tokenizer manager: its requests go through ``generation``
+    (validate-and-retry around the manager)."""
 
-    def __init__(self, tm: TokenizerManager, ttl_s: float) -> None:
-        self.tm = tm
+    def __init__(self, generation: ValidatedGeneration, ttl_s: float) -> None:
+        self.generation = generation
+        self.tm = generation.manager
         self.ttl_s = ttl_s
         self.sessions: dict[str, Session] = {}
 
@@ -173,23 +168,23 @@ class ProgramRunner:
 
     # ---- running -----------------------------------------------------------------------
 
-    async def run(self, request: ProgramRequest) -> AsyncIterator[dict[str, Any]]:
+    async def run(self, request: ProgramRequest) -> AsyncGenerator[ProgramEvent, None]:
         """Run one segment; yield its events (see the module doc). Unknown branches and a
         busy program raise RequestError before anything runs."""
         session = self._session(request.program_id, request.cache_salt)
         for key in request.branches:
             if key not in session.branches:
                 raise RequestError(f"branches: the program has no branch {key!r}")
-        events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        events: asyncio.Queue[ProgramEvent | None] = asyncio.Queue()
 
-        async def emit(event: dict[str, Any]) -> None:
+        async def emit(event: ProgramEvent) -> None:
             events.put_nowait(event)
 
         session.busy = True
         finished = False
         work: asyncio.Future[None] | None = None
         try:
-            yield {"type": "program", "program_id": session.program_id}
+            yield ProgramStarted(session.program_id)
             segment = _Segment(self, session, request.stream, emit)
             work = asyncio.ensure_future(segment.run(request.branches))
             work.add_done_callback(lambda _: events.put_nowait(None))
@@ -197,11 +192,7 @@ class ProgramRunner:
                 yield event
             await work  # raises what the segment itself could not handle
             finished = True
-            yield {
-                "type": "done",
-                "program_id": session.program_id,
-                "meta_info": dict(session.stats),
-            }
+            yield ProgramDone(session.program_id, dataclasses.replace(session.stats))
         finally:
             session.busy = False
             session.used = time.monotonic()
@@ -219,6 +210,7 @@ class _Segment:
     def __init__(self, runner: ProgramRunner, session: Session, stream: bool, emit: Emit) -> None:
         self.runner = runner
         self.tm = runner.tm
+        self.generate = runner.generation.generate
         self.tokenizer = runner.tm.tokenizer
         self.session = session
         self.stream = stream
@@ -275,10 +267,7 @@ class _Segment:
         branch.failed = True
         if isinstance(status, int) and status < 400:
             status = 500
-        await self.emit(
-            {"type": "error", "branch": branch.key, "name": name, "status": status,
-             "message": message}
-        )  # fmt: skip
+        await self.emit(OpFailed(branch.key, name, status, message))
 
     async def _op(self, branch: Branch, op: Op) -> None:
         if isinstance(op, TextOp):
@@ -336,14 +325,14 @@ class _Segment:
             group=group,
         )
 
-    def _count(self, meta: dict[str, Any], reused: int, encoded: int) -> None:
+    def _count(self, result: RequestOutput, reused: int, encoded: int) -> None:
         stats = self.session.stats
-        stats["requests"] += 1
-        stats["prompt_tokens"] += int(meta.get("prompt_tokens") or 0)
-        stats["cached_tokens"] += int(meta.get("cached_tokens") or 0)
-        stats["completion_tokens"] += int(meta.get("completion_tokens") or 0)
-        stats["reused_tokens"] += reused
-        stats["reencoded_tokens"] += encoded
+        stats.requests += 1
+        stats.prompt_tokens += result.prompt_tokens
+        stats.cached_tokens += result.cached_tokens
+        stats.completion_tokens += result.completion_tokens
+        stats.reused_tokens += reused
+        stats.reencoded_tokens += encoded
 
     # ---- ops ---------------------------------------------------------------------------
 
@@ -353,17 +342,12 @@ class _Segment:
             raise RequestError("the prompt is empty: a program's first gen needs text before it")
         prompt = list(branch.ids)
         step = self._step(branch, keep=True)
-        final: dict[str, Any] = {}
-        async for chunk in self.tm.generate(
+        async for final in self.generate(
             prompt, op.params, stream=self.stream, program=step, cache_salt=self.session.cache_salt
         ):
-            final = chunk
-            if self.stream and chunk.get("delta"):
-                await self.emit(
-                    {"type": "delta", "branch": branch.key, "text": chunk["delta"],
-                     "completion_tokens": len(chunk["output_ids"])}
-                )  # fmt: skip
-        text, output_ids = final["text"], list(final["output_ids"])
+            if self.stream and final.delta:
+                await self.emit(GenDelta(branch.key, final.delta, len(final.output_ids)))
+        text, output_ids = final.text, list(final.output_ids)
         kept, rest = await self.tm.run_tokenizer(
             lambda: _kept_output(self.tokenizer, prompt, output_ids, text),
             "text",
@@ -373,13 +357,10 @@ class _Segment:
         branch.pending = rest
         branch.pin_key = branch.key
         branch.reuse_len = len(prompt) + len(kept)
-        meta = dict(final["meta_info"])
+        meta = final.to_dict()["meta_info"]
         meta["reused_tokens"], meta["reencoded_tokens"] = reused, encoded
-        self._count(meta, reused, encoded)
-        await self.emit(
-            {"type": "gen", "branch": branch.key, "name": op.name, "text": text,
-             "meta_info": meta}
-        )  # fmt: skip
+        self._count(final, reused, encoded)
+        await self.emit(GenDone(branch.key, op.name, text, meta))
 
     async def _select(self, branch: Branch, op: SelectOp) -> None:
         reused, encoded = await self._encode(branch)
@@ -409,7 +390,7 @@ class _Segment:
         boundary = heal_boundary(ids[start:], tails)
         first = start + boundary
         reuse = min(branch.reuse_len, first)
-        calls: list[Awaitable[dict[str, Any]]] = []
+        calls: list[Awaitable[RequestOutput]] = []
         # The prefix itself first when it has tokens no pin covers: it is prefilled once (the
         # choices, admitted in the same step, read its slots: the scheduler's in-step loans)
         # and pinned for the branch's next step.
@@ -425,7 +406,7 @@ class _Segment:
             )
             for tail, lp_start in zip(tails, starts, strict=True)
         ]
-        unconditional_calls: list[Awaitable[dict[str, Any]]] = []
+        unconditional_calls: list[Awaitable[RequestOutput]] = []
         if op.method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED:
             for choice in op.choices:
                 choice_ids = await self.tm.tokenize(choice, "choices")
@@ -440,48 +421,40 @@ class _Segment:
         prefix_tokens = ids[first:]
         choice_tokens = [tail[boundary:] for tail in tails]
         choice_logprobs = [
-            [e[0] for e in r["meta_info"]["input_token_logprobs"][first - lp_start :]]
+            [e[0] for e in (r.input_logprobs or [])[first - lp_start :]]
             for r, lp_start in zip(scored, starts, strict=True)
         ]
         unconditional = None
         if unconditional_calls:
             unconditional = [
-                [e[0] for e in r["meta_info"]["input_token_logprobs"] if e[0] is not None]
+                [e[0] for e in r.input_logprobs or [] if e[0] is not None]
                 for r in results[int(prefill) + len(tails) :]
             ]
         index, _ = pick(op.method, choice_logprobs, unconditional)
         branch.pending += op.choices[index]
-        metas = [{k: r["meta_info"][k] for k in ("prompt_tokens", "cached_tokens")} for r in scored]
+        metas = [
+            {"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens} for r in scored
+        ]
         for i, r in enumerate(results[: int(prefill) + len(tails)]):
-            self._count(r["meta_info"], reused if i == 0 else 0, encoded if i == 0 else 0)
+            self._count(r, reused if i == 0 else 0, encoded if i == 0 else 0)
         await self.emit(
-            {
-                "type": "select",
-                "branch": branch.key,
-                "name": op.name,
-                "choice": op.choices[index],
-                "prefix_tokens": prefix_tokens,
-                "choice_tokens": choice_tokens,
-                "choice_logprobs": choice_logprobs,
-                "meta": metas,
-                "unconditional": unconditional,
-                "reused_tokens": reused,
-                "reencoded_tokens": encoded,
-            }
-        )
+            SelectDone(
+                branch.key, op.name, op.choices[index], prefix_tokens, choice_tokens,
+                choice_logprobs, metas, unconditional, reused, encoded,
+            )
+        )  # fmt: skip
 
-    async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> dict[str, Any]:
-        final: dict[str, Any] = {}
-        async for chunk in self.tm.generate(
-            ids,
-            SCORE_ONLY,
-            return_logprob=start >= 0,
-            logprob_start_len=start,
-            program=step,
-            cache_salt=self.session.cache_salt,
-        ):
-            final = chunk
-        return final
+    async def _score(self, ids: list[int], start: int, step: ProgramStep | None) -> RequestOutput:
+        return await final_output(
+            self.generate(
+                ids,
+                SCORE_ONLY,
+                return_logprob=start >= 0,
+                logprob_start_len=start,
+                program=step,
+                cache_salt=self.session.cache_salt,
+            )
+        )
 
     async def _fork(self, branch: Branch, op: ForkOp) -> None:
         session = self.session
@@ -493,13 +466,13 @@ class _Segment:
                 # The program's first KV: prefilled once and pinned, so the branches (and the
                 # parent after the join) continue from a pin rather than match from the root.
                 result = await self._score(branch.ids, -1, self._step(branch, keep=True))
-                self._count(result["meta_info"], reused, encoded)
+                self._count(result, reused, encoded)
                 branch.pin_key, branch.reuse_len = branch.key, len(branch.ids)
             else:
                 # The branches start at once: the scheduler admits them in one step, the first
                 # computes the unpinned tail they share and the others read its slots
                 # (KVCacheManager.lend), so no round trip is spent prefilling it first.
-                self.session.stats["reencoded_tokens"] += encoded
+                self.session.stats.reencoded_tokens += encoded
         group = f"{session.program_id}:{op.id}"
         keys = [branch_key(branch.key, op.id, i) for i in range(len(op.branches))]
         session.forks[op.id] = keys

@@ -31,6 +31,7 @@ from runtime.channels import ZmqSender
 from runtime.errors import RequestError, SchedulerDied
 from runtime.ipc import (
     AbortRequest,
+    ControlCommand,
     ControlRequest,
     GenerateRequest,
     ProgramRelease,
@@ -367,7 +368,7 @@ class RoutedTokenizerManager(TokenizerManager):
     # ---- control calls ----------------------------------------------------------------------
 
     async def control(
-        self, command: str, timeout: float = 60.0, args: dict[str, Any] | None = None
+        self, command: ControlCommand, timeout: float = 60.0, args: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Ask every live replica; merge their replies (server_info: sums and per-replica
         rows; flush_cache and check_invariants: all must succeed). Other commands (the

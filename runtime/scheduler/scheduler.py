@@ -27,6 +27,7 @@ import gc
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +39,7 @@ from runtime.distributed.leader import start_model_runner
 from runtime.forward_batch import ForwardBatch
 from runtime.ipc import (
     AbortRequest,
+    ControlCommand,
     ControlReply,
     ControlRequest,
     FinishReason,
@@ -68,6 +70,24 @@ from runtime.speculative.drafts import JUMP, DraftManager, SpeculationConfig
 from runtime.speculative.verify import DraftVerifier
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    """Counters since the scheduler started (reported in ``server_info`` by these names)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    requests_finished: int = 0
+    forward_steps: int = 0
+    draft_tokens_proposed: int = 0  # jump-forward
+    draft_tokens_accepted: int = 0
+    spec_draft_tokens: int = 0  # speculative decoding
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
+    emit_steps: int = 0  # a request's forward steps that gave it tokens, summed
+    program_pins_shed: int = 0  # programs unpinned because their KV blocked admission
 
 
 class Scheduler:
@@ -133,20 +153,7 @@ class Scheduler:
         self.rng = random.Random(args.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self.stats = {
-            "prompt_tokens": 0,
-            "cached_tokens": 0,
-            "generated_tokens": 0,
-            "requests_finished": 0,
-            "forward_steps": 0,
-            "draft_tokens_proposed": 0,  # jump-forward
-            "draft_tokens_accepted": 0,
-            "spec_draft_tokens": 0,  # speculative decoding
-            "spec_accepted_tokens": 0,
-            "spec_verify_steps": 0,
-            "emit_steps": 0,  # a request's forward steps that gave it tokens, summed
-            "program_pins_shed": 0,  # programs unpinned because their KV blocked admission
-        }
+        self.stats = SchedulerStats()
         self._started = time.monotonic()
         self._stopped = False
         # Overlap: the thread forwards run on, whether one is running now, and the outputs
@@ -212,8 +219,8 @@ class Scheduler:
             self.waiting.remove(req)
             self.running.append(req)
             if req.status is Status.WAITING:  # its first admission
-                self.stats["prompt_tokens"] += len(req.input_ids)
-                self.stats["cached_tokens"] += req.kv.cached_tokens
+                self.stats.prompt_tokens += len(req.input_ids)
+                self.stats.cached_tokens += req.kv.cached_tokens
             req.status = Status.RUNNING
         self._shed_pins_if_blocking()
         if prefill or decodes:
@@ -226,7 +233,7 @@ class Scheduler:
             if self.waiting and not self.running and self.kv.pins.shed_lru() is not None:
                 # Nothing runs and nothing fits: programs' pinned KV holds the pool. Unpin
                 # the least recently used program (its next step matches from the root).
-                self.stats["program_pins_shed"] += 1
+                self.stats.program_pins_shed += 1
             elif len(self.running) > 1:
                 # Nothing could run: partial prefills hold the memory each other needs.
                 # Admission budgets make this unlikely; if it happens, free the cheapest one.
@@ -263,7 +270,7 @@ class Scheduler:
             return
         room = self.kv.available_tokens() - sum(self.ratio.reserve(r) for r in self.running)
         if room < min(r.pending_len for r in self.waiting) and self.kv.pins.shed_lru():
-            self.stats["program_pins_shed"] += 1
+            self.stats.program_pins_shed += 1
 
     def _run(self, step: StepBatch) -> None:
         batch = step.to_forward_batch(self.runner)
@@ -290,9 +297,9 @@ class Scheduler:
         self.outputs.process(step, logits, sampled)
         for draft in step.drafts:
             self._verify(draft.req, logits[draft.row : draft.row + draft.req.step_len], draft_masks)
-        self.stats["forward_steps"] += 1
-        self.stats["generated_tokens"] += len(step.sample_reqs)
-        self.stats["emit_steps"] += len(step.sample_reqs)
+        self.stats.forward_steps += 1
+        self.stats.generated_tokens += len(step.sample_reqs)
+        self.stats.emit_steps += len(step.sample_reqs)
         drafted = {id(d.req) for d in step.drafts}
         for req, n in step.work:
             # Prefill progress goes into the tree now, so requests sharing it can reuse it.
@@ -349,15 +356,15 @@ class Scheduler:
             self.handle(message)
 
     def _count_draft(self, source: str, proposed: int, accepted: int, emitted: int) -> None:
-        self.stats["generated_tokens"] += emitted
-        self.stats["emit_steps"] += 1
+        self.stats.generated_tokens += emitted
+        self.stats.emit_steps += 1
         if source == JUMP:
-            self.stats["draft_tokens_proposed"] += proposed
-            self.stats["draft_tokens_accepted"] += accepted
+            self.stats.draft_tokens_proposed += proposed
+            self.stats.draft_tokens_accepted += accepted
         else:
-            self.stats["spec_draft_tokens"] += proposed
-            self.stats["spec_accepted_tokens"] += accepted
-            self.stats["spec_verify_steps"] += 1
+            self.stats.spec_draft_tokens += proposed
+            self.stats.spec_accepted_tokens += accepted
+            self.stats.spec_verify_steps += 1
 
     def _sample(self, logits: torch.Tensor, rows: list[int], reqs: list[Req]) -> SampleOutput:
         """The tokens of ``reqs`` from their ``rows`` of the forward's logits; if sampling the
@@ -403,7 +410,7 @@ class Scheduler:
             aborted = req.aborted
             self.kv.release(req, keep_in_cache=not (req.failed or aborted), finished=True)
             if not aborted:
-                self.stats["requests_finished"] += 1
+                self.stats.requests_finished += 1
         if not outputs:
             return
         if self.overlap:  # sent while the next forward runs, or at the end of an idle step
@@ -509,43 +516,45 @@ class Scheduler:
                 return
 
     def _control(self, message: ControlRequest) -> dict[str, Any]:
-        if message.command == "flush_cache":
-            ok = not self.running and self.kv.flush() and self.drafts.flush()
-            return {"success": ok}
-        if message.command == "server_info":
-            return self.server_info()
-        if message.command == "cache_tree":
-            return self.cache_view.snapshot(
-                int(message.args["max_nodes"]), self.activity.requests()
-            )
-        if message.command == "dashboard":
-            return {
-                "server_info": self.server_info(),
-                "cache_tree": self.cache_view.snapshot(
-                    int(message.args["max_nodes"]), self.activity.requests()
-                ),
-                "steps": self.activity.steps(),
-            }
-        if message.command == "node_prefix":
-            prefix = self.cache_view.prefix(int(message.args["node"]))
-            if isinstance(prefix, str):
-                return {"missing": prefix}
-            return {"token_ids": prefix[0], "node_tokens": prefix[1]}
-        if message.command == "check_invariants":
-            try:
-                self.kv.check_invariants(self.running)
-                self.drafts.check_invariants()
-            except AssertionError as exc:
-                return {"ok": False, "error": str(exc)}
-            return {"ok": True}
-        return {"error": f"unknown command {message.command!r}"}
+        handler = _CONTROLS.get(message.command)
+        if handler is None:
+            return {"error": f"unknown command {message.command!r}"}
+        return handler(self, message.args)
+
+    def _flush_cache(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"success": not self.running and self.kv.flush() and self.drafts.flush()}
+
+    def _cache_tree(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.cache_view.snapshot(int(args["max_nodes"]), self.activity.requests())
+
+    def _dashboard(self, args: dict[str, Any]) -> dict[str, Any]:
+        tree = self._cache_tree(args)
+        return {
+            "server_info": self.server_info(),
+            "cache_tree": tree,
+            "steps": self.activity.steps(),
+        }
+
+    def _node_prefix(self, args: dict[str, Any]) -> dict[str, Any]:
+        prefix = self.cache_view.prefix(int(args["node"]))
+        if isinstance(prefix, str):
+            return {"missing": prefix}
+        return {"token_ids": prefix[0], "node_tokens": prefix[1]}
+
+    def _check_invariants(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.kv.check_invariants(self.running)
+            self.drafts.check_invariants()
+        except AssertionError as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True}
 
     def server_info(self) -> dict[str, Any]:
         tree = self.kv.tree
         private = self.kv.private_slots(self.running).numel()
         protected = tree.protected_size() if tree else 0
         elapsed = max(time.monotonic() - self._started, 1e-9)
-        prompt = self.stats["prompt_tokens"]
+        prompt = self.stats.prompt_tokens
         return {
             **self.args.reported(),
             "vocab_size": self.runner.config.vocab_size,
@@ -554,23 +563,34 @@ class Scheduler:
             "kv_cached_tokens": tree.total_size() if tree else 0,
             "kv_free_tokens": self.kv.allocator.available(),
             "kv_usage": (protected + private) / self.kv.capacity,
-            "cache_hit_rate": self.stats["cached_tokens"] / prompt if prompt else 0.0,
+            "cache_hit_rate": self.stats.cached_tokens / prompt if prompt else 0.0,
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),
             "num_grammar_queue_reqs": len(self.grammar.queue),
             "num_retracted_reqs": self.decodes.num_retracted,
             "num_pinned_programs": self.kv.pins.num_programs,
             "num_program_pins": self.kv.pins.num_pins,
-            "num_program_pins_shed": self.stats["program_pins_shed"] + self.decodes.num_pins_shed,
+            "num_program_pins_shed": self.stats.program_pins_shed + self.decodes.num_pins_shed,
             "new_token_ratio": self.ratio.value,
-            "gen_throughput": self.stats["generated_tokens"] / elapsed,
+            "gen_throughput": self.stats.generated_tokens / elapsed,
             # Mean tokens a request gets from one forward (1.0 without drafts).
-            "spec_accept_len": self.stats["generated_tokens"] / max(self.stats["emit_steps"], 1),
+            "spec_accept_len": self.stats.generated_tokens / max(self.stats.emit_steps, 1),
             # Objects this process froze out of the garbage collector's passes (runtime/heap.py).
             "gc_frozen_objects": gc.get_freeze_count(),
-            **self.stats,
+            **dataclasses.asdict(self.stats),
             **self.drafts.info(),
         }
+
+
+# The scheduler's answer to each ControlCommand, given the request's args.
+_CONTROLS: dict[ControlCommand, Callable[[Scheduler, dict[str, Any]], dict[str, Any]]] = {
+    ControlCommand.FLUSH_CACHE: Scheduler._flush_cache,
+    ControlCommand.SERVER_INFO: lambda scheduler, _: scheduler.server_info(),
+    ControlCommand.CHECK_INVARIANTS: Scheduler._check_invariants,
+    ControlCommand.CACHE_TREE: Scheduler._cache_tree,
+    ControlCommand.DASHBOARD: Scheduler._dashboard,
+    ControlCommand.NODE_PREFIX: Scheduler._node_prefix,
+}
 
 
 def _forward_thread_setup(device: torch.device) -> None:

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from radix_cache.views import NodeView, unpack_views
+from runtime.ipc import ControlCommand
 from runtime.server.errors import ApiError
 from runtime.server.state import ServerState, get_state
 
@@ -43,7 +44,7 @@ async def cache_tree(
     shown folded into counts; the nodes evicted lately; the last finished requests and
     the nodes holding their tokens; the cache's counters at the same moment."""
     state = get_state(request)
-    raw = await scheduler_call(state, "cache_tree", {"max_nodes": max_nodes})
+    raw = await scheduler_call(state, ControlCommand.CACHE_TREE, {"max_nodes": max_nodes})
     return JSONResponse(await render_cache_tree(state, raw, max_nodes))
 
 
@@ -56,7 +57,7 @@ async def cache_tree_prefix(
     decoded: ``above_text`` (its ancestors' tokens) then ``node_text`` (its own); 404 if that
     snapshot did not show it or it has been evicted since."""
     state = get_state(request)
-    reply = await scheduler_call(state, "node_prefix", {"node": node})
+    reply = await scheduler_call(state, ControlCommand.NODE_PREFIX, {"node": node})
     if "missing" in reply:
         raise ApiError(404, reply["missing"], param="node")
     ids = reply["token_ids"].tolist()
@@ -75,7 +76,9 @@ async def cache_tree_prefix(
     )
 
 
-async def scheduler_call(state: ServerState, command: str, args: dict[str, Any]) -> dict[str, Any]:
+async def scheduler_call(
+    state: ServerState, command: ControlCommand, args: dict[str, Any]
+) -> dict[str, Any]:
     """A control command's reply; ApiError 503 if the scheduler does not answer in time, 500
     if it failed to."""
     state.require_ready()

@@ -61,9 +61,6 @@ def launch_routed_server(args: ServerArgs) -> int:
             Router(args.dp_size, router_config(args), alive=False),
             context,
             max_n=args.max_n,
-            strict_mode=args.schema_strict_mode,
-            validation_attempts=args.schema_validation_attempts,
-            program_pin_timeout_s=args.program_pin_timeout_s,
         )
         state = ServerState(
             args,

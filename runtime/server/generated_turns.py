@@ -17,7 +17,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.tokenizer_manager import RequestOutput
 
 DEFAULT_CAPACITY = 4096
 
@@ -32,16 +35,14 @@ class GeneratedTurns:
         self._turns: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(
-        self, call_ids: Sequence[str], output_ids: Sequence[int], meta: dict[str, Any]
-    ) -> None:
+    def remember(self, call_ids: Sequence[str], final: RequestOutput) -> None:
         """Record a finished choice's output ids under its calls' ids. The token that stopped
-        it (``meta["finish_reason"]["matched"]``, e.g. the turn's end) is left out: the
-        template writes its own turn end."""
-        if not call_ids or not output_ids:
+        it (its finish reason's ``matched``, e.g. the turn's end) is left out: the template
+        writes its own turn end."""
+        if not call_ids or not final.output_ids:
             return
-        ids = tuple(output_ids)
-        matched = (meta.get("finish_reason") or {}).get("matched")
+        ids = tuple(final.output_ids)
+        matched = final.finish_reason and final.finish_reason.matched
         if isinstance(matched, int) and ids[-1] == matched:
             ids = ids[:-1]
         with self._lock:

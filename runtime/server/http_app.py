@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.errors import RequestError, SchedulerDied
+from runtime.ipc import ControlCommand
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import InvalidSamplingParams
 from runtime.server import (
@@ -90,7 +91,9 @@ async def metrics(request: Request) -> Response:
     scheduler_info: dict[str, Any] | None = None
     if state.tokenizer_manager.ready.is_set() and not state.tokenizer_manager.dead:
         try:
-            scheduler_info = await state.tokenizer_manager.control("server_info", timeout=5.0)
+            scheduler_info = await state.tokenizer_manager.control(
+                ControlCommand.SERVER_INFO, timeout=5.0
+            )
         except (asyncio.TimeoutError, SchedulerDied):
             scheduler_info = None
     return PlainTextResponse(

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from runtime.errors import RequestError
+from runtime.tokenizer_manager import RequestOutput
 
 PREFIX = "arbor_"
 
@@ -101,18 +102,18 @@ class ServerMetrics:
         self.recent_ttft: deque[float] = deque(maxlen=RECENT_SAMPLES)
         self.recent_itl: deque[float] = deque(maxlen=RECENT_SAMPLES)
 
-    async def observe(self, stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async def observe(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """Pass ``stream``'s chunks through, timing them and counting the request when it ends
         (finished, refused: "error", or cancelled because the client left: "abort")."""
         start = last = time.monotonic()
         seen_tokens = 0
-        meta: dict[str, Any] = {}
+        last_output: RequestOutput | None = None
         outcome = "abort"
         try:
             async for chunk in stream:
                 now = time.monotonic()
-                meta = chunk["meta_info"]
-                new_tokens = meta["completion_tokens"] - seen_tokens
+                last_output = chunk
+                new_tokens = chunk.completion_tokens - seen_tokens
                 if new_tokens > 0:
                     if seen_tokens == 0:
                         self.ttft.observe(now - start)
@@ -122,18 +123,19 @@ class ServerMetrics:
                         for _ in range(new_tokens):
                             self.itl.observe(gap)
                         self.recent_itl.extend(itertools.repeat(gap, new_tokens))
-                    seen_tokens, last = meta["completion_tokens"], now
+                    seen_tokens, last = chunk.completion_tokens, now
                 yield chunk
-            outcome = (meta.get("finish_reason") or {}).get("type", "unknown")
+            reason = last_output and last_output.finish_reason
+            outcome = reason.type if reason else "unknown"
         except RequestError:
             outcome = "error"
             raise
         finally:
             self.finished[outcome] += 1
-            if meta:
-                self.prompt_tokens += meta["prompt_tokens"]
-                self.cached_tokens += meta["cached_tokens"]
-                self.generation_tokens += meta["completion_tokens"]
+            if last_output is not None:
+                self.prompt_tokens += last_output.prompt_tokens
+                self.cached_tokens += last_output.cached_tokens
+                self.generation_tokens += last_output.completion_tokens
             if outcome != "error":
                 self.e2e.observe(time.monotonic() - start)
 

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.generate_input import GenerateInput, LogprobOptions
+from runtime.ipc import ControlCommand
 from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
@@ -31,6 +32,7 @@ from runtime.server.streams import (
     primed,
     sse_event,
 )
+from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter()
 
@@ -69,7 +71,7 @@ async def _event_stream(
 ) -> AsyncIterator[bytes]:
     async for index, chunk in events:
         result = _result(state, body, chunk)
-        result["delta"] = chunk["delta"]
+        result["delta"] = chunk.delta
         if several:
             result["index"] = index
         yield sse_event(result)
@@ -90,8 +92,9 @@ def _given(params: SamplingParamsInput | None) -> dict[str, Any] | None:
     return None if params is None else params.model_dump(exclude_unset=True)
 
 
-def _result(state: ServerState, body: GenerateReqInput, chunk: dict[str, Any]) -> dict[str, Any]:
-    meta = dict(chunk["meta_info"])
+def _result(state: ServerState, body: GenerateReqInput, chunk: RequestOutput) -> dict[str, Any]:
+    result = chunk.to_dict()
+    meta = result["meta_info"]
     if body.return_text_in_logprobs:
         text = state.token_text.text
         for key in _LOGPROB_KEYS:
@@ -100,7 +103,7 @@ def _result(state: ServerState, body: GenerateReqInput, chunk: dict[str, Any]) -
         for key in _TOP_LOGPROB_KEYS:
             if key in meta:
                 meta[key] = [[(lp, t, text(t)) for lp, t in top] for top in meta[key]]
-    return {"text": chunk["text"], "output_ids": chunk["output_ids"], "meta_info": meta}
+    return result
 
 
 @router.get("/get_model_info")
@@ -127,7 +130,7 @@ async def get_server_info(request: Request) -> Response:
     hit rate, running/queued requests, throughput); for the admin (any caller without
     ``--admin-api-key``) also the processes, and a routed server's replicas and router."""
     state = get_state(request)
-    scheduler_info = await _control(state, "server_info")
+    scheduler_info = await _control(state, ControlCommand.SERVER_INFO)
     info = {**scheduler_info, "tool_call_format": state.tool_call_format}
     if not caller_is_admin(request):
         return JSONResponse({k: v for k, v in info.items() if k not in ADMIN_ONLY_INFO})
@@ -137,7 +140,7 @@ async def get_server_info(request: Request) -> Response:
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request) -> Response:
     """Drop every cached prefix; 400 while requests are running (their KV is in use)."""
-    reply = await _control(get_state(request), "flush_cache")
+    reply = await _control(get_state(request), ControlCommand.FLUSH_CACHE)
     if not reply.get("success"):
         raise ApiError(400, "the cache cannot be flushed while requests are running")
     return JSONResponse({"success": True, "message": "Cache flushed."})
@@ -151,7 +154,7 @@ async def abort_request(request: Request) -> Response:
     return JSONResponse({"success": True})
 
 
-async def _control(state: ServerState, command: str) -> dict[str, Any]:
+async def _control(state: ServerState, command: ControlCommand) -> dict[str, Any]:
     try:
         return await state.tokenizer_manager.control(command, timeout=10.0)
     except asyncio.TimeoutError:

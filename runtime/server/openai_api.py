@@ -37,6 +37,7 @@ from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
 
@@ -171,7 +172,7 @@ async def _respond(
     stream: bool,
     want_logprobs: bool,
     stream_body: Callable[[ResponseContext, Events, int, bool], AsyncIterator[bytes]],
-    full_body: Callable[[ResponseContext, list[dict[str, Any]], bool], dict[str, Any]],
+    full_body: Callable[[ResponseContext, list[RequestOutput], bool], dict[str, Any]],
 ) -> Response:
     streams = open_streams(state, subs)
     if not stream:

@@ -11,8 +11,9 @@ from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.reasoning import ReasoningParser
 from runtime.server.token_text import TokenText
 from runtime.server.tool_calls import ToolCall, parse_tool_calls
+from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
-Logprob = tuple[float | None, int]
+Logprob = TokenLogprob
 
 
 @dataclass
@@ -39,38 +40,41 @@ class ResponseContext:
     reasoning: Callable[[], ReasoningParser] | None = None
 
 
-def finish_fields(meta: dict[str, Any], called_tools: bool = False) -> dict[str, Any]:
+def envelope(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every response body and stream chunk starts with."""
+    head = {"id": ctx.request_id, "object": kind, "created": ctx.created, "model": ctx.model}
+    return {**head, "choices": choices}
+
+
+def finish_fields(output: RequestOutput, called_tools: bool = False) -> dict[str, Any]:
     """``finish_reason`` ("stop", "length", "tool_calls", "abort") and SGLang's
     ``matched_stop`` (the stop string or token that ended the output, if any). An output with
     tool calls finishes with "tool_calls" even when max tokens cut what followed them."""
-    reason = meta.get("finish_reason")
+    reason = output.finish_reason
     if reason is None:
         return {"finish_reason": None}
-    kind = reason.get("type")
+    kind: str = reason.type
     if kind in ("stop", "length") and called_tools:
         kind = "tool_calls"
-    return {"finish_reason": kind, "matched_stop": reason.get("matched")}
+    return {"finish_reason": kind, "matched_stop": reason.matched}
 
 
-def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: dict[str, Any]) -> None:
+def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: RequestOutput) -> None:
     """Keep the output ids of a finished choice that made ``calls`` (``GeneratedTurns``)."""
     if ctx.generated_turns is not None and calls:
-        ctx.generated_turns.remember(
-            [call.id for call in calls], final.get("output_ids", []), final["meta_info"]
-        )
+        ctx.generated_turns.remember([call.id for call in calls], final)
 
 
-def usage(finals: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def usage(finals: list[RequestOutput], n: int) -> dict[str, Any]:
     """Prompt tokens count once per prompt however many samples it has."""
-    metas = [final["meta_info"] for final in finals]
-    firsts = metas[::n]
-    prompt = sum(m["prompt_tokens"] for m in firsts)
-    completion = sum(m["completion_tokens"] for m in metas)
+    firsts = finals[::n]
+    prompt = sum(f.prompt_tokens for f in firsts)
+    completion = sum(f.completion_tokens for f in finals)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
+        "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in firsts)},
     }
 
 
@@ -115,41 +119,31 @@ def completion_logprobs(
 
 
 def completion_response(
-    ctx: ResponseContext, finals: list[dict[str, Any]], want_logprobs: bool
+    ctx: ResponseContext, finals: list[RequestOutput], want_logprobs: bool
 ) -> dict[str, Any]:
     choices = []
     for index, final in enumerate(finals):
-        meta = final["meta_info"]
         prefix = ctx.echo_texts[index // ctx.n] if ctx.echo_texts else ""
         logprobs = None
         if want_logprobs:
-            chosen = list(meta.get("output_token_logprobs", []))
-            tops = list(meta.get("output_top_logprobs", []))
+            chosen, tops = final.logprobs()
             if ctx.echo_texts:
-                chosen = list(meta.get("input_token_logprobs", [])) + chosen
-                tops = list(meta.get("input_top_logprobs", [])) + tops
+                prompt_chosen, prompt_tops = final.logprobs(prompt=True)
+                chosen, tops = prompt_chosen + chosen, prompt_tops + tops
             logprobs = completion_logprobs(ctx.token_text, chosen, tops, 0)
         choices.append(
-            {"index": index, "text": prefix + final["text"], "logprobs": logprobs}
-            | finish_fields(meta)
+            {"index": index, "text": prefix + final.text, "logprobs": logprobs}
+            | finish_fields(final)
         )
-    return {
-        "id": ctx.request_id,
-        "object": "text_completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-        "usage": usage(finals, ctx.n),
-    }
+    return envelope(ctx, "text_completion", choices) | {"usage": usage(finals, ctx.n)}
 
 
 def chat_response(
-    ctx: ResponseContext, finals: list[dict[str, Any]], want_logprobs: bool
+    ctx: ResponseContext, finals: list[RequestOutput], want_logprobs: bool
 ) -> dict[str, Any]:
     choices = []
     for index, final in enumerate(finals):
-        meta = final["meta_info"]
-        text = final["text"]
+        text = final.text
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if ctx.reasoning is not None:
             parser = ctx.reasoning()
@@ -170,20 +164,9 @@ def chat_response(
                 remember_turn(ctx, calls, final)
         logprobs = None
         if want_logprobs:
-            logprobs = chat_logprobs(
-                ctx.token_text,
-                meta.get("output_token_logprobs", []),
-                meta.get("output_top_logprobs", []),
-            )
+            logprobs = chat_logprobs(ctx.token_text, *final.logprobs())
         choices.append(
             {"index": index, "message": message, "logprobs": logprobs}
-            | finish_fields(meta, called_tools=bool(calls))
+            | finish_fields(final, called_tools=bool(calls))
         )
-    return {
-        "id": ctx.request_id,
-        "object": "chat.completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-        "usage": usage(finals, ctx.n),
-    }
+    return envelope(ctx, "chat.completion", choices) | {"usage": usage(finals, ctx.n)}

@@ -24,6 +24,7 @@ from runtime.server.openai_format import (
     ResponseContext,
     chat_logprobs,
     completion_logprobs,
+    envelope,
     finish_fields,
     remember_turn,
     usage,
@@ -35,31 +36,21 @@ from runtime.server.tool_calls import (
     ToolCallStart,
     make_tool_parser,
 )
+from runtime.tokenizer_manager import RequestOutput
 
 
-def _chunk(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> bytes:
-    body: dict[str, Any] = {
-        "id": ctx.request_id,
-        "object": kind,
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-    }
+def _chunk(
+    ctx: ResponseContext, kind: str, choices: list[dict[str, Any]], totals: Any = None
+) -> bytes:
+    """One chunk; with include_usage every chunk has ``usage`` (``totals``: the last's)."""
+    body = envelope(ctx, kind, choices)
     if ctx.include_usage:
-        body["usage"] = None
+        body["usage"] = totals
     return sse_event(body)
 
 
-def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[dict[str, Any]]) -> bytes:
-    body = {
-        "id": ctx.request_id,
-        "object": kind,
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": [],
-        "usage": usage(finals, ctx.n),
-    }
-    return sse_event(body)
+def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[RequestOutput | None]) -> bytes:
+    return _chunk(ctx, kind, [], usage([final for final in finals if final is not None], ctx.n))
 
 
 def completion_stream(
@@ -72,29 +63,27 @@ async def _completion_chunks(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "text_completion"
-    finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
+    finals: list[RequestOutput | None] = [None] * num_choices
     started = [False] * num_choices
     sent = [0] * num_choices  # output logprobs sent per choice
     offsets = [0] * num_choices  # characters of text sent per choice
     async for index, chunk in events:
-        meta = chunk["meta_info"]
-        text = chunk["delta"]
+        text = chunk.delta
         first, started[index] = not started[index], True
         if first and ctx.echo_texts:
             text = ctx.echo_texts[index // ctx.n] + text
         logprobs = None
         if want_logprobs:
-            chosen = list(meta.get("output_token_logprobs", [])[sent[index] :])
-            tops = list(meta.get("output_top_logprobs", [])[sent[index] :])
+            chosen, tops = chunk.logprobs(start=sent[index])
             sent[index] += len(chosen)
             if first and ctx.echo_texts:
-                chosen = list(meta.get("input_token_logprobs", [])) + chosen
-                tops = list(meta.get("input_top_logprobs", [])) + tops
+                prompt_chosen, prompt_tops = chunk.logprobs(prompt=True)
+                chosen, tops = prompt_chosen + chosen, prompt_tops + tops
             logprobs = completion_logprobs(ctx.token_text, chosen, tops, offsets[index])
         offsets[index] += len(text)
-        if meta["finish_reason"] is not None:
+        if chunk.finish_reason is not None:
             finals[index] = chunk
-        choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(meta)
+        choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(chunk)
         yield _chunk(ctx, kind, [choice])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
@@ -110,7 +99,7 @@ async def _chat_chunks(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk"
-    finals: list[dict[str, Any]] = [{} for _ in range(num_choices)]
+    finals: list[RequestOutput | None] = [None] * num_choices
     started = [False] * num_choices
     sent = [0] * num_choices  # output logprobs sent per choice
     parsers = [
@@ -123,13 +112,12 @@ async def _chat_chunks(
     ]
     reasoners = [ctx.reasoning() if ctx.reasoning else None for _ in range(num_choices)]
     async for index, chunk in events:
-        meta = chunk["meta_info"]
-        finished = meta["finish_reason"] is not None
+        finished = chunk.finish_reason is not None
         if not started[index]:
             started[index] = True
             role = {"role": "assistant", "content": ""}
             yield _chunk(ctx, kind, [{"index": index, "delta": role, "logprobs": None}])
-        text, thinking = chunk["delta"], ""
+        text, thinking = chunk.delta, ""
         reasoner = reasoners[index]
         if reasoner is not None:  # the reasoning goes apart; the rest is content and tools
             split = reasoner.feed(text, final=finished)
@@ -140,8 +128,7 @@ async def _chat_chunks(
             pieces += parser.finish()
         logprobs = None
         if want_logprobs:
-            chosen = meta.get("output_token_logprobs", [])[sent[index] :]
-            tops = meta.get("output_top_logprobs", [])[sent[index] :]
+            chosen, tops = chunk.logprobs(start=sent[index])
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
         deltas: list[dict[str, Any]] = [{"reasoning_content": thinking}] if thinking else []
@@ -158,7 +145,7 @@ async def _chat_chunks(
             if parser is not None:
                 remember_turn(ctx, parser.calls, chunk)
             choice = {"index": index, "delta": {}, "logprobs": None}
-            yield _chunk(ctx, kind, [choice | finish_fields(meta, called_tools=called)])
+            yield _chunk(ctx, kind, [choice | finish_fields(chunk, called_tools=called)])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
 

@@ -8,12 +8,12 @@ program event, then ``data: [DONE]``; otherwise one JSON object ``{"program_id",
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.program.events import ProgramEvent, ProgramStarted
 from runtime.program.spec import parse_program
 from runtime.server.errors import ApiError
 from runtime.server.state import get_state
@@ -27,9 +27,8 @@ async def run_program(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
     body = await state.read_body(request)
-    manager = state.tokenizer_manager
-    parsed = parse_program(body, manager.limits)
-    events = manager.programs.run(parsed)
+    parsed = parse_program(body, state.tokenizer_manager.limits)
+    events = state.programs.run(parsed)
     first = await events.__anext__()  # refusals (unknown branch, busy program) raise here
     wants_sse = parsed.stream or "text/event-stream" in request.headers.get("accept", "")
     if wants_sse:
@@ -40,21 +39,26 @@ async def run_program(request: Request) -> Response:
             collected.append(event)
     finally:
         await events.aclose()
-    return JSONResponse({"program_id": first["program_id"], "events": collected})
+    assert isinstance(first, ProgramStarted)
+    return JSONResponse(
+        {"program_id": first.program_id, "events": [e.to_dict() for e in collected]}
+    )
 
 
-async def _sse(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _sse(
+    first: ProgramEvent, rest: AsyncGenerator[ProgramEvent, None]
+) -> AsyncIterator[bytes]:
     try:
-        yield sse_event(first)
+        yield sse_event(first.to_dict())
         async for event in rest:
-            yield sse_event(event)
+            yield sse_event(event.to_dict())
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        await rest.aclose()
 
 
 @router.delete("/program/{program_id}")
 async def end_program(program_id: str, request: Request) -> Response:
     state = get_state(request)
-    if not state.tokenizer_manager.programs.end(program_id):
+    if not state.programs.end(program_id):
         raise ApiError(404, f"no program {program_id!r} is running")
     return JSONResponse({"success": True})

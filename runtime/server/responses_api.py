@@ -44,6 +44,7 @@ from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
 
@@ -133,11 +134,9 @@ async def create_response(request: Request) -> Response:
     sub = SubRequest(prompt.ids, sampling, logprobs=options, cache_salt=body.cache_salt)
     streams = open_streams(state, [sub])
 
-    def store(final: dict[str, Any]) -> None:
+    def store(final: RequestOutput) -> None:
         # Clients that re-send the calls as items (no previous_response_id) follow the cache too.
-        state.generated_turns.remember(
-            run.call_ids, final.get("output_ids", []), final["meta_info"]
-        )
+        state.generated_turns.remember(run.call_ids, final)
         if body.store:
             answer = items_to_messages(output_to_items(run.response["output"]), _no_references)
             turn = stored_turn(run.response, items, history, answer, prompt, final)

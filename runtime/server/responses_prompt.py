@@ -22,6 +22,7 @@ from runtime.server.errors import ApiError
 from runtime.server.openai_api import render_chat
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState
+from runtime.tokenizer_manager import RequestOutput
 
 # Stands for the previous turn's answer when the conversation is rendered around it.
 _TURN = "\u2063arbor-previous-answer\u2063"
@@ -86,12 +87,12 @@ def stored_turn(
     history: list[dict[str, Any]],
     answer: list[dict[str, Any]],
     prompt: TurnPrompt,
-    final: dict[str, Any],
+    final: RequestOutput,
 ) -> StoredResponse:
     """What the store keeps of a finished turn: ``history`` (the conversation it answered,
     without instructions), its ``answer`` as chat messages, and its tokens."""
-    output_ids = final.get("output_ids", [])
-    matched = (final["meta_info"].get("finish_reason") or {}).get("matched")
+    output_ids = final.output_ids
+    matched = final.finish_reason and final.finish_reason.matched
     return StoredResponse(
         response=response,
         input_items=items,

@@ -33,6 +33,7 @@ from runtime.server.tool_calls import (
     ToolCallStart,
     make_tool_parser,
 )
+from runtime.tokenizer_manager import RequestOutput
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ResponseRun:
     reasoning: ReasoningParser | None = None  # splits off the reasoning when set
     reasoning_end_token_id: int | None = None  # counts reasoning tokens in the usage
     builder: OutputBuilder = field(default_factory=OutputBuilder)
-    final: dict[str, Any] | None = None
+    final: RequestOutput | None = None
     call_ids: list[str] = field(default_factory=list)  # of the calls made, in order
     _parser: ToolCallParser | None = None
     _logprobs_sent: int = 0
@@ -63,12 +64,11 @@ class ResponseRun:
                 self.tool_calls_constrained,
             )
 
-    def feed(self, chunk: dict[str, Any]) -> None:
-        """Add one result chunk of the generation to the output items."""
-        meta = chunk["meta_info"]
-        finished = meta["finish_reason"] is not None
-        logprobs = self._new_logprobs(meta) if self.want_logprobs else None
-        answer = chunk["delta"]
+    def feed(self, chunk: RequestOutput) -> None:
+        """Add one output of the generation to the output items."""
+        finished = chunk.finish_reason is not None
+        logprobs = self._new_logprobs(chunk) if self.want_logprobs else None
+        answer = chunk.delta
         if self.reasoning is not None:
             split = self.reasoning.feed(answer, final=finished)
             self.builder.reasoning(split.reasoning)
@@ -95,7 +95,7 @@ class ResponseRun:
             self.builder.text("", logprobs)
         if finished:
             self.final = chunk
-            self._complete(meta, self._reasoning_tokens(chunk.get("output_ids", [])))
+            self._complete(chunk, self._reasoning_tokens(chunk.output_ids))
 
     def fail(self, message: str) -> None:
         self.builder.finish("incomplete")
@@ -105,9 +105,8 @@ class ResponseRun:
             error={"code": "server_error", "message": message},
         )
 
-    def _new_logprobs(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
-        chosen = meta.get("output_token_logprobs", [])[self._logprobs_sent :]
-        tops = meta.get("output_top_logprobs", [])[self._logprobs_sent :]
+    def _new_logprobs(self, chunk: RequestOutput) -> list[dict[str, Any]]:
+        chosen, tops = chunk.logprobs(start=self._logprobs_sent)
         self._logprobs_sent += len(chosen)
         return chat_logprobs(self.token_text, chosen, tops)["content"] if chosen else []
 
@@ -121,12 +120,11 @@ class ResponseRun:
             return output_ids.index(end) + 1
         return len(output_ids) if self.reasoning.phase != "answer" else 0
 
-    def _complete(self, meta: dict[str, Any], reasoning_tokens: int) -> None:
-        reason = (meta.get("finish_reason") or {}).get("type")
-        cut = reason == "length"
+    def _complete(self, final: RequestOutput, reasoning_tokens: int) -> None:
+        cut = final.finish_reason is not None and final.finish_reason.type == "length"
         self.builder.finish("incomplete" if cut else "completed")
-        prompt = meta["prompt_tokens"]
-        output = meta["completion_tokens"]
+        prompt = final.prompt_tokens
+        output = final.completion_tokens
         self.response.update(
             status="incomplete" if cut else "completed",
             incomplete_details={"reason": "max_output_tokens"} if cut else None,
@@ -134,7 +132,7 @@ class ResponseRun:
             output=self.builder.items,
             usage={
                 "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": meta["cached_tokens"]},
+                "input_tokens_details": {"cached_tokens": final.cached_tokens},
                 "output_tokens": output,
                 "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                 "total_tokens": prompt + output,
@@ -150,7 +148,7 @@ async def run_response(run: ResponseRun, events: Events) -> None:
 
 
 async def stream_response(
-    run: ResponseRun, events: Events, on_done: Callable[[dict[str, Any]], None]
+    run: ResponseRun, events: Events, on_done: Callable[[RequestOutput], None]
 ) -> AsyncIterator[bytes]:
     """The SSE body; ``on_done(final chunk)`` runs once the response is complete."""
     sequence = 0

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from runtime.generate_input import SubRequest
+from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import role_blocks_or_why
 from runtime.server.errors import ApiError
 from runtime.server.generated_turns import GeneratedTurns
@@ -24,7 +25,8 @@ from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
 from runtime.server.tool_call_formats import resolve_format
 from runtime.server_args import ServerArgs
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer_manager import RequestOutput, TokenizerManager
+from runtime.validate_retry import ValidatedGeneration
 
 
 @dataclass
@@ -48,6 +50,8 @@ class ServerState:
         # Generated ids of tool-calling turns, spliced into prompts that re-send them.
         self.generated_turns = GeneratedTurns(self.tokenizer)
         self._role_blocks: dict[str, Any] | None = None
+        self.generation = ValidatedGeneration(self.tokenizer_manager, self.args)
+        self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)
 
     def role_blocks(self) -> dict[str, Any]:
         """For /get_model_info: the chat template's role blocks, which DSL clients render role
@@ -92,7 +96,7 @@ def caller_is_admin(request: Request) -> bool:
     return bool(request.scope.get(ADMIN_SCOPE_KEY, True))
 
 
-def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[dict[str, Any]]]:
+def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[RequestOutput]]:
     """One result stream per sub-request, each yielding a chunk per output step (so the metrics
     see time to first token and inter-token latency even for non-streaming clients)."""
-    return [state.metrics.observe(sub.run(state.tokenizer_manager, stream=True)) for sub in subs]
+    return [state.metrics.observe(sub.run(state.generation, stream=True)) for sub in subs]

@@ -18,16 +18,17 @@ from fastapi import Request
 
 from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone, error_body
+from runtime.tokenizer_manager import RequestOutput
 
 _DONE = object()
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-Events = AsyncGenerator[tuple[int, dict[str, Any]], None]
+Events = AsyncGenerator[tuple[int, RequestOutput], None]
 
 
 async def merge_streams(
-    request: Request, streams: Sequence[AsyncIterator[dict[str, Any]]]
+    request: Request, streams: Sequence[AsyncIterator[RequestOutput]]
 ) -> Events:
     """Yield ``(index into streams, chunk)`` until every stream ends.
 
@@ -38,7 +39,7 @@ async def merge_streams(
     """
     events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
         try:
             async for chunk in stream:
                 events.put_nowait((index, chunk))
@@ -73,13 +74,13 @@ async def merge_streams(
 
 
 async def collect_finals(
-    request: Request, streams: Sequence[AsyncIterator[dict[str, Any]]]
-) -> list[dict[str, Any]]:
-    """The last chunk of every stream, in stream order (each stream's final result)."""
-    finals: list[dict[str, Any]] = [{} for _ in streams]
+    request: Request, streams: Sequence[AsyncIterator[RequestOutput]]
+) -> list[RequestOutput]:
+    """The last output of every stream, in stream order (each stream's final result)."""
+    finals: dict[int, RequestOutput] = {}
     async for index, chunk in merge_streams(request, streams):
         finals[index] = chunk
-    return finals
+    return [finals[i] for i in range(len(streams))]
 
 
 def sse_event(payload: Any) -> bytes:
@@ -105,7 +106,7 @@ async def _empty() -> Events:
     yield
 
 
-async def _prepend(first: tuple[int, dict[str, Any]], rest: Events) -> Events:
+async def _prepend(first: tuple[int, RequestOutput], rest: Events) -> Events:
     try:
         yield first
         async for event in rest:

@@ -227,6 +227,20 @@ def test_errors_surface_with_program_and_variable(backend: fl.Backend):
         continue_text.run(wrong_arg=1, backend=backend)
 
 
+def test_an_output_that_does_not_parse_says_how_it_finished(backend: fl.Backend):
+    @fl.function
+    def cut_json(s: fl.ProgramState) -> None:
+        schema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"],
+        }
+        s += "Person: " + fl.gen("person", max_tokens=2, json_schema=schema, temperature=0.0)
+
+    with pytest.raises(fl.ProgramError, match="does not parse.*finished by length"):
+        cut_json.run(backend=backend)
+
+
 def test_programs_compose(backend: fl.Backend):
     @fl.function
     def outer(s: fl.ProgramState) -> None:

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from runtime.ipc import FinishReason
 from runtime.server.generated_turns import GeneratedTurns
+from runtime.tokenizer_manager import RequestOutput
 
 CALL = '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
 
@@ -16,6 +18,10 @@ CALL = '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_path: Path) -> Any:
     return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _final(output_ids: list[int], reason: FinishReason) -> RequestOutput:
+    return RequestOutput("r", "", "", output_ids, 1, len(output_ids), 0, reason, 0.0)
 
 
 def _spelled_out(tokenizer: Any) -> list[int]:
@@ -47,7 +53,7 @@ def test_a_resent_turn_takes_the_generated_ids(tokenizer: Any):
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     generated = _spelled_out(tokenizer)
-    turns.remember(["call_1"], [*generated, im_end], {"finish_reason": {"matched": im_end}})
+    turns.remember(["call_1"], _final([*generated, im_end], FinishReason.stop(im_end)))
     messages = _conversation("call_1")
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = turns.prompt_ids(rendered, messages)
@@ -66,7 +72,7 @@ def test_remembers_a_bounded_number_of_turns(tokenizer: Any):
     turns = GeneratedTurns(tokenizer, capacity=2)
     ids = _spelled_out(tokenizer)
     for call_id in ("a", "b", "c"):
-        turns.remember([call_id], ids, {"finish_reason": {"type": "length"}})
+        turns.remember([call_id], _final(ids, FinishReason.cut(len(ids))))
     messages = _conversation("a")
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)
     assert (

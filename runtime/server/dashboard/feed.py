@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.errors import RequestError, SchedulerDied
+from runtime.ipc import ControlCommand
 from runtime.server.cache_tree import render_cache_tree, scheduler_call
 from runtime.server.errors import ApiError
 from runtime.server.state import ServerState
@@ -86,7 +87,9 @@ class DashboardFeed:
         """One update, or ``{"error": message}`` when the scheduler cannot give one now."""
         state = self.state
         try:
-            raw = await scheduler_call(state, "dashboard", {"max_nodes": self.max_nodes})
+            raw = await scheduler_call(
+                state, ControlCommand.DASHBOARD, {"max_nodes": self.max_nodes}
+            )
             tree = await render_cache_tree(state, raw["cache_tree"], self.max_nodes)
         except (ApiError, RequestError, SchedulerDied) as exc:
             return {"error": str(exc), "time": time.time()}
