@@ -78,40 +78,6 @@ def make_policy(name: str, lpm_max_queue: int) -> SchedulePolicy:
     raise ValueError(f"unknown schedule policy {name!r}")
 
 
-def program_aware(ordered: list[Req], kv: KVCacheManager) -> list[Req]:
-    """Program-aware order (compiled DSL programs, ``runtime/program``), applied to a policy's
-    order: the requests of one fork (``ProgramStep.group``) move up to their first member, so
-    the branches are admitted together; and when the queue's prompts need more KV than is free
-    or evictable, requests continuing a program that holds pinned KV go first (finishing
-    running programs before starting new ones). Otherwise the order is the policy's."""
-    if not any(r.program is not None for r in ordered):
-        return ordered
-    groups: dict[str, list[Req]] = defaultdict(list)
-    for req in ordered:
-        if req.program is not None and req.program.group is not None:
-            groups[req.program.group].append(req)
-    result: list[Req] = []
-    placed: set[int] = set()
-    for req in ordered:
-        if id(req) in placed:
-            continue
-        group = req.program.group if req.program is not None else None
-        members = groups[group] if group is not None else [req]
-        result.extend(members)
-        placed.update(id(m) for m in members)
-    if sum(r.pending_len for r in result) > kv.available_tokens():
-        continuing = [r for r in result if _continues_program(r, kv)]
-        if continuing:
-            chosen = {id(r) for r in continuing}
-            result = continuing + [r for r in result if id(r) not in chosen]
-    return result
-
-
-def _continues_program(req: Req, kv: KVCacheManager) -> bool:
-    step = req.program
-    return step is not None and kv.pins.get(step.program, step.continue_from) is not None
-
-
 def with_starved_first(ordered: list[Req], timeout_s: float) -> list[Req]:
     """Move requests that have waited longer than ``timeout_s`` to the front, oldest first."""
     now = time.monotonic()

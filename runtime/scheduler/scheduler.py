@@ -60,8 +60,9 @@ from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
 from runtime.scheduler.prefill_admission import PrefillAdmission
+from runtime.scheduler.program_admission import ProgramAdmission
 from runtime.scheduler.req import Req, Status
-from runtime.scheduler.schedule_policy import make_policy, program_aware, with_starved_first
+from runtime.scheduler.schedule_policy import make_policy, with_starved_first
 from runtime.scheduler.step_batch import StepBatch
 from runtime.scheduler.stop_checker import StopChecker
 from runtime.scheduler.token_ratio import NewTokenRatio
@@ -87,7 +88,6 @@ class SchedulerStats:
     spec_accepted_tokens: int = 0
     spec_verify_steps: int = 0
     emit_steps: int = 0  # a request's forward steps that gave it tokens, summed
-    program_pins_shed: int = 0  # programs unpinned because their KV blocked admission
 
 
 class Scheduler:
@@ -127,9 +127,9 @@ class Scheduler:
         )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.policy = make_policy(args.schedule_policy, args.lpm_max_queue)
-        self.program_scheduling = not args.disable_program_scheduling
         self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio, not args.disable_program_scheduling)
+        self.programs = ProgramAdmission(self.kv, self.ratio, not args.disable_program_scheduling)
         self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
         self.sampler = Sampler(
             config.vocab_size,
@@ -196,8 +196,7 @@ class Scheduler:
     def step(self) -> None:
         """One iteration: allocate decodes, admit prefill, run the forward, process results."""
         self.cache_view.note_clock()
-        for program in self.kv.pins.expire():
-            logger.warning("program %s was idle too long: its pinned KV is released", program)
+        self.programs.on_step()
         if self.grammar.queue:
             compiled, failed_compiles = self.grammar.poll()
             for req in compiled:
@@ -210,9 +209,7 @@ class Scheduler:
         for req in retracted + failed:
             self.running.remove(req)
         self.waiting.extend(retracted)
-        ordered = self.policy.order(self.waiting, self.kv)
-        if self.program_scheduling:
-            ordered = program_aware(ordered, self.kv)
+        ordered = self.programs.order(self.policy.order(self.waiting, self.kv))
         ordered = with_starved_first(ordered, self.args.starvation_timeout_s)
         prefill, admitted = self.admission.schedule(self.running, ordered)
         for req in admitted:
@@ -222,7 +219,7 @@ class Scheduler:
                 self.stats.prompt_tokens += len(req.input_ids)
                 self.stats.cached_tokens += req.kv.cached_tokens
             req.status = Status.RUNNING
-        self._shed_pins_if_blocking()
+        self.programs.make_room(self.waiting, self.running)
         if prefill or decodes:
             self.activity.record_step(
                 prefill, decodes, len(retracted), len(self.running), len(self.waiting)
@@ -230,11 +227,9 @@ class Scheduler:
             self._run(StepBatch.from_parts(prefill, decodes))
         else:
             self._flush_outputs()  # no forward to send them behind
-            if self.waiting and not self.running and self.kv.pins.shed_lru() is not None:
-                # Nothing runs and nothing fits: programs' pinned KV holds the pool. Unpin
-                # the least recently used program (its next step matches from the root).
-                self.stats.program_pins_shed += 1
-            elif len(self.running) > 1:
+            # Nothing ran: pinned programs' KV may hold the pool (when nothing runs).
+            self.programs.make_room(self.waiting, self.running, stuck=True)
+            if len(self.running) > 1:
                 # Nothing could run: partial prefills hold the memory each other needs.
                 # Admission budgets make this unlikely; if it happens, free the cheapest one.
                 victim = self.decodes.retract_cheapest(self.running)
@@ -260,17 +255,6 @@ class Scheduler:
             for req in queue:
                 if req.status not in statuses:
                     raise AssertionError(f"{req} is queued with {[s.value for s in statuses]}")
-
-    def _shed_pins_if_blocking(self) -> None:
-        """Unpin the least recently used program when even the smallest waiting request does
-        not fit in the KV left (free and evictable, after the running decodes' reserve) and
-        programs hold pins: pinned KV only saves recomputing a program's prefix, so it yields
-        to requests that cannot start without it."""
-        if not self.waiting or not self.kv.pins.num_programs:
-            return
-        room = self.kv.available_tokens() - sum(self.ratio.reserve(r) for r in self.running)
-        if room < min(r.pending_len for r in self.waiting) and self.kv.pins.shed_lru():
-            self.stats.program_pins_shed += 1
 
     def _run(self, step: StepBatch) -> None:
         batch = step.to_forward_batch(self.runner)
@@ -570,7 +554,8 @@ class Scheduler:
             "num_retracted_reqs": self.decodes.num_retracted,
             "num_pinned_programs": self.kv.pins.num_programs,
             "num_program_pins": self.kv.pins.num_pins,
-            "num_program_pins_shed": self.stats.program_pins_shed + self.decodes.num_pins_shed,
+            "num_program_pins_shed": self.programs.pins_shed + self.decodes.num_pins_shed,
+            "program_pins_shed": self.programs.pins_shed,
             "new_token_ratio": self.ratio.value,
             "gen_throughput": self.stats.generated_tokens / elapsed,
             # Mean tokens a request gets from one forward (1.0 without drafts).
