@@ -293,3 +293,23 @@ def test_the_scheduler_reads_the_slot_table_on_its_host_copy_only():
     assert kv.admit(b) and b.kv.cached_len == 8
     assert torch.equal(pool.host[b.kv.row, :8], held[:8])
     kv.check_invariants([b])
+
+
+def test_program_admission_unpins_only_when_pinned_kv_keeps_requests_out():
+    from runtime.scheduler.program_admission import ProgramAdmission
+
+    kv = _kv(64)
+    programs = ProgramAdmission(kv, NewTokenRatio(), ordering=True)
+    prefix = list(range(40))
+    kv.tree.insert(prefix, kv.allocator.alloc(40))
+    kv.pins.pin("p1", "main", kv.tree.match_prefix(prefix).node, 40)
+    room = kv.capacity - 40  # the pinned 40 are neither free nor evictable
+    assert kv.available_tokens() == room < 30
+    small, large = _req("small", list(range(100, 110))), _req("large", list(range(200, 230)))
+    assert not programs.make_room([small], [])  # 10 fits: the pin stays
+    assert not programs.make_room([large], [small], stuck=True)  # something runs: not stuck
+    assert kv.pins.num_programs == 1 and programs.pins_shed == 0
+    assert programs.make_room([large], [])  # 30 does not fit: the program yields its KV
+    assert kv.pins.num_programs == 0 and programs.pins_shed == 1
+    assert kv.available_tokens() == kv.capacity
+    assert not programs.make_room([large], [])  # nothing left to unpin
