@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from benchmarks.common import machine, print_table, timed_into, write_json
-from runtime.distributed import start_model_runner
 from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.test_model import cached_test_model
+from runtime.tp_runner import start_model_runner
 
 
 def _time_collectives(runner: ModelRunner, clock: list[float]) -> None:

@@ -35,7 +35,6 @@ import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
-from runtime.distributed.leader import start_model_runner
 from runtime.forward_batch import ForwardBatch
 from runtime.ipc import (
     AbortRequest,
@@ -69,6 +68,7 @@ from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 from runtime.speculative.drafts import JUMP, DraftManager, SpeculationConfig
 from runtime.speculative.verify import DraftVerifier
+from runtime.tp_runner import start_model_runner
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ ranks and has them follow each forward.
 
 ``TensorParallelRunner`` is a ``ModelRunner`` to the scheduler: built from the same
 ``RunnerConfig``, with the same ``build_batch`` and ``forward``. It starts ranks 1..N-1 as processes
-(runtime/distributed/worker.py), splits the CPU threads between them and itself, and joins
+(runtime/tp_worker.py), splits the CPU threads between them and itself, and joins
 them in a torch.distributed group. Its ``forward`` first broadcasts the step (the batch's build
 arguments and the request-to-slot table's new writes), then runs its own shard of the model;
 the workers run theirs, the collectives meet, and rank 0 returns the logits over the whole
@@ -30,9 +30,9 @@ from runtime.distributed.group import (
     open_store,
     rank_device,
 )
-from runtime.distributed.worker import Step, WorkerSpec, joined_key
 from runtime.forward_batch import ForwardBatch
 from runtime.model_runner import ModelRunner, RunnerConfig
+from runtime.tp_worker import Step, WorkerSpec, joined_key
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def _start_worker(spec: WorkerSpec) -> subprocess.Popen[bytes]:
     inherited = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths + ([inherited] if inherited else []))}
     process = subprocess.Popen(
-        [sys.executable, "-c", "from runtime.distributed.worker import main; main()"],
+        [sys.executable, "-c", "from runtime.tp_worker import main; main()"],
         stdin=subprocess.PIPE,
         env=env,
     )
