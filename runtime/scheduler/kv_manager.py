@@ -1,16 +1,19 @@
-"""KV accounting for the scheduler: who owns which slots, from admission to release.
+"""KV accounting: who owns which slots, from admission to release.
 
-Composes the slot allocator, the radix cache (None when disabled) and the request-to-slot
-table. Every slot is at any time free, owned by the tree (evictable or pinned by a lock), or
-private to exactly one admitted request; ``check_invariants`` proves it.
+``KVAccounting`` composes the slot allocator, the radix cache (None when disabled) and the
+request-to-slot table, and moves ``KVPlacement``s through them: every slot is at any time free,
+owned by the tree (evictable or pinned by a lock), or private to exactly one placement. The
+scheduler's ``KVCacheManager`` places requests with it; the draft model's ``DraftKVManager``
+(runtime/speculative/draft_kv.py) places its own sequences in its own pool and tree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache, TreeNode
@@ -24,10 +27,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class KVPlacement:
-    """Where a request's KV lives; written by the KVCacheManager only.
+    """Where a request's (or a draft sequence's) KV lives; written in this module only.
 
-    While admitted, positions [0, kv_len) of its ``token_ids`` have KV at the slots in row
-    ``row`` of the request-to-slot table; [0, cached_len) are owned by the radix tree and
+    While admitted, positions [0, kv_len) of its tokens have KV at the slots in row ``row`` of
+    the request-to-slot table; [0, cached_len) are owned by the radix tree and
     pinned by a lock on ``last_node``; [cached_len, kv_len) are the request's private slots
     (with page_size > 1 its pages, including the unused tail of the last one).
     """
@@ -43,7 +46,160 @@ class KVPlacement:
     lends: bool = False
 
 
-class KVCacheManager:
+class HoldsKV(Protocol):
+    """What ``KVAccounting`` places: a ``Req``, or a draft model's ``DraftSeq``."""
+
+    @property
+    def kv(self) -> KVPlacement: ...
+
+
+class KVAccounting:
+    """Placements in one pool: table rows, their cached prefixes locked in the tree, their
+    private slots. Methods taking a ``key`` (the placement's token ids from position 0) and a
+    ``salt`` (its namespace in the tree) leave keeping the tokens to the caller."""
+
+    def __init__(
+        self, allocator: KVSlotAllocator, tree: RadixCache | None, req_to_token_pool: ReqToTokenPool
+    ) -> None:
+        self.allocator = allocator
+        self.tree = tree
+        self.req_to_token_pool = req_to_token_pool
+        self.page_size = allocator.page_size
+
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
+    def _place(self, holder: HoldsKV, match: Callable[[], MatchResult]) -> bool:
+        """Give ``holder`` a table row and its cached prefix (``match()``, locked; none without
+        a tree). False if no row is free."""
+        row = self.req_to_token_pool.alloc()
+        if row is None:
+            return False
+        kv = holder.kv
+        kv.row = row
+        if self.tree is not None:
+            found = match()
+            self.tree.lock(found.node)
+            kv.last_node = found.node
+            kv.cached_len = kv.kv_len = found.length
+            self.req_to_token_pool.write(row, 0, found.slots)
+        return True
+
+    def alloc_extend(self, holder: HoldsKV, n: int) -> bool:
+        """Allocate slots for the next ``n`` positions of ``holder`` and record them in its row,
+        evicting unlocked cache if needed. False (nothing changed) if the pool cannot serve it."""
+        kv = holder.kv
+        slots = self._alloc(kv, n)
+        if slots is None and self.tree is not None:
+            self.tree.evict(n + self.page_size - self.allocator.available())
+            slots = self._alloc(kv, n)
+        if slots is None:
+            return False
+        assert kv.row is not None
+        self.req_to_token_pool.write(kv.row, kv.kv_len, slots)
+        kv.kv_len += n
+        return True
+
+    def _alloc(self, kv: KVPlacement, n: int) -> torch.Tensor | None:
+        if kv.kv_len % self.page_size == 0:
+            return self.allocator.alloc(n)
+        last_slot = int(self.req_to_token_pool.host[kv.row, kv.kv_len - 1])
+        return self.allocator.alloc_continuing(last_slot, n)
+
+    def truncate(self, holder: HoldsKV, kv_len: int) -> None:
+        """Forget positions [kv_len, kv.kv_len) (rejected draft tokens): free the pages past the
+        one holding position kv_len - 1; that page's unused tail stays the holder's."""
+        kv = holder.kv
+        if kv_len >= kv.kv_len:
+            return
+        assert kv_len >= kv.cached_len, "cannot truncate into the cached prefix"
+        keep_until = -(-kv_len // self.page_size) * self.page_size
+        self._free_range(kv, keep_until, kv.kv_len)
+        kv.kv_len = kv_len
+
+    def _cache(self, holder: HoldsKV, key: np.ndarray, salt: str | None) -> None:
+        """Hand the computed positions [0, len(key)) to the tree, keeping ``holder``'s lock on
+        them; a trailing partial page stays private. Precondition: ``holder`` is placed."""
+        kv = holder.kv
+        if self.tree is None:
+            return
+        assert kv.row is not None and kv.last_node is not None, "caching needs a placement"
+        self._insert(kv, key, salt)
+        match = self.tree.match_from(kv.last_node, kv.cached_len, key, salt)
+        self.req_to_token_pool.write(kv.row, 0, match.slots)
+        self.tree.lock(match.node)
+        self.tree.unlock(kv.last_node)
+        kv.last_node, kv.cached_len = match.node, match.length
+
+    def _keep(self, holder: HoldsKV, key: np.ndarray, salt: str | None, in_cache: bool) -> None:
+        """First half of a release: free the positions past ``key``, then insert ``key``'s into
+        the tree (``in_cache``; its trailing partial page is freed) or free the private ones
+        too."""
+        self.truncate(holder, len(key))
+        kv = holder.kv
+        if self.tree is None or not in_cache:
+            self._free_range(kv, kv.cached_len, kv.kv_len)
+            return
+        self._insert(kv, key, salt)
+        self._free_range(kv, kv.kv_len - kv.kv_len % self.page_size, kv.kv_len)
+
+    def _unplace(self, holder: HoldsKV) -> None:
+        """Second half of a release: drop ``holder``'s lock and give back its row."""
+        kv = holder.kv
+        assert kv.row is not None
+        if self.tree is not None and kv.last_node is not None:
+            self.tree.unlock(kv.last_node)
+        self.req_to_token_pool.free(kv.row)
+        kv.row, kv.last_node = None, None
+
+    def _insert(self, kv: KVPlacement, key: np.ndarray, salt: str | None) -> None:
+        """Insert ``key`` with its slots and free ``kv``'s private copies of what was cached."""
+        assert self.tree is not None and kv.row is not None
+        slots = self.req_to_token_pool.host[kv.row, : len(key)]
+        already = self.tree.insert(key, slots, salt)
+        if already > kv.cached_len:
+            self.allocator.free(slots[kv.cached_len : already])
+
+    def _free_range(self, kv: KVPlacement, start: int, end: int) -> None:
+        if end > start:
+            self.allocator.free(self.req_to_token_pool.host[kv.row, start:end])
+
+    def private_slots(self, holders: Iterable[HoldsKV]) -> torch.Tensor:
+        """Slots the placed ``holders`` hold outside the tree (for invariant checks)."""
+        table = self.req_to_token_pool.host
+        kvs = [h.kv for h in holders if h.kv.row is not None]
+        parts = [table[kv.row, kv.cached_len : kv.kv_len] for kv in kvs]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+    def check_invariants(self, holders: Iterable[HoldsKV]) -> None:
+        """Raise unless free + evictable + protected + private == capacity with no slot owned
+        twice (private: ``holders``' slots outside the tree). Without a tree, checks the
+        allocator's free count against the private slots."""
+        private = self.private_slots(holders)
+        if self.tree is not None:
+            self.tree.check_invariants(private_slots=private)
+            return
+        pages = torch.unique(private // self.page_size).numel() if private.numel() else 0
+        if self.allocator.available() + pages * self.page_size != self.capacity:
+            raise AssertionError(
+                f"KV leak: free {self.allocator.available()} + private {pages * self.page_size} "
+                f"!= capacity {self.capacity}"
+            )
+
+    def flush(self) -> bool:
+        """Drop every cached entry; refused (False) while placements or pins hold locks."""
+        if self.tree is None:
+            return True
+        if self.tree.protected_size():
+            return False
+        self.tree.reset()
+        return True
+
+
+class KVCacheManager(KVAccounting):
+    """The target model's requests, from admission to release."""
+
     def __init__(
         self,
         allocator: KVSlotAllocator,
@@ -51,10 +207,7 @@ class KVCacheManager:
         req_to_token_pool: ReqToTokenPool,
         program_pin_ttl_s: float = 600.0,
     ) -> None:
-        self.allocator = allocator
-        self.tree = tree
-        self.req_to_token_pool = req_to_token_pool
-        self.page_size = allocator.page_size
+        super().__init__(allocator, tree, req_to_token_pool)
         # Called as hook(req, keep_in_cache) whenever a request gives its KV back (the draft
         # model's KV follows the target's).
         self.release_hooks: list[Callable[[Req, bool], None]] = []
@@ -62,10 +215,6 @@ class KVCacheManager:
         self.pins = ProgramPins(tree, program_pin_ttl_s)
         # Lenders and borrowers of this step's loans, in the order the loans were made.
         self._loans: list[Req] = []
-
-    @property
-    def capacity(self) -> int:
-        return self.allocator.capacity
 
     def available_tokens(self) -> int:
         """Slots a new allocation can get: free now, or freed by evicting unlocked cache."""
@@ -93,17 +242,10 @@ class KVCacheManager:
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a table row and its cached prefix, locked. False if no row is free."""
-        row = self.req_to_token_pool.alloc()
-        if row is None:
-            return False
         kv = req.kv
-        kv.row, kv.loan_start, kv.lends = row, None, False
-        if self.tree is not None:
-            match = self.cached_prefix(req)
-            self.tree.lock(match.node)
-            kv.last_node = match.node
-            kv.cached_len = kv.kv_len = match.length
-            self.req_to_token_pool.write(row, 0, match.slots)
+        if not self._place(req, lambda: self.cached_prefix(req)):
+            return False
+        kv.loan_start, kv.lends = None, False
         if not req.output_ids:  # a retracted request already reported its first match
             kv.cached_tokens = kv.cached_len
         return True
@@ -159,50 +301,10 @@ class KVCacheManager:
                 kv.lends = False
                 self.cache_prefix(req)
 
-    def alloc_extend(self, req: Req, n: int) -> bool:
-        """Allocate slots for the next ``n`` positions of ``req`` and record them in its row,
-        evicting unlocked cache if needed. False (nothing changed) if the pool cannot serve it."""
-        slots = self._alloc(req, n)
-        if slots is None and self.tree is not None:
-            self.tree.evict(n + self.page_size - self.allocator.available())
-            slots = self._alloc(req, n)
-        if slots is None:
-            return False
-        assert req.kv.row is not None
-        self.req_to_token_pool.write(req.kv.row, req.kv.kv_len, slots)
-        req.kv.kv_len += n
-        return True
-
-    def _alloc(self, req: Req, n: int) -> torch.Tensor | None:
-        if req.kv.kv_len % self.page_size == 0:
-            return self.allocator.alloc(n)
-        last_slot = int(self.req_to_token_pool.host[req.kv.row, req.kv.kv_len - 1])
-        return self.allocator.alloc_continuing(last_slot, n)
-
-    def truncate(self, req: Req, kv_len: int) -> None:
-        """Forget positions [kv_len, req.kv.kv_len) (rejected draft tokens): free the pages past
-        the one holding position kv_len - 1; that page's unused tail stays the request's."""
-        if kv_len >= req.kv.kv_len:
-            return
-        assert kv_len >= req.kv.cached_len, "cannot truncate into the cached prefix"
-        keep_until = -(-kv_len // self.page_size) * self.page_size
-        self._free_range(req, keep_until, req.kv.kv_len)
-        req.kv.kv_len = kv_len
-
     def cache_prefix(self, req: Req) -> None:
         """Hand the computed positions [0, kv_len) to the tree (a chunked prefill's progress),
         keeping the request's lock on them; the trailing partial page stays private."""
-        if self.tree is None:
-            return
-        kv = req.kv
-        assert kv.row is not None and kv.last_node is not None, "cache_prefix needs admission"
-        self._insert(req)
-        key = req.token_ids.prefix(kv.kv_len)
-        match = self.tree.match_from(kv.last_node, kv.cached_len, key, req.cache_salt)
-        self.req_to_token_pool.write(kv.row, 0, match.slots)
-        self.tree.lock(match.node)
-        self.tree.unlock(kv.last_node)
-        kv.last_node, kv.cached_len = match.node, match.length
+        self._cache(req, req.token_ids.prefix(req.kv.kv_len), req.cache_salt)
 
     def release(self, req: Req, keep_in_cache: bool, finished: bool = False) -> None:
         """Give back everything ``req`` holds: its lock, its private slots and its row.
@@ -218,70 +320,18 @@ class KVCacheManager:
         for hook in self.release_hooks:
             hook(req, keep_in_cache)
         # A request stopped inside a verified draft holds KV past its last kept token.
-        self.truncate(req, min(kv.kv_len, len(req.token_ids)))
-        if self.tree is not None and keep_in_cache:
-            self._insert(req)
-            aligned = kv.kv_len - kv.kv_len % self.page_size
-            self._free_range(req, aligned, kv.kv_len)
-            step = req.program
-            if finished and step is not None and step.keep_as is not None:
-                assert kv.last_node is not None
-                key = req.token_ids.prefix(aligned)
-                match = self.tree.match_from(kv.last_node, kv.cached_len, key, req.cache_salt)
-                self.pins.pin(step.program, step.keep_as, match.node, match.length)
-        else:
-            self._free_range(req, kv.cached_len, kv.kv_len)
-        if self.tree is not None and kv.last_node is not None:
-            self.tree.unlock(kv.last_node)
-        self.req_to_token_pool.free(kv.row)
-        kv.row, kv.last_node = None, None
+        key, salt, step = req.token_ids.prefix(kv.kv_len), req.cache_salt, req.program
+        self._keep(req, key, salt, keep_in_cache)
+        branch = step.keep_as if step is not None and finished and keep_in_cache else None
+        if self.tree is not None and branch is not None:
+            assert step is not None and kv.last_node is not None
+            aligned = key[: len(key) - len(key) % self.page_size]
+            match = self.tree.match_from(kv.last_node, kv.cached_len, aligned, salt)
+            self.pins.pin(step.program, branch, match.node, match.length)
+        self._unplace(req)
 
     def retract(self, req: Req) -> None:
         """Release ``req``'s KV into the cache for its return to the queue: its placement
         starts over."""
         self.release(req, keep_in_cache=True)
         req.kv.kv_len = req.kv.cached_len = 0
-
-    def _insert(self, req: Req) -> None:
-        """Insert [0, kv_len) and free the request's private copies of what was already cached."""
-        assert self.tree is not None and req.kv.row is not None
-        slots = self.req_to_token_pool.host[req.kv.row, : req.kv.kv_len]
-        already = self.tree.insert(req.token_ids.prefix(req.kv.kv_len), slots, req.cache_salt)
-        if already > req.kv.cached_len:
-            self.allocator.free(slots[req.kv.cached_len : already])
-
-    def _free_range(self, req: Req, start: int, end: int) -> None:
-        if end > start:
-            self.allocator.free(self.req_to_token_pool.host[req.kv.row, start:end])
-
-    def private_slots(self, reqs: list[Req]) -> torch.Tensor:
-        """Slots the admitted ``reqs`` hold outside the tree (for invariant checks)."""
-        parts = [
-            self.req_to_token_pool.host[r.kv.row, r.kv.cached_len : r.kv.kv_len]
-            for r in reqs
-            if r.kv.row is not None and r.kv.kv_len > r.kv.cached_len
-        ]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-
-    def check_invariants(self, admitted: list[Req]) -> None:
-        """Raise unless free + evictable + protected + private == capacity with no slot owned
-        twice. Without a tree, checks the allocator's free count against the requests' slots."""
-        private = self.private_slots(admitted)
-        if self.tree is not None:
-            self.tree.check_invariants(private_slots=private)
-            return
-        pages = torch.unique(private // self.page_size).numel() if private.numel() else 0
-        if self.allocator.available() + pages * self.page_size != self.capacity:
-            raise AssertionError(
-                f"KV leak: free {self.allocator.available()} + private {pages * self.page_size} "
-                f"!= capacity {self.capacity}"
-            )
-
-    def flush(self) -> bool:
-        """Drop every cached entry; refused (False) while requests hold locks."""
-        if self.tree is None:
-            return True
-        if self.tree.protected_size():
-            return False  # running requests, or programs' pins
-        self.tree.reset()
-        return True

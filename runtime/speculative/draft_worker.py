@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
+from radix_cache.node import as_token_array
 from runtime.forward_batch import ForwardBatch
 from runtime.model_runner import ModelRunner, RunnerConfig
-from runtime.speculative.draft_kv import DraftKVManager, DraftSeq, as_tokens
+from runtime.speculative.draft_kv import DraftKVManager, DraftSeq
 
 # choose(logits, active, step) -> tokens: logits [len(active), V] float32 are the draft model's
 # next-token logits for jobs[active[j]] at draft position ``step`` (0-based); returns one token
@@ -115,7 +116,7 @@ class DraftModelWorker:
         """
         self._check_jobs(jobs)
         self.stats["propose_calls"] += 1
-        tokens = [as_tokens(job.token_ids) for job in jobs]
+        tokens = [as_token_array(job.token_ids) for job in jobs]
         drafts: list[list[int]] = [[] for _ in jobs]
         seqs = self._prepare(jobs, tokens)
         ready, logits = self._catch_up(seqs, tokens)
@@ -134,7 +135,7 @@ class DraftModelWorker:
             if not fed:
                 break
             rows = [seqs[i].row for i in fed]
-            prefix_lens = [seqs[i].kv_len - 1 for i in fed]
+            prefix_lens = [seqs[i].kv.kv_len - 1 for i in fed]
             batch = self.runner.build_batch(rows, prefix_lens, [[drafts[i][-1]] for i in fed])
             logits = self._forward(batch, [seqs[i] for i in fed])
             self.stats["decode_tokens"] += len(fed)
@@ -151,7 +152,7 @@ class DraftModelWorker:
     def check_invariants(self) -> None:
         """Raise CacheInvariantError unless free + cached + private == capacity, no slot is
         owned twice and no table row leaked. O(cached tokens): for tests and debug runs."""
-        self.kv.check_invariants()
+        self.kv.check_seqs()
 
     def flush(self) -> bool:
         """Drop the draft tree's entries; refused (False) while requests hold locks on it."""
@@ -178,15 +179,15 @@ class DraftModelWorker:
                 self.stats["jobs_without_room"] += 1
                 continue
             held = self.kv.seqs.get(job.key)
-            held_confirmed = held.confirmed.size if held is not None else 0
+            held_confirmed = held.confirmed if held is not None else 0
             seq, admitted = self.kv.prepare(job.key, ids, job.cache_salt)
             if seq is None:
                 self.stats["jobs_without_room"] += 1
                 continue
             if admitted:
-                self.stats["cache_hit_tokens"] += seq.cached_len
+                self.stats["cache_hit_tokens"] += seq.kv.cached_len
             else:
-                self.stats["kept_draft_tokens"] += max(0, seq.kv_len - held_confirmed)
+                self.stats["kept_draft_tokens"] += max(0, seq.kv.kv_len - held_confirmed)
             seqs[i] = seq
         return seqs
 
@@ -203,16 +204,16 @@ class DraftModelWorker:
         work: list[tuple[int, int, int]] = []  # (job, start, end): positions to compute
         waiting = 0  # jobs with a backlog left for later calls
         # Short backlogs first: a long prompt takes what is left, not the decodes' turn.
-        for i in sorted(seqs, key=lambda i: tokens[i].size - seqs[i].kv_len):
+        for i in sorted(seqs, key=lambda i: tokens[i].size - seqs[i].kv.kv_len):
             seq, ids = seqs[i], tokens[i]
-            start = seq.kv_len
+            start = seq.kv.kv_len
             end = min(ids.size, start + budget)
             if end > start and self.kv.grow(seq, ids[start:end], confirmed=True):
                 budget -= end - start
                 work.append((i, start, end))
             elif end > start:
                 self.stats["jobs_without_room"] += 1
-                if seq.kv_len == seq.cached_len:
+                if seq.kv.kv_len == seq.kv.cached_len:
                     self.kv.release(seq.key, keep_in_cache=False)
             else:
                 waiting += 1

@@ -6,11 +6,15 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from radix_cache import CacheInvariantError, KVSlotAllocator, RadixCache
+from runtime.memory_pool import ReqToTokenPool
 from runtime.model_runner import RunnerConfig
+from runtime.speculative.draft_kv import DraftKVManager
 from runtime.speculative.draft_worker import DraftJob, DraftModelWorker
 from runtime.test_model import cached_draft_model, cached_test_model
 from tests.runtime.helpers import random_prompts
@@ -221,3 +225,27 @@ def test_malformed_calls_raise_value_error(draft_path: Path):
         worker.propose([DraftJob("a", [1, 2], 2)], lambda logits, active, step: [10**6])
     worker.check_invariants()
     assert worker.vocab_size == 4096
+
+
+def test_draft_kv_accounting_without_a_model():
+    """The draft's sequences on the shared KV accounting: drafted tokens' slots are freed on
+    release, confirmed ones cached for the next request, and the check sees a sequence whose
+    tokens disagree with its KV."""
+    allocator = KVSlotAllocator(32)
+    kv = DraftKVManager(
+        allocator, RadixCache(allocator), ReqToTokenPool(4, 64, torch.device("cpu"))
+    )
+    tokens = np.arange(10, dtype=np.int32)
+    seq, admitted = kv.prepare("a", tokens)
+    assert admitted and seq is not None and kv.grow(seq, tokens, confirmed=True)
+    kv.cache_prefix(seq, 9)
+    assert kv.grow(seq, [5, 6], confirmed=False) and seq.kv.kv_len == 12
+    kv.check_seqs()
+    kv.release("a", keep_in_cache=True)
+    kv.check_seqs()
+    assert kv.tree.total_size() == 10 and allocator.available() == allocator.capacity - 10
+    seq, admitted = kv.prepare("b", np.array([*range(9), 7], dtype=np.int32))
+    assert admitted and seq is not None and seq.kv.cached_len == 9
+    seq.tokens = seq.tokens[:3]
+    with pytest.raises(CacheInvariantError):
+        kv.check_seqs()
