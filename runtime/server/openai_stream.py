@@ -30,12 +30,8 @@ from runtime.server.openai_format import (
     usage,
 )
 from runtime.server.streams import Events, guarded_sse, sse_event
-from runtime.server.tool_calls import (
-    ToolCallArguments,
-    ToolCallEvent,
-    ToolCallStart,
-    make_tool_parser,
-)
+from runtime.server.tool_call_events import ToolCallArguments, ToolCallEvent, ToolCallStart
+from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
 
 
