@@ -55,6 +55,18 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
     return k - k % page_size
 
 
+def matching_child(node: TreeNode, rest: np.ndarray, page_size: int) -> tuple[TreeNode, int] | None:
+    """The child of ``node`` that ``rest`` goes on into, and how many tokens of ``rest`` its key
+    shares (whole pages); None where no child starts with ``rest``'s first page.
+
+    Precondition: ``rest.size >= page_size``.
+    """
+    child = node.children.get(child_key(rest, page_size))
+    if child is None:
+        return None
+    return child, common_prefix_len(child.key, rest, page_size)
+
+
 class TreeNode:
     """One run of tokens in the radix tree and the KV slots that hold them.
 
