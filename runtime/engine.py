@@ -13,9 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any, TypedDict
-
-from typing_extensions import Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from runtime.channels import QueueChannel
 from runtime.components import Channels, build_components
@@ -29,6 +27,9 @@ from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_wh
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import final_output
 from runtime.validate_retry import ValidatedGeneration
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 Prompt = str | list[str] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
