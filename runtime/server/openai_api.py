@@ -36,7 +36,7 @@ from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_p
 from runtime.server.request_body import parse_model
 from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.state import ServerState, get_state, open_streams
-from runtime.server.streams import Events, collect_finals, merge_streams, primed
+from runtime.server.streams import Events, collect_finals, guarded_sse, merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.tokenizer_manager import RequestOutput
 
@@ -175,9 +175,8 @@ async def _respond(
         finals = await collect_finals(request, streams)
         return JSONResponse(full_body(ctx, finals, want_logprobs))
     events = await primed(merge_streams(request, streams))
-    return StreamingResponse(
-        stream_body(ctx, events, len(subs), want_logprobs), media_type="text/event-stream"
-    )
+    body = guarded_sse(stream_body(ctx, events, len(subs), want_logprobs))
+    return StreamingResponse(body, media_type="text/event-stream")
 
 
 def _context(state: ServerState, body: SamplingRequest, prefix: str, n: int) -> ResponseContext:
