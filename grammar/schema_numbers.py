@@ -108,26 +108,23 @@ def multiple_of_dfa(sub: dict[str, Any], integer: bool) -> Dfa:
 def _scaled_bounds(sub: dict[str, Any], places: int) -> tuple[int | None, int | None]:
     """The bounds on x * 10^places (integers; None: unbounded), exclusive ones made inclusive."""
     scale = Decimal(10) ** places
-    low = high = None
+    bounds: list[int | None] = []
     with localcontext() as context:
         context.prec = 400
-        for key in ("minimum", "exclusiveMinimum"):
-            value = _decimal(sub.get(key))
-            if value is not None:
-                scaled = value * scale
-                bound = int(scaled.to_integral_value(rounding="ROUND_CEILING"))
-                if key == "exclusiveMinimum" and bound == scaled:
-                    bound += 1
-                low = bound if low is None else max(low, bound)
-        for key in ("maximum", "exclusiveMaximum"):
-            value = _decimal(sub.get(key))
-            if value is not None:
-                scaled = value * scale
-                bound = int(scaled.to_integral_value(rounding="ROUND_FLOOR"))
-                if key == "exclusiveMaximum" and bound == scaled:
-                    bound -= 1
-                high = bound if high is None else min(high, bound)
-    return low, high
+        for keys, rounding, step in (
+            (("minimum", "exclusiveMinimum"), "ROUND_CEILING", 1),
+            (("maximum", "exclusiveMaximum"), "ROUND_FLOOR", -1),
+        ):
+            found = []
+            for key in keys:
+                value = _decimal(sub.get(key))
+                if value is not None:
+                    scaled = value * scale
+                    bound = int(scaled.to_integral_value(rounding=rounding))
+                    found.append(bound + step if key == keys[1] and bound == scaled else bound)
+            # The tightest: the largest lower bound, the smallest upper one.
+            bounds.append((max if step > 0 else min)(found) if found else None)
+    return bounds[0], bounds[1]
 
 
 def _decimal(value: Any) -> Decimal | None:

@@ -158,10 +158,7 @@ class GrammarSpec:
         """An xgrammar structural tag (dict or JSON string); its JSON schemas are checked."""
         options = options or GrammarOptions()
         if isinstance(tag, str):
-            try:
-                tag = json.loads(tag)
-            except json.JSONDecodeError as exc:
-                raise GrammarError(f"structural_tag is not valid JSON: {exc}") from None
+            tag = _loads(tag, "structural_tag")
         if not isinstance(tag, dict):
             raise GrammarError("structural_tag must be a JSON object")
         check_nesting(tag, "structural_tag")
@@ -229,15 +226,19 @@ def _is_tool_calls(tag: Mapping[str, Any]) -> bool:
     return "tools" in tag and "mode" in tag
 
 
+def _loads(text: str, field: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GrammarError(f"{field} is not valid JSON: {exc}") from None
+
+
 def parse_schema(schema: Any) -> dict[str, Any]:
     """A JSON schema as a dict, from a dict, a JSON string, or a pydantic model class."""
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
+        schema = _loads(schema, "json_schema")
     if not isinstance(schema, dict):
         raise GrammarError(
             f"json_schema must be an object, a JSON string or a pydantic model class, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,6 +56,19 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
     return k - k % page_size
 
 
+def matching_child(node: TreeNode, rest: np.ndarray, page_size: int) -> tuple[TreeNode, int] | None:
+    """The child of ``node`` that ``rest`` goes on into, and how many tokens of ``rest`` its key
+    shares (whole pages); None where no child starts with ``rest``'s first page.
+
+    Precondition: ``rest.size >= page_size``.
+    """
+    child = node.children.get(child_key(rest, page_size))
+    if child is None:
+        return None
+    return child, common_prefix_len(child.key, rest, page_size)
+
+
+@dataclass(eq=False, repr=False, slots=True)
 class TreeNode:
     """One run of tokens in the radix tree and the KV slots that hold them.
 
@@ -69,34 +83,21 @@ class TreeNode:
     the node for its lifetime (a split keeps it on the tail, the part that keeps the node).
     """
 
-    __slots__ = (
-        "key",
-        "slots",
-        "parent",
-        "children",
-        "lock_ref",
-        "last_access",
-        "hit_count",
-        "created_at",
-        "heap_stamp",
-        "evicted",
-        "subtree_tokens",
-        "uid",
-    )
+    key: np.ndarray
+    slots: np.ndarray
+    parent: TreeNode | None
+    children: dict[bytes, TreeNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+    hit_count: int = 0
+    created_at: int = 0
+    heap_stamp: int = 0
+    evicted: bool = False
+    subtree_tokens: int = field(init=False)
+    uid: int = field(init=False, default_factory=lambda: next(_node_uids))
 
-    def __init__(self, key: np.ndarray, slots: np.ndarray, parent: TreeNode | None) -> None:
-        self.key = key
-        self.slots = slots
-        self.parent = parent
-        self.children: dict[bytes, TreeNode] = {}
-        self.lock_ref = 0
-        self.last_access = 0
-        self.hit_count = 0
-        self.created_at = 0
-        self.heap_stamp = 0
-        self.evicted = False
-        self.subtree_tokens = key.size
-        self.uid = next(_node_uids)
+    def __post_init__(self) -> None:
+        self.subtree_tokens = self.key.size
 
     @classmethod
     def new_root(cls) -> TreeNode:

@@ -20,8 +20,7 @@ from radix_cache.node import (
     TokensLike,
     TreeNode,
     as_token_array,
-    child_key,
-    common_prefix_len,
+    matching_child,
 )
 from radix_cache.views import NodeView, pack_views, unpack_views
 
@@ -208,10 +207,10 @@ def cached_path(
             path, length = [], 0
     page_size = cache.page_size
     while node is not None and length + page_size <= key.size:
-        child = node.children.get(child_key(key[length:], page_size))
-        if child is None:
+        found = matching_child(node, key[length:], page_size)
+        if found is None:
             break
-        k = common_prefix_len(child.key, key[length:], page_size)
+        child, k = found
         path.append(child)
         length += k
         node = child if k == child.key.size else None

@@ -18,7 +18,7 @@ from radix_cache.node import (
     TreeNode,
     as_token_array,
     child_key,
-    common_prefix_len,
+    matching_child,
 )
 
 
@@ -145,11 +145,10 @@ class RadixCache:
         along ``key``; the match ends where the tree or the key does."""
         start = length
         while length + self.page_size <= key.size:
-            rest = key[length:]
-            child = node.children.get(child_key(rest, self.page_size))
-            if child is None:
+            found = matching_child(node, key[length:], self.page_size)
+            if found is None:
                 break
-            k = common_prefix_len(child.key, rest, self.page_size)
+            child, k = found
             if k < child.key.size:
                 child = self._split(child, k)
             self._touch(child)
@@ -215,11 +214,11 @@ class RadixCache:
         node, length = self._root(namespace), 0
         while length < aligned:
             rest = key[length:]
-            child = node.children.get(child_key(rest, self.page_size))
-            if child is None:
+            found = matching_child(node, rest, self.page_size)
+            if found is None:
                 self._add_leaf(node, rest.copy(), values[length:])
                 break
-            k = common_prefix_len(child.key, rest, self.page_size)
+            child, k = found
             if k < child.key.size:
                 child = self._split(child, k)
             self._touch(child)

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from runtime.channels import QueueChannel
 from runtime.components import Channels, build_components
@@ -28,8 +28,24 @@ from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import final_output
 from runtime.validate_retry import ValidatedGeneration
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
 Prompt = str | list[str] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keyword options of ``Engine.generate`` and ``Engine.async_generate``; absent ones
+    take the defaults written here."""
+
+    input_ids: list[int] | list[list[int]] | None  # the prompt(s) as token ids (None)
+    return_logprob: bool  # False
+    top_logprobs_num: int  # 0
+    logprob_start_len: int  # -1: no prompt logprobs
+    stream: bool  # False
+    rid: str | list[str] | None  # None: generated ids
+    cache_salt: str | None  # None
 
 
 class Engine:
@@ -86,13 +102,7 @@ class Engine:
         self,
         prompt: Prompt = None,
         sampling_params: Params = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        logprob_start_len: int = -1,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> Any:
         """Generate for one prompt (a dict result), a batch (a list, in input order), or with
         ``stream`` an iterator of chunk dicts (single prompt only). ``n`` > 1 in the sampling
@@ -105,12 +115,8 @@ class Engine:
         cached KV only of requests with the same salt (docs/serving.md, "Multi-tenant
         serving"). Bad arguments raise ValueError subclasses naming the field
         (``InvalidRequestValue``, ``InvalidSamplingParams``), before anything is tokenized."""
-        logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
-        # Parsed on the private loop when the work starts: a stream raises when iterated.
-        parse = functools.partial(
-            self._parse, prompt, sampling_params, input_ids, rid, logprobs, cache_salt
-        )
-        if stream:
+        parse = self._parser(prompt, sampling_params, options)
+        if options.get("stream"):
             return self._iterate(self._stream(parse))
         return self._call(self._collect(parse))
 
@@ -118,36 +124,40 @@ class Engine:
         self,
         prompt: Prompt = None,
         sampling_params: Params = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        logprob_start_len: int = -1,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> Any:
         """As ``generate``, awaitable; with ``stream`` an async iterator of chunk dicts."""
-        logprobs = LogprobOptions(bool(return_logprob), logprob_start_len, top_logprobs_num)
-        parse = functools.partial(
-            self._parse, prompt, sampling_params, input_ids, rid, logprobs, cache_salt
-        )
-        if stream:
+        parse = self._parser(prompt, sampling_params, options)
+        if options.get("stream"):
             return self._aiterate(self._stream(parse))
         future = asyncio.run_coroutine_threadsafe(self._collect(parse), self._loop)
         return await asyncio.wrap_future(future)
 
-    def _parse(
-        self,
-        prompt: Prompt,
-        params: Params,
-        input_ids: list[int] | list[list[int]] | None,
-        rid: str | list[str] | None,
-        logprobs: LogprobOptions,
-        cache_salt: str | None,
-    ) -> GenerateInput:
-        limits = self.tokenizer_manager.limits
+    def _parser(
+        self, prompt: Prompt, params: Params, options: GenerateOptions
+    ) -> Callable[[], GenerateInput]:
+        """The call's parse, run on the private loop when the work starts (a stream raises
+        when iterated); TypeError now for an option ``generate`` does not take."""
+        unknown = options.keys() - GenerateOptions.__optional_keys__
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        return functools.partial(self._parse, prompt, params, options)
+
+    def _parse(self, prompt: Prompt, params: Params, options: GenerateOptions) -> GenerateInput:
+        logprobs = LogprobOptions(
+            bool(options.get("return_logprob")),
+            options.get("logprob_start_len", -1),
+            options.get("top_logprobs_num", 0),
+        )
         return GenerateInput.parse(
-            prompt, input_ids, params, rid, logprobs, limits, "prompt", cache_salt
+            prompt,
+            options.get("input_ids"),
+            params,
+            options.get("rid"),
+            logprobs,
+            self.tokenizer_manager.limits,
+            "prompt",
+            options.get("cache_salt"),
         )
 
     async def _collect(self, parse: Callable[[], GenerateInput]) -> Any:

@@ -63,11 +63,15 @@ def _flag(
     help: str,
     choices: tuple[str, ...] | None = None,
     aliases: tuple[str, ...] = (),
+    low: float | None = None,
+    high: float | None = None,
 ) -> Any:
     """A field with its flag's help text, for an enumerated value the values it takes
-    (argparse refuses any other; so does ``ServerArgs`` itself), and other spellings of the
-    flag (``aliases``: ``--tp`` for ``--tp-size``)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
+    (argparse refuses any other; so does ``ServerArgs`` itself), other spellings of the flag
+    (``aliases``: ``--tp`` for ``--tp-size``), and the range ``ServerArgs`` holds a number to
+    (``low``, ``high``: inclusive; None: unbounded)."""
+    metadata = {"help": help, "choices": choices, "aliases": aliases, "low": low, "high": high}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -101,12 +105,13 @@ class ServerArgs:
         "tensor parallelism: split the model over this many ranks, one process each (gloo on "
         "CPU, NCCL on CUDA; docs/scale-out.md); must divide the attention heads",
         aliases=("--tp",),
+        low=1,
     )
     context_length: int | None = _flag(
         None, "the longest prompt plus output in tokens (default: the model's)"
     )
     # KV memory
-    page_size: int = _flag(1, "tokens per KV page, the unit the KV pool and the cache share")
+    page_size: int = _flag(1, "tokens per KV page, the unit the KV pool and the cache share", low=1)
     max_total_tokens: int | None = _flag(
         None, "the KV pool's size in tokens (default: what --mem-fraction-static leaves room for)"
     )
@@ -119,7 +124,7 @@ class ServerArgs:
         "auto", "the dtype K/V are stored in; auto: the compute dtype (--dtype)", KV_CACHE_DTYPES
     )
     # Scheduling
-    max_running_requests: int = _flag(128, "requests prefilling or decoding at once")
+    max_running_requests: int = _flag(128, "requests prefilling or decoding at once", low=1)
     # None: 2048 / 1024 on CPU, where a big step stalls every running stream, 16384 / 8192 on GPU.
     max_prefill_tokens: int | None = _flag(
         None, "new prompt tokens per step (default: 2048 on CPU, 16384 on GPU)"
@@ -176,7 +181,10 @@ class ServerArgs:
         STRICT_MODES,
     )
     schema_validation_attempts: int = _flag(
-        3, "validate: the most outputs drawn for one request (requests: validation_attempts)"
+        3,
+        "validate: the most outputs drawn for one request (requests: validation_attempts)",
+        low=1,
+        high=16,
     )
     schema_validation_timeout: float = _flag(
         5.0,
@@ -194,7 +202,10 @@ class ServerArgs:
         SPECULATIVE_ALGORITHMS,
     )
     speculative_num_draft_tokens: int = _flag(
-        4, "the most tokens a request drafts per step (each request adapts below it)"
+        4,
+        "the most tokens a request drafts per step (each request adapts below it)",
+        low=1,
+        high=64,
     )
     speculative_policy: str = _flag(
         "adaptive",
@@ -235,6 +246,7 @@ class ServerArgs:
         None,
         "on CUDA, the largest decode batch replayed from a captured graph "
         f"(default: min(--max-running-requests, {DEFAULT_CUDA_GRAPH_MAX_BS}))",
+        low=1,
     )
     # Serving
     host: str = _flag("127.0.0.1", "the address the HTTP server listens on")
@@ -256,9 +268,9 @@ class ServerArgs:
     body_timeout_s: float = _flag(30.0, "seconds a request body must arrive within (else 408)")
     timeout_keep_alive_s: int = _flag(5, "seconds an idle keep-alive connection stays open")
     max_connections: int = _flag(4096, "concurrent connections; beyond them, 503")
-    max_n: int = _flag(128, "the largest n (samples per prompt) a request may ask for")
+    max_n: int = _flag(128, "the largest n (samples per prompt) a request may ask for", low=1)
     responses_store_size: int = _flag(
-        1024, "Responses API responses kept for GET and previous_response_id"
+        1024, "Responses API responses kept for GET and previous_response_id", low=0
     )
     reasoning_parser: str | None = _flag(
         None,
@@ -276,26 +288,33 @@ class ServerArgs:
     # Scale-out (docs/scale-out.md).
     dp_size: int = _flag(
         1, "engine replicas (data parallelism), each a Ray actor behind this server's router",
-        aliases=("--dp",),
+        aliases=("--dp",), low=1,
     )  # fmt: skip
     ray_address: str | None = _flag(
         None, "the Ray cluster to place replicas on (default: a local Ray instance started here)"
     )
-    dp_max_restarts: int = _flag(-1, "times Ray restarts a replica that died (-1: without limit)")
+    dp_max_restarts: int = _flag(
+        -1, "times Ray restarts a replica that died (-1: without limit)", low=-1
+    )
     router_policy: str = _flag(
         "cache_aware", "how the router picks a replica for a request", ROUTING_POLICIES
     )
     router_cache_threshold: float = _flag(
-        0.5, "cache_aware: the share of a prompt a replica must hold to get it regardless of load"
+        0.5,
+        "cache_aware: the share of a prompt a replica must hold to get it regardless of load",
+        low=0.0,
+        high=1.0,
     )
     router_balance_abs_threshold: int = _flag(
-        16, "cache_aware: in-flight requests beyond the idlest replica that count as imbalance"
+        16,
+        "cache_aware: in-flight requests beyond the idlest replica that count as imbalance",
+        low=0,
     )
     router_balance_rel_threshold: float = _flag(
-        1.5, "cache_aware: ... and the ratio to the idlest replica's that does too"
+        1.5, "cache_aware: ... and the ratio to the idlest replica's that does too", low=1.0
     )
     router_max_tree_tokens: int = _flag(
-        1 << 22, "cache_aware: tokens remembered per replica (least recently used pruned)"
+        1 << 22, "cache_aware: tokens remembered per replica (least recently used pruned)", low=1
     )
     debug_invariants: bool = _flag(False, "check the KV cache's accounting after every step (slow)")
     log_level: str = _flag("info", "what the three processes log", LOG_LEVELS)
@@ -304,62 +323,33 @@ class ServerArgs:
         if not self.model_path:  # the built-in model (ModelLoadError when not installed)
             object.__setattr__(self, "model_path", builtin_model_path())
         for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
             value = getattr(self, f.name)
+            choices, low, high = (f.metadata.get(key) for key in ("choices", "low", "high"))
             if choices and value not in choices and not (value is None and f.default is None):
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+            if value is not None and (
+                (low is not None and value < low) or (high is not None and value > high)
+            ):
+                bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+                raise ValueError(f"{f.name} must be {bound}, got {value}")
         self._check_tp_size()
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_running_requests < 1:
-            raise ValueError("max_running_requests must be >= 1")
-        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
-            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        if self.max_n < 1:
-            raise ValueError(f"max_n must be >= 1, got {self.max_n}")
-        if self.responses_store_size < 0:
-            raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
             raise ValueError(f"max_total_tokens must be at least {2 * self.page_size}")
         self._check_speculative()
-        self._check_scale_out()
+        if self.ray_address is not None and self.dp_size == 1:
+            raise ValueError("ray_address places replicas: it needs dp_size > 1")
         if self.program_pin_timeout_s <= 0:
             raise ValueError(f"program_pin_timeout_s must be > 0, got {self.program_pin_timeout_s}")
         if self.schema_validation_timeout <= 0:
             raise ValueError(
                 f"schema_validation_timeout must be > 0, got {self.schema_validation_timeout}"
             )
-        if not 1 <= self.schema_validation_attempts <= 16:
-            raise ValueError(
-                "schema_validation_attempts must be in [1, 16], got "
-                f"{self.schema_validation_attempts}"
-            )
         if self.admin_api_key is not None and self.admin_api_key in ("", self.api_key):
             raise ValueError("admin_api_key must be a non-empty key other than api_key")
 
-    def _check_scale_out(self) -> None:
-        if self.dp_size < 1:
-            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
-        if self.ray_address is not None and self.dp_size == 1:
-            raise ValueError("ray_address places replicas: it needs dp_size > 1")
-        if self.dp_max_restarts < -1:
-            raise ValueError(f"dp_max_restarts must be >= -1, got {self.dp_max_restarts}")
-        if not 0.0 <= self.router_cache_threshold <= 1.0:
-            raise ValueError(
-                f"router_cache_threshold must be in [0, 1], got {self.router_cache_threshold}"
-            )
-        if self.router_balance_abs_threshold < 0 or self.router_balance_rel_threshold < 1.0:
-            raise ValueError(
-                "need router_balance_abs_threshold >= 0 and router_balance_rel_threshold >= 1"
-            )
-        if self.router_max_tree_tokens < 1:
-            raise ValueError("router_max_tree_tokens must be >= 1")
-
     def _check_tp_size(self) -> None:
-        """tp_size >= 1, and one the model's heads split into (read from its config.json when
+        """A tp_size the model's heads split into (read from its config.json when
         the folder has one: a missing folder is reported where the model loads)."""
-        if self.tp_size < 1:
-            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         config_file = Path(self.model_path) / "config.json"
         if self.tp_size == 1 or not config_file.is_file():
             return
@@ -371,11 +361,6 @@ class ServerArgs:
         check_tp_size(self.tp_size, heads, kv_heads, raw.get("intermediate_size", 0))
 
     def _check_speculative(self) -> None:
-        if not 1 <= self.speculative_num_draft_tokens <= 64:
-            raise ValueError(
-                "speculative_num_draft_tokens must be in [1, 64], got "
-                f"{self.speculative_num_draft_tokens}"
-            )
         if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
             raise ValueError(
                 "need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match, got "

@@ -190,6 +190,7 @@ class TokenizerManager:
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, TextOutputBatch):
             for out in message.outputs:
+                self._observe(out)
                 state = self._requests.get(out.rid)
                 if state is None:
                     continue
@@ -207,6 +208,9 @@ class TokenizerManager:
             self.ready.set()
         elif isinstance(message, SchedulerFailed):
             self.fail_all(message.error)
+
+    def _observe(self, out: TextOutput) -> None:
+        """Called with every output as it arrives, before it goes to its caller (if any)."""
 
     def fail_all(self, error: str) -> None:
         """The scheduler is gone: every pending request and control call fails with ``error``."""

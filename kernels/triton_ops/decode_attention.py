@@ -69,7 +69,10 @@ def _decode_partial_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
-    table_row = tl.load(req_pool_indices_ptr + req)
+    # The request's row of the request-to-slot table, and its KV head's K and V.
+    token_row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req) * stride_table
+    k_head_ptr = k_ptr + kv_head * stride_kh
+    v_head_ptr = v_ptr + kv_head * stride_vh
     # Splits are whole BLOCK_N tiles so only a sequence's last tile is ragged.
     split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N
     kv_start = split * split_len
@@ -95,9 +98,8 @@ def _decode_partial_kernel(
         offs_n = n_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         k, v = load_kv_tile(
-            req_to_token_ptr, k_ptr, v_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-            offs_dv, mask_dv, stride_table, stride_pos, stride_kt, stride_kh, stride_kd,
-            stride_vt, stride_vh, stride_vd, DOT_DTYPE,
+            token_row_ptr, k_head_ptr, v_head_ptr, offs_n, mask_n, offs_d, mask_d, offs_dv,
+            mask_dv, stride_pos, stride_kt, stride_kd, stride_vt, stride_vd, DOT_DTYPE,
         )  # fmt: skip
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))  # every tile has a valid key

@@ -80,7 +80,10 @@ def _extend_attention_kernel(
     first_block = tl.load(block_ends_ptr + req).to(tl.int32) - tl.cdiv(extend_len, BLOCK_M)
     m_start = (block_id - first_block) * BLOCK_M
     q_row0 = tl.load(extend_starts_ptr + req)
-    table_row = tl.load(req_pool_indices_ptr + req)
+    # The request's row of the request-to-slot table, and its KV head's K and V.
+    token_row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req) * stride_table
+    k_head_ptr = k_ptr + kv_head * stride_kh
+    v_head_ptr = v_ptr + kv_head * stride_vh
 
     offs_m = m_start + tl.arange(0, BLOCK_M)  # query index within the request's new tokens
     offs_d = tl.arange(0, BLOCK_D)
@@ -105,9 +108,8 @@ def _extend_attention_kernel(
         offs_n = n_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         k, v = load_kv_tile(
-            req_to_token_ptr, k_ptr, v_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-            offs_dv, mask_dv, stride_table, stride_pos, stride_kt, stride_kh, stride_kd,
-            stride_vt, stride_vh, stride_vd, DOT_DTYPE,
+            token_row_ptr, k_head_ptr, v_head_ptr, offs_n, mask_n, offs_d, mask_d, offs_dv,
+            mask_dv, stride_pos, stride_kt, stride_kd, stride_vt, stride_vd, DOT_DTYPE,
         )  # fmt: skip
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])

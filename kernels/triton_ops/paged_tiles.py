@@ -8,39 +8,33 @@ import triton.language as tl
 
 @triton.jit
 def load_kv_tile(
-    req_to_token_ptr,
-    k_ptr,
-    v_ptr,
-    table_row,
+    token_row_ptr,
+    k_head_ptr,
+    v_head_ptr,
     offs_n,
     mask_n,
-    kv_head,
     offs_d,
     mask_d,
     offs_dv,
     mask_dv,
-    stride_table,
     stride_pos,
     stride_kt,
-    stride_kh,
     stride_kd,
     stride_vt,
-    stride_vh,
     stride_vd,
     DOT_DTYPE: tl.constexpr,
 ):
     """K^T [BLOCK_D, BLOCK_N] and V [BLOCK_N, BLOCK_DV] of positions ``offs_n`` of one
-    sequence, read through its request-to-slot row; masked entries are 0."""
-    slots = tl.load(
-        req_to_token_ptr + table_row * stride_table + offs_n * stride_pos, mask=mask_n, other=0
-    )
+    sequence, read through its request-to-slot row (``token_row_ptr``) from one KV head
+    (``k_head_ptr``, ``v_head_ptr``: the pools offset to that head); masked entries are 0."""
+    slots = tl.load(token_row_ptr + offs_n * stride_pos, mask=mask_n, other=0)
     k = tl.load(
-        k_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None] * stride_kd,
+        k_head_ptr + slots[None, :] * stride_kt + offs_d[:, None] * stride_kd,
         mask=mask_n[None, :] & mask_d[:, None],
         other=0.0,
     ).to(DOT_DTYPE)
     v = tl.load(
-        v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :] * stride_vd,
+        v_head_ptr + slots[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
         mask=mask_n[:, None] & mask_dv[None, :],
         other=0.0,
     ).to(DOT_DTYPE)

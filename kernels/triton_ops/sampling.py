@@ -56,36 +56,29 @@ def _select_digit(scores, limit, candidates, prefix, shift):
 
 
 @triton.jit
-def _kth_largest(row_ptr, vocab_size, stride_col, k, BLOCK_V: tl.constexpr):
-    """The k-th largest probability of the row (1 <= k <= V), exactly."""
+def _radix_select(
+    row_ptr, vocab_size, stride_col, limit, BY_MASS: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """The largest value v whose tokens at or above it still reach ``limit``: in number (the
+    k-th largest probability of the row, 1 <= k <= V, exactly) or, ``BY_MASS``, in summed
+    probability (the top-p cut: sum(p_t : p_t >= v) >= limit)."""
     digits = tl.arange(0, 16)
     prefix = tl.zeros([], tl.int32)
     for level in tl.static_range(8):
         shift = 28 - 4 * level
         candidates = prefix | (digits << shift)
-        counts = tl.zeros([16], tl.int32)
-        for start in range(0, vocab_size, BLOCK_V):
-            _, _, keys = _load_tile(row_ptr, start, vocab_size, stride_col, BLOCK_V)
-            at_or_above = keys[:, None] >= candidates[None, :]
-            counts += tl.sum(at_or_above.to(tl.int32), axis=0)
-        prefix = _select_digit(counts, k.to(tl.int32), candidates, prefix, shift)
-    return prefix.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _top_p_cut(row_ptr, vocab_size, stride_col, target, BLOCK_V: tl.constexpr):
-    """The largest value v with sum(p_t : p_t >= v) >= target."""
-    digits = tl.arange(0, 16)
-    prefix = tl.zeros([], tl.int32)
-    for level in tl.static_range(8):
-        shift = 28 - 4 * level
-        candidates = prefix | (digits << shift)
-        masses = tl.zeros([16], tl.float32)
+        if BY_MASS:
+            totals = tl.zeros([16], tl.float32)
+        else:
+            totals = tl.zeros([16], tl.int32)
         for start in range(0, vocab_size, BLOCK_V):
             p, _, keys = _load_tile(row_ptr, start, vocab_size, stride_col, BLOCK_V)
-            kept = keys[:, None] >= candidates[None, :]
-            masses += tl.sum(tl.where(kept, p[:, None], 0.0), axis=0)
-        prefix = _select_digit(masses, target, candidates, prefix, shift)
+            at_or_above = keys[:, None] >= candidates[None, :]
+            if BY_MASS:
+                totals += tl.sum(tl.where(at_or_above, p[:, None], 0.0), axis=0)
+            else:
+                totals += tl.sum(at_or_above.to(tl.int32), axis=0)
+        prefix = _select_digit(totals, limit, candidates, prefix, shift)
     return prefix.to(tl.float32, bitcast=True)
 
 
@@ -127,10 +120,12 @@ def _filtered_sample_kernel(
 
     threshold = tl.zeros([], tl.float32)
     if (top_k > 0) & (top_k < vocab_size):
-        threshold = _kth_largest(row_ptr, vocab_size, stride_col, top_k, BLOCK_V)
+        threshold = _radix_select(
+            row_ptr, vocab_size, stride_col, top_k.to(tl.int32), False, BLOCK_V
+        )
     if top_p < 1.0:
         top_k_mass = _mass_at_or_above(row_ptr, vocab_size, stride_col, threshold, BLOCK_V)
-        cut = _top_p_cut(row_ptr, vocab_size, stride_col, top_p * top_k_mass, BLOCK_V)
+        cut = _radix_select(row_ptr, vocab_size, stride_col, top_p * top_k_mass, True, BLOCK_V)
         threshold = tl.maximum(threshold, cut)
     threshold = tl.maximum(threshold, min_p * row_max)
     tl.store(thresholds_ptr + row, threshold)

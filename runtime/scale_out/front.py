@@ -35,7 +35,7 @@ from runtime.ipc import (
     ControlRequest,
     GenerateRequest,
     ProgramRelease,
-    TextOutputBatch,
+    TextOutput,
 )
 from runtime.scale_out.reaper import mark_and_watch
 from runtime.scale_out.replica import Replica, ReplicaFailed, ReplicaReady
@@ -261,23 +261,19 @@ class RoutedTokenizerManager(TokenizerManager):
         else:
             state.queue.put_nowait(RequestError(why, 503))
 
+    def _observe(self, out: TextOutput) -> None:
+        entry = self.inflight.get(out.rid)
+        if entry is None:
+            return
+        entry.streamed = True
+        entry.output_ids.extend(out.new_token_ids)
+        if out.finished_reason is not None:
+            del self.inflight[out.rid]
+            tokens = [*entry.message.input_ids, *entry.output_ids]
+            self.router.finished(entry.replica, tokens, entry.message.cache_salt)
+
     def _dispatch(self, message: Any) -> None:
-        if isinstance(message, TextOutputBatch):
-            for out in message.outputs:
-                entry = self.inflight.get(out.rid)
-                if entry is None:
-                    continue
-                entry.streamed = True
-                entry.output_ids.extend(out.new_token_ids)
-                if out.finished_reason is not None:
-                    del self.inflight[out.rid]
-                    self.router.finished(
-                        entry.replica,
-                        [*entry.message.input_ids, *entry.output_ids],
-                        entry.message.cache_salt,
-                    )
-            super()._dispatch(message)
-        elif isinstance(message, ReplicaReady):
+        if isinstance(message, ReplicaReady):
             self.replica_info[message.replica] = message.info
             self._maybe_ready()
         elif isinstance(message, ReplicaFailed):

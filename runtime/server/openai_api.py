@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from inspect import signature
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -34,12 +34,14 @@ from runtime.server.openai_protocol import (
 from runtime.server.openai_stream import chat_stream, completion_stream
 from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_parser
 from runtime.server.request_body import parse_model
+from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.state import ServerState, get_state, open_streams
-from runtime.server.streams import Events, collect_finals, merge_streams, primed
+from runtime.server.streams import Events, collect_finals, guarded_sse, merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
+Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, ResponsesRequest)
 
 # Sampling-param names as the OpenAI request spells them, for error messages (also those
 # the runtime raises: http_app).
@@ -49,30 +51,30 @@ PARAM_NAMES = {
     "structural_tag": "tool_choice",
     "json_object": "response_format",
 }
-# OpenAI request field -> sampling param, copied when set.
+# Request fields both OpenAI-style APIs (here and the Responses API) copy, when set, into the
+# sampling param of the same name.
+SHARED_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "seed",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "stop",
+    "ignore_eos",
+    "no_speculation",
+    "strict_mode",
+    "validation_attempts",
+)
+# Completions and chat: request field -> sampling param, copied when set.
 _PASSTHROUGH = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "seed": "seed",
-    "stop": "stop",
-    "logit_bias": "logit_bias",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_new_tokens",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-    "no_stop_trim": "no_stop_trim",
-    "no_speculation": "no_speculation",
-    "strict_mode": "strict_mode",
-    "validation_attempts": "validation_attempts",
-    "stop_token_ids": "stop_token_ids",
-    "regex": "regex",
-    "ebnf": "ebnf",
-    "json_schema": "json_schema",
-}
+    name: name
+    for name in SHARED_SAMPLING_FIELDS
+    + ("skip_special_tokens", "no_stop_trim", "stop_token_ids", "regex", "ebnf", "json_schema")
+} | {"min_tokens": "min_new_tokens"}
 
 
 @router.get("/models")
@@ -89,10 +91,7 @@ async def retrieve_model(request: Request, model: str) -> Response:
 
 @router.post("/completions")
 async def completions(request: Request) -> Response:
-    state = get_state(request)
-    state.require_ready()
-    body = parse_model(CompletionRequest, await state.read_body(request))
-    check_model(state, body.model)
+    state, body = await read_request(request, CompletionRequest)
     if body.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
     if body.best_of not in (None, body.n):
@@ -123,10 +122,7 @@ async def completions(request: Request) -> Response:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    state = get_state(request)
-    state.require_ready()
-    body = parse_model(ChatCompletionRequest, await state.read_body(request))
-    check_model(state, body.model)
+    state, body = await read_request(request, ChatCompletionRequest)
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
@@ -179,9 +175,8 @@ async def _respond(
         finals = await collect_finals(request, streams)
         return JSONResponse(full_body(ctx, finals, want_logprobs))
     events = await primed(merge_streams(request, streams))
-    return StreamingResponse(
-        stream_body(ctx, events, len(subs), want_logprobs), media_type="text/event-stream"
-    )
+    body = guarded_sse(stream_body(ctx, events, len(subs), want_logprobs))
+    return StreamingResponse(body, media_type="text/event-stream")
 
 
 def _context(state: ServerState, body: SamplingRequest, prefix: str, n: int) -> ResponseContext:
@@ -204,6 +199,16 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "root": state.args.model_path,
         "max_model_len": state.context_length,
     }
+
+
+async def read_request(request: Request, model: type[Body]) -> tuple[ServerState, Body]:
+    """The server state and the request's validated body: 503 before the server is ready,
+    400 for a bad body, 404 for a model this server does not serve."""
+    state = get_state(request)
+    state.require_ready()
+    body = parse_model(model, await state.read_body(request))
+    check_model(state, body.model)
+    return state, body
 
 
 def check_model(state: ServerState, model: str) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.reasoning import ReasoningParser
 from runtime.server.token_text import TokenText
-from runtime.server.tool_calls import ToolCall, parse_tool_calls
+from runtime.server.tool_call_events import ToolCall
+from runtime.server.tool_calls import parse_tool_calls
 from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
 Logprob = TokenLogprob

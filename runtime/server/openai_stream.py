@@ -29,13 +29,9 @@ from runtime.server.openai_format import (
     remember_turn,
     usage,
 )
-from runtime.server.streams import Events, guarded_sse, sse_event
-from runtime.server.tool_calls import (
-    ToolCallArguments,
-    ToolCallEvent,
-    ToolCallStart,
-    make_tool_parser,
-)
+from runtime.server.streams import Events, sse_event
+from runtime.server.tool_call_events import ToolCallArguments, ToolCallEvent, ToolCallStart
+from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
 
 
@@ -53,13 +49,7 @@ def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[RequestOutput | N
     return _chunk(ctx, kind, [], usage([final for final in finals if final is not None], ctx.n))
 
 
-def completion_stream(
-    ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
-) -> AsyncIterator[bytes]:
-    return guarded_sse(_completion_chunks(ctx, events, num_choices, want_logprobs))
-
-
-async def _completion_chunks(
+async def completion_stream(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "text_completion"
@@ -89,13 +79,7 @@ async def _completion_chunks(
         yield _usage_chunk(ctx, kind, finals)
 
 
-def chat_stream(
-    ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
-) -> AsyncIterator[bytes]:
-    return guarded_sse(_chat_chunks(ctx, events, num_choices, want_logprobs))
-
-
-async def _chat_chunks(
+async def chat_stream(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk"

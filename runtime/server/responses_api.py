@@ -23,9 +23,10 @@ from runtime.generate_input import LogprobOptions, SubRequest
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import (
-    check_model,
+    SHARED_SAMPLING_FIELDS,
     checked_sampling,
     given_fields,
+    read_request,
     template_variables,
 )
 from runtime.server.openai_protocol import FunctionDefinition
@@ -61,30 +62,11 @@ PARAM_NAMES = {
     "json_object": "text.format",
     "json_schema": "text.format",
 }
-_PASSTHROUGH = (
-    "temperature",
-    "top_p",
-    "seed",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "stop",
-    "ignore_eos",
-    "no_speculation",
-    "strict_mode",
-    "validation_attempts",
-)
 
 
 @router.post("/responses")
 async def create_response(request: Request) -> Response:
-    state = get_state(request)
-    state.require_ready()
-    body = parse_model(ResponsesRequest, await state.read_body(request))
-    check_model(state, body.model)
+    state, body = await read_request(request, ResponsesRequest)
     for name in _REFUSED:
         if getattr(body, name) not in (None, False):
             raise ApiError(400, f"{name} is not supported by this server", param=name)
@@ -195,28 +177,29 @@ def _no_references(item_id: str) -> None:
 
 
 def _stored(state: ServerState, response_id: str) -> StoredResponse:
-    stored = state.responses.get(response_id)
-    if stored is None:
-        raise ApiError(
-            404,
-            f"No response with id '{response_id}' found.",
-            param="response_id",
-            code="not_found",
-        )
-    return stored
+    return _lookup(state, response_id, 404, "No response", "response_id", "not_found")
 
 
 def _previous(state: ServerState, response_id: str | None) -> StoredResponse | None:
     if response_id is None:
         return None
+    return _lookup(
+        state,
+        response_id,
+        400,
+        "Previous response",
+        "previous_response_id",
+        "previous_response_not_found",
+    )
+
+
+def _lookup(
+    state: ServerState, response_id: str, status: int, what: str, param: str, code: str
+) -> StoredResponse:
+    """The stored response ``response_id``; ApiError ``status`` where none is stored."""
     stored = state.responses.get(response_id)
     if stored is None:
-        raise ApiError(
-            400,
-            f"Previous response with id '{response_id}' not found.",
-            param="previous_response_id",
-            code="previous_response_not_found",
-        )
+        raise ApiError(status, f"{what} with id '{response_id}' not found.", param=param, code=code)
     return stored
 
 
@@ -304,5 +287,5 @@ def _sampling(
     state: ServerState, body: ResponsesRequest, constraints: dict[str, Any]
 ) -> SamplingParams:
     params = {"max_new_tokens": body.max_output_tokens or state.context_length}
-    params |= given_fields(body, {name: name for name in _PASSTHROUGH}) | constraints
+    params |= given_fields(body, {name: name for name in SHARED_SAMPLING_FIELDS}) | constraints
     return checked_sampling(state, params, PARAM_NAMES)

@@ -25,14 +25,13 @@ from runtime.server.responses_output import OutputBuilder, new_id
 from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.streams import Events
 from runtime.server.token_text import TokenText
-from runtime.server.tool_calls import (
+from runtime.server.tool_call_events import (
     ToolCallArguments,
     ToolCallEnd,
     ToolCallEvent,
-    ToolCallParser,
     ToolCallStart,
-    make_tool_parser,
 )
+from runtime.server.tool_calls import ToolCallParser, make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
 
 

@@ -12,7 +12,7 @@ With ``tool_choice`` "required" or a named function the output is constrained by
 calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them.
 
 The parser (``make_tool_parser``) takes the output in pieces: ``feed(text)`` and, at the end,
-``finish()`` each return events in output order:
+``finish()`` each return events (``runtime.server.tool_call_events``) in output order:
 
 - ``str``: content, never tool markup;
 - ``ToolCallStart(index, id, name)``: a call to a known tool began; ``index`` counts calls
@@ -39,25 +39,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.tool_call_events import (
-    ToolCall,
-    ToolCallArguments,
-    ToolCallDropped,
-    ToolCallEnd,
-    ToolCallEvent,
-    ToolCallStart,
-)
+from runtime.server.tool_call_events import ToolCall
 from runtime.server.tool_call_formats import canonical_format
 from runtime.server.tool_call_parser import ToolCallParser
 
 __all__ = [
-    "ToolCall",
-    "ToolCallArguments",
-    "ToolCallDropped",
-    "ToolCallEnd",
-    "ToolCallEvent",
     "ToolCallParser",
-    "ToolCallStart",
     "calls_or_answer",
     "make_tool_parser",
     "parse_tool_calls",

@@ -29,35 +29,13 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
+    # Preset(hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, vocab_size, ...)
     # A few M parameters: builds in about a second, for tests.
-    "tiny": Preset(
-        hidden_size=128,
-        num_layers=3,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=352,
-        vocab_size=4096,
-        max_position_embeddings=8192,
-    ),
+    "tiny": Preset(128, 3, 4, 2, 352, 4096, max_position_embeddings=8192),
     # ~26M parameters, vocab 8k: for benchmarks on CPU.
-    "small": Preset(
-        hidden_size=512,
-        num_layers=6,
-        num_heads=8,
-        num_kv_heads=4,
-        intermediate_size=1408,
-        vocab_size=8192,
-    ),
+    "small": Preset(512, 6, 8, 4, 1408, 8192),
     # The real Qwen2.5-0.5B shape (494M parameters with the real 151,936-entry vocabulary).
-    "qwen2.5-0.5b-shape": Preset(
-        hidden_size=896,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        dtype="bfloat16",
-    ),
+    "qwen2.5-0.5b-shape": Preset(896, 24, 14, 2, 4864, 151936, dtype="bfloat16"),
 }
 
 

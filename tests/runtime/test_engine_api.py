@@ -45,6 +45,17 @@ def test_async_generate_matches_generate(engine: Engine):
     assert len(chunks) > 1
 
 
+def test_unknown_generate_option_is_a_type_error(engine: Engine):
+    with pytest.raises(TypeError, match="max_tokens"):
+        engine.generate("x", GREEDY, max_tokens=4)  # type: ignore[call-arg]
+
+    async def run() -> None:
+        await engine.async_generate("x", GREEDY, stream=True, logprobs=True)  # type: ignore[call-arg]
+
+    with pytest.raises(TypeError, match="logprobs"):
+        asyncio.run(run())
+
+
 def test_text_prompts_are_tokenized_with_bos(engine: Engine):
     out = engine.generate("def f(x):", GREEDY)
     ids = engine.tokenizer("def f(x):").input_ids

@@ -12,20 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar.tool_call_formats import TOOL_CALL_FORMATS
-from runtime.server.tool_call_formats import (
-    canonical_format,
-    detect_format,
-    resolve_format,
-)
-from runtime.server.tool_calls import (
+from runtime.server.tool_call_events import (
     ToolCallArguments,
     ToolCallDropped,
     ToolCallEnd,
     ToolCallEvent,
     ToolCallStart,
-    make_tool_parser,
-    parse_tool_calls,
 )
+from runtime.server.tool_call_formats import (
+    canonical_format,
+    detect_format,
+    resolve_format,
+)
+from runtime.server.tool_calls import make_tool_parser, parse_tool_calls
 from runtime.server_args import TOOL_CALL_PARSERS, ServerArgs
 from runtime.test_model.chat_templates import CHAT_TEMPLATES
 
