@@ -33,6 +33,7 @@ from frontend_lang.backends.base import (
     BackendError,
     ChoiceLogprobs,
     GenOutput,
+    OnDelta,
     ProgramsUnsupported,
     Prompt,
 )
@@ -427,10 +428,7 @@ class _ReplayBackend(Backend):
         return self.real.chat_template
 
     def generate(
-        self,
-        prompt: Prompt,
-        sampling_params: dict[str, Any],
-        on_delta: Callable[[str], None] | None = None,
+        self, prompt: Prompt, sampling_params: dict[str, Any], on_delta: OnDelta | None = None
     ) -> GenOutput:
         while True:
             event = self.source.next()

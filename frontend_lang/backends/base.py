@@ -20,6 +20,10 @@ class ProgramsUnsupported(BackendError):
     program goes on interpreted."""
 
 
+# Called with each new piece of text as a generation streams.
+OnDelta = Callable[[str], None]
+
+
 @dataclass(frozen=True)
 class Prompt:
     """The state a call continues: its full text, and the same as chat messages (for backends
@@ -79,10 +83,7 @@ class Backend(ABC):
 
     @abstractmethod
     def generate(
-        self,
-        prompt: Prompt,
-        sampling_params: dict[str, Any],
-        on_delta: Callable[[str], None] | None = None,
+        self, prompt: Prompt, sampling_params: dict[str, Any], on_delta: OnDelta | None = None
     ) -> GenOutput:
         """Continue ``prompt`` under ``sampling_params`` (the runtime's native names).
 

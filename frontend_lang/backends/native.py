@@ -14,6 +14,7 @@ from frontend_lang.backends.base import (
     Backend,
     ChoiceLogprobs,
     GenOutput,
+    OnDelta,
     Prompt,
 )
 from frontend_lang.chat import ChatTemplate, ChatTemplateError
@@ -69,10 +70,7 @@ class NativeBackend(Backend):
         return self._chat_template
 
     def generate(
-        self,
-        prompt: Prompt,
-        sampling_params: dict[str, Any],
-        on_delta: Callable[[str], None] | None = None,
+        self, prompt: Prompt, sampling_params: dict[str, Any], on_delta: OnDelta | None = None
     ) -> GenOutput:
         payload = {"text": prompt.text, "sampling_params": sampling_params}
         if on_delta is None:

@@ -19,7 +19,14 @@ from typing import Any
 
 import openai
 
-from frontend_lang.backends.base import Backend, BackendError, ChoiceLogprobs, GenOutput, Prompt
+from frontend_lang.backends.base import (
+    Backend,
+    BackendError,
+    ChoiceLogprobs,
+    GenOutput,
+    OnDelta,
+    Prompt,
+)
 from frontend_lang.backends.client_pool import ClientPool, shared_ssl_context
 from frontend_lang.chat import CHATML, ChatTemplate
 
@@ -51,10 +58,7 @@ class OpenAI(Backend):
         return CHATML
 
     def generate(
-        self,
-        prompt: Prompt,
-        sampling_params: dict[str, Any],
-        on_delta: Callable[[str], None] | None = None,
+        self, prompt: Prompt, sampling_params: dict[str, Any], on_delta: OnDelta | None = None
     ) -> GenOutput:
         params = dict(sampling_params)
         request: dict[str, Any] = {"model": self.model, "stream": on_delta is not None}
