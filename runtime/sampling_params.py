@@ -277,9 +277,8 @@ class SamplingParams:
         if self.strict_mode == "validate" and self.json_schema is None:
             raise InvalidSamplingParams("strict_mode", "validate needs a json_schema to check")
         try:
-            for name in ("stop", "stop_regex", "choice", "regex", "ebnf", "json_schema"):
+            for name in ("stop", "stop_regex", *GRAMMAR_FIELDS):  # json_object: a bool, passes
                 check_json_value(getattr(self, name), name)
-            check_json_value(self.structural_tag, "structural_tag")
         except InvalidRequestValue as exc:
             raise InvalidSamplingParams(exc.field.split(".")[0], exc.reason) from None
         if limits is not None:
