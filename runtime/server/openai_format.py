@@ -14,8 +14,6 @@ from runtime.server.tool_call_events import ToolCall
 from runtime.server.tool_calls import parse_tool_calls
 from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
-Logprob = TokenLogprob
-
 
 @dataclass
 class ResponseContext:
@@ -80,7 +78,7 @@ def usage(finals: list[RequestOutput], n: int) -> dict[str, Any]:
 
 
 def chat_logprobs(
-    text: TokenText, chosen: list[Logprob], tops: list[list[Logprob]]
+    text: TokenText, chosen: list[TokenLogprob], tops: list[list[TokenLogprob]]
 ) -> dict[str, Any]:
     """``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}``."""
 
@@ -99,7 +97,7 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    text: TokenText, chosen: list[Logprob], tops: list[list[Logprob]], offset: int
+    text: TokenText, chosen: list[TokenLogprob], tops: list[list[TokenLogprob]], offset: int
 ) -> dict[str, Any]:
     """The legacy shape: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs``
     (token text -> logprob) and ``text_offset`` (from ``offset`` on)."""
