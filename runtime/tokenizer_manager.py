@@ -84,6 +84,12 @@ class RequestOutput:
     spec: SpeculationStats | None = None
     validation_attempts: int | None = None
 
+    @property
+    def ends_with_stop_token(self) -> bool:
+        """Whether the last output id is the stop token that ended the output."""
+        reason = self.finish_reason
+        return reason is not None and self.output_ids[-1:] == [reason.matched]
+
     def logprobs(
         self, prompt: bool = False, start: int = 0
     ) -> tuple[list[TokenLogprob], list[list[TokenLogprob]]]:

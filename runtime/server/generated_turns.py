@@ -41,10 +41,7 @@ class GeneratedTurns:
         writes its own turn end."""
         if not call_ids or not final.output_ids:
             return
-        ids = tuple(final.output_ids)
-        matched = final.finish_reason and final.finish_reason.matched
-        if isinstance(matched, int) and ids[-1] == matched:
-            ids = ids[:-1]
+        ids = tuple(final.output_ids[:-1] if final.ends_with_stop_token else final.output_ids)
         with self._lock:
             for call_id in call_ids:
                 self._turns[call_id] = ids

@@ -91,15 +91,13 @@ def stored_turn(
 ) -> StoredResponse:
     """What the store keeps of a finished turn: ``history`` (the conversation it answered,
     without instructions), its ``answer`` as chat messages, and its tokens."""
-    output_ids = final.output_ids
-    matched = final.finish_reason and final.finish_reason.matched
     return StoredResponse(
         response=response,
         input_items=items,
         messages=history + answer,
         prompt_text=prompt.text,
         prompt_ids=array("i", prompt.ids),
-        output_ids=array("i", output_ids),
-        ends_with_stop_token=bool(output_ids) and matched == output_ids[-1],
+        output_ids=array("i", final.output_ids),
+        ends_with_stop_token=final.ends_with_stop_token,
         answer_index=len(history) if len(answer) == 1 else None,
     )
