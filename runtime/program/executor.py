@@ -347,7 +347,7 @@ class _Segment:
         ):
             if self.stream and final.delta:
                 await self.emit(GenDelta(branch.key, final.delta, len(final.output_ids)))
-        text, output_ids = final.text, list(final.output_ids)
+        text, output_ids = final.text, final.output_ids
         kept, rest = await self.tm.run_tokenizer(
             lambda: _kept_output(self.tokenizer, prompt, output_ids, text),
             "text",
