@@ -130,6 +130,24 @@ class _RequestState:
     output_logprobs: list[Any] = field(default_factory=list)
     input_logprobs: list[Any] | None = None
 
+    def add(self, out: TextOutput) -> None:
+        """Take in one output chunk."""
+        self.text += out.text_delta
+        self.output_ids.extend(out.new_token_ids)
+        self.output_logprobs.extend(out.output_logprobs)
+        if out.input_logprobs is not None:
+            self.input_logprobs = out.input_logprobs
+
+    def output(self, out: TextOutput) -> RequestOutput:
+        """What the caller gets with ``out``, the last chunk taken in (built only for a chunk
+        the caller gets: every chunk of a stream, else only the last)."""
+        return RequestOutput(
+            self.label, self.text, out.text_delta, list(self.output_ids), out.prompt_tokens,
+            out.completion_tokens, out.cached_tokens, out.finished_reason,
+            time.monotonic() - self.created, self.input_logprobs,
+            list(self.output_logprobs), out.spec,
+        )  # fmt: skip
+
 
 class TokenizerManager:
     def __init__(self, tokenizer: Any, to_scheduler: Sender, max_n: int = DEFAULT_MAX_N) -> None:
@@ -333,9 +351,9 @@ class TokenizerManager:
                 reason = out.finished_reason
                 if reason is not None and reason.status_code is not None:
                     raise RequestError(reason.message or "", reason.status_code, reason.param)
-                chunk = self._accumulate(state, out)
+                state.add(out)
                 if stream or finished:
-                    yield chunk
+                    yield state.output(out)
         finally:
             if rid is not None and self._labels.get(rid) == internal:
                 del self._labels[rid]
@@ -344,20 +362,6 @@ class TokenizerManager:
             else:
                 state.draining = True  # released when its final output comes back
                 self.to_scheduler.send(AbortRequest(internal))
-
-    @staticmethod
-    def _accumulate(state: _RequestState, out: TextOutput) -> RequestOutput:
-        state.text += out.text_delta
-        state.output_ids.extend(out.new_token_ids)
-        state.output_logprobs.extend(out.output_logprobs)
-        if out.input_logprobs is not None:
-            state.input_logprobs = out.input_logprobs
-        return RequestOutput(
-            state.label, state.text, out.text_delta, list(state.output_ids), out.prompt_tokens,
-            out.completion_tokens, out.cached_tokens, out.finished_reason,
-            time.monotonic() - state.created, state.input_logprobs,
-            list(state.output_logprobs), out.spec,
-        )  # fmt: skip
 
     async def abort(self, rid: str) -> None:
         """Abort the request the caller knows as ``rid`` (a no-op if none is running)."""
