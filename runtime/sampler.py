@@ -194,7 +194,8 @@ class Sampler:
     def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         for i, req in enumerate(reqs):
             params = req.sampling
-            add_logit_bias(logits[i : i + 1], params)
+            if params.logit_bias:  # most rows have none: no slice view for them
+                add_logit_bias(logits[i : i + 1], params)
             if not params.has_penalties:
                 continue
             counts, seen = req.penalties.get(req, self.vocab_size, logits.device)

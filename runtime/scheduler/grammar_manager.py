@@ -118,8 +118,8 @@ class ConstraintState:
 
     @property
     def masks_next_token(self) -> bool:
-        """Whether a grammar mask applies to the next token (see GrammarManager.apply_masks)."""
-        return self.mask_source is not None
+        """Whether ``mask_source`` is not None (asked per row each step: builds no tuple)."""
+        return self.matcher is not None or (self.gate is not None and self.gate.opening)
 
     def advance(self, token: int, matcher_advanced: bool) -> bool:
         """Take the request's new output token (``matcher_advanced``: the matcher has taken
