@@ -5,7 +5,7 @@ implementation ``dispatch.resolve`` picks for its first argument's device."""
 from __future__ import annotations
 
 from kernels.dispatch import dispatched
-from kernels.reference import attention, cascade, elementwise, sampling
+from kernels.reference import attention, cascade, elementwise, quantized, sampling
 
 extend_attention = dispatched(attention.extend_attention)
 decode_attention = dispatched(attention.decode_attention)
@@ -16,6 +16,8 @@ rms_norm = dispatched(elementwise.rms_norm)
 fused_add_rms_norm = dispatched(elementwise.fused_add_rms_norm)
 apply_rotary_emb = dispatched(elementwise.apply_rotary_emb)
 silu_and_mul = dispatched(elementwise.silu_and_mul)
+quantized_linear = dispatched(quantized.quantized_linear)
+quantized_rows = dispatched(quantized.quantized_rows)
 apply_token_bitmask = dispatched(sampling.apply_token_bitmask)
 row_max_argmax = dispatched(sampling.row_max_argmax)
 sample_from_probs = dispatched(sampling.sample_from_probs)
