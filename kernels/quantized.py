@@ -5,6 +5,17 @@ Every GGUF block type (Q8_0, Q4_0, Q4_1, Q5_x, the K-quants) is an affine code p
 ``q``. ``BlockWeights`` is that form, plain; ``pack`` lays it out for the kernels
 (``kernels.quantized_linear``, ``kernels.quantized_rows``), which never dequantize the whole
 weight.
+
+The packed layout (``QuantizedWeight.data``, uint8 [groups, blocks, stride]) serves an integer
+dot product that computes 16 output rows at once: the rows are taken in groups of 16 (n padded
+with zero rows), and each (group, block) is one contiguous run of ``stride`` bytes:
+
+- the codes, 64 bytes per step: 16 rows x 4 consecutive k-values, row-major (``[row][4]``),
+  so one 512-bit VNNI ``vpdpbusd`` multiplies all 16 rows by 4 broadcast activation bytes.
+  8-bit codes take ``block / 4`` such steps; 4-bit codes are two per byte, ``block / 8``
+  steps, the low nibble holding k-values ``8j..8j+3`` and the high nibble ``8j+4..8j+7``;
+- then the 16 rows' scales and the 16 rows' offsets, as float16 when every scale and offset
+  of the weight is exactly a float16 (GGUF's own are) and float32 otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+ROWS = 16  # output rows per group
 
 
 @dataclass(frozen=True)
@@ -54,18 +67,69 @@ class BlockWeights:
 
 
 class QuantizedWeight:
-    """``BlockWeights`` in the layout the kernels read (private to kernels/)."""
+    """``BlockWeights`` in the layout the kernels read (module docstring); ``unpack`` gives
+    them back exactly."""
 
-    def __init__(self, blocks: BlockWeights) -> None:
-        self.blocks = blocks
-        self.n, self.k = blocks.shape
-        self.bits, self.block = blocks.bits, blocks.block
+    def __init__(
+        self, data: torch.Tensor, n: int, k: int, bits: int, block: int, half_scales: bool
+    ) -> None:
+        self.data = data  # uint8 [groups, k // block, stride]
+        self.n, self.k = n, k
+        self.bits, self.block = bits, block
+        self.half_scales = half_scales
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of codes in one (group, block)."""
+        return ROWS * self.block * self.bits // 8
 
     def nbytes(self) -> int:
-        b = self.blocks
-        return b.q.numel() * b.bits // 8 + b.scale.nbytes + b.offset.nbytes
+        return self.data.numel()
+
+    def unpack(self) -> BlockWeights:
+        """The ``BlockWeights`` this was packed from, bit for bit."""
+        groups, nblocks, _ = self.data.shape
+        step = 4 if self.bits == 8 else 8
+        codes = self.data[:, :, : self.code_bytes].reshape(groups, nblocks, -1, ROWS, 4)
+        if self.bits == 4:
+            codes = torch.stack((codes & 15, codes >> 4), dim=3)  # [g, b, steps, 2, 16, 4]
+            codes = codes.transpose(3, 4)  # [g, b, steps, 16, 2, 4]
+        # -> [g, 16, b, steps, step] -> [n_padded, k]
+        q = codes.reshape(groups, nblocks, self.block // step, ROWS, step).permute(0, 3, 1, 2, 4)
+        q = q.reshape(groups * ROWS, self.k)[: self.n]
+        dtype = torch.float16 if self.half_scales else torch.float32
+        tail = self.data[:, :, self.code_bytes :].contiguous().view(dtype).float()
+        tail = tail.view(groups, nblocks, 2, ROWS).permute(2, 0, 3, 1)  # [2, g, 16, b]
+        scale, offset = tail.reshape(2, groups * ROWS, nblocks)[:, : self.n]
+        return BlockWeights(
+            q.contiguous(), scale.contiguous(), offset.contiguous(), self.bits, self.block
+        )
+
+
+def _fits_half(values: torch.Tensor) -> bool:
+    return bool(torch.equal(values.half().float(), values))
 
 
 def pack(blocks: BlockWeights) -> QuantizedWeight:
     """``blocks`` laid out for ``kernels.quantized_linear`` and ``kernels.quantized_rows``."""
-    return QuantizedWeight(blocks)
+    n, k = blocks.shape
+    bits, block = blocks.bits, blocks.block
+    groups, nblocks = -(-n // ROWS), k // block
+    padded = groups * ROWS
+    q = torch.zeros(padded, k, dtype=torch.uint8)
+    q[:n] = blocks.q
+    step = 4 if bits == 8 else 8
+    # [g, 16, b, steps, step] -> [g, b, steps, 16, step]
+    codes = q.view(groups, ROWS, nblocks, block // step, step).permute(0, 2, 3, 1, 4)
+    if bits == 4:
+        codes = codes[..., :4] | (codes[..., 4:] << 4)
+    codes = codes.reshape(groups, nblocks, -1)
+    half = _fits_half(blocks.scale) and _fits_half(blocks.offset)
+    dtype = torch.float16 if half else torch.float32
+    tail = torch.zeros(2, padded, nblocks, dtype=dtype)
+    tail[0, :n], tail[1, :n] = blocks.scale, blocks.offset
+    # [2, g, 16, b] -> [g, b, 2, 16], as bytes
+    tail = tail.view(2, groups, ROWS, nblocks).permute(1, 3, 0, 2).contiguous()
+    tail = tail.view(groups, nblocks, -1).view(torch.uint8)
+    data = torch.cat((codes, tail), dim=2).contiguous()
+    return QuantizedWeight(data, n, k, bits, block, half)

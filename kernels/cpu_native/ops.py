@@ -1,7 +1,7 @@
 """The native CPU implementations, registered under backend "native" when the build loads.
 
 The extension's functions take the ops' arguments as declared (kernels/ops.py), checked by the
-compiler in its C++ binding; two ops reach theirs through an adapter."""
+compiler in its C++ binding; the others reach theirs through an adapter."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from kernels import cpu_native
 from kernels.dispatch import register
+from kernels.quantized import QuantizedWeight
 
 _ext = cpu_native.load()
 _NO_START = torch.empty(0, dtype=torch.int64)
@@ -49,3 +50,17 @@ if _ext is not None:
         logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None
     ) -> None:
         ext.apply_token_bitmask(logits, bitmask, _NO_START if indices is None else indices)
+
+    @register("quantized_linear", "native")
+    def quantized_linear(
+        x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return ext.quantized_linear(
+            x, weight.data, weight.n, weight.bits, weight.block, weight.half_scales, bias
+        )
+
+    @register("quantized_rows", "native")
+    def quantized_rows(index: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
+        return ext.quantized_rows(
+            index, weight.data, weight.n, weight.bits, weight.block, weight.half_scales
+        )
