@@ -78,12 +78,14 @@ class ModelFiles:
     def config(self) -> dict[str, Any]:
         return dict(json.loads((self.config_dir / "config.json").read_text()))
 
-    def iter_weights(self) -> Iterator[tuple[str, Any]]:
-        """(Hugging Face name, tensor or safetensors slice) for every weight, one at a time."""
+    def iter_weights(self, keep_blocks: bool = False) -> Iterator[tuple[str, Any]]:
+        """(Hugging Face name, tensor or safetensors slice) for every weight, one at a time;
+        with ``keep_blocks``, a GGUF file's quantized matrices as ``BlockWeights``
+        (runtime/gguf/weights.py)."""
         if self.gguf is not None:
             from runtime.gguf import iter_gguf_tensors
 
-            yield from iter_gguf_tensors(self.gguf.path, self.gguf.tensors)
+            yield from iter_gguf_tensors(self.gguf.path, self.gguf.tensors, keep_blocks)
             return
         yield from iter_checkpoint_slices(self.path)
 

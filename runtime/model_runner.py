@@ -21,8 +21,10 @@ from runtime.cuda_graph_runner import (
 from runtime.distributed.group import SINGLE, TPGroup
 from runtime.distributed.partition import HeadPartition, check_tp_size
 from runtime.forward_batch import ForwardBatch
+from runtime.layers.quantized import resident_weight_bytes
 from runtime.memory_pool import KVPool, ReqToTokenPool, resolve_kv_cache_dtype
 from runtime.model_config import ModelConfig, resolve_dtype
+from runtime.model_files import locate_model
 from runtime.model_loader import load_model, resolve_quantization
 from runtime.server_args import DEFAULT_CUDA_GRAPH_MAX_BS, ServerArgs
 
@@ -62,8 +64,10 @@ class RunnerConfig:
     captured at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other
     devices never capture. kernel_backend: the kernels' backend for this process
     (``kernels.set_kernel_backend``; None leaves it as it is). quantization: how quantized
-    weights run (``model_loader.QUANTIZATIONS``): ``none`` dequantizes a GGUF file's blocks to
-    ``dtype`` at load; ``auto`` is ``none`` for now.
+    weights run (``model_loader.QUANTIZATIONS``): ``gguf`` keeps a GGUF file's blocks and runs
+    them in the quantized kernels (CPU, one rank); ``none`` dequantizes them to ``dtype`` at
+    load; ``auto`` is ``gguf`` for a GGUF file on CPU on one rank, else ``none``
+    (``model_loader.resolve_quantization``).
     """
 
     model_path: str
@@ -129,9 +133,12 @@ class ModelRunner:
         self.dtype = resolve_dtype(spec.dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(spec.kv_cache_dtype, self.dtype)
         torch.set_grad_enabled(False)
-        self.quantization = resolve_quantization(spec.quantization)
+        gguf_file = locate_model(spec.model_path).gguf is not None
+        self.quantization = resolve_quantization(
+            spec.quantization, gguf_file, self.device.type, tp.size
+        )
         with one_thread():
-            self.model = load_model(self.config, self.dtype, self.device, tp)
+            self.model = load_model(self.config, self.dtype, self.device, tp, self.quantization)
         self.context_len = spec.context_len or self.config.max_position_embeddings
         self.max_requests = spec.max_requests
         self.page_size = spec.page_size
@@ -226,7 +233,7 @@ class ModelRunner:
         else:
             # Every rank of a CPU tensor-parallel group shares this machine's memory.
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / self.tp.size
-            weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            weights = resident_weight_bytes(self.model)
             budget = total * mem_fraction - weights
         # Slot indices are shared by the ranks: each pool gets the smallest rank's count.
         slots = self.tp.min(int(budget // self.kv_bytes_per_token))

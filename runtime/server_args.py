@@ -20,8 +20,8 @@ from runtime.distributed.partition import check_tp_size
 from runtime.model_files import builtin_model_path, locate_model
 
 # Declared here, the one source the modules that implement them read:
-# how quantized weights run (runtime.model_loader); auto: none, until quantized execution lands.
-QUANTIZATIONS = ("auto", "none")
+# how quantized weights run (runtime.model_loader.resolve_quantization).
+QUANTIZATIONS = ("auto", "none", "gguf")
 # What json_schema requests do with keywords no automaton enforces (SamplingParams.strict_mode).
 StrictMode = Literal["exact", "validate"]
 STRICT_MODES: tuple[str, ...] = typing.get_args(StrictMode)
@@ -89,8 +89,9 @@ class ServerArgs:
     )
     quantization: str = _flag(
         "auto",
-        "how quantized weights (a GGUF file's blocks) run: none dequantizes them to --dtype "
-        "at load; auto: none, for now",
+        "how quantized weights (a GGUF file's blocks) run: gguf keeps the blocks and runs "
+        "them in quantized kernels (CPU only); none dequantizes them to --dtype at load; "
+        "auto: gguf for a GGUF file on CPU without tensor parallelism, else none",
         QUANTIZATIONS,
     )
     device: str = _flag("auto", "where the model runs (cpu, cuda, cuda:1); auto: cuda if present")

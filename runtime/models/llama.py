@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels.quantized import BlockWeights
 from runtime.distributed.group import SINGLE, TPGroup
 from runtime.distributed.partition import HeadPartition, Shard
 from runtime.forward_batch import ForwardBatch
@@ -28,6 +29,7 @@ from runtime.layers.parallel import (
     VocabParallelEmbedding,
     gather_logits,
 )
+from runtime.layers.quantized import QuantizedEmbedding, QuantizedLinear
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.model_config import ModelConfig
 from runtime.models.registry import CausalLM
@@ -201,28 +203,38 @@ class LlamaForCausalLM(CausalLM):
         """Logits [N, vocab] float32 for the packed rows ``batch.logit_indices`` (on ranks
         other than 0 of a tensor-parallel group: this rank's block of the vocabulary)."""
         hidden = self.model(batch)
+        embedding = self.model.embed_tokens
         if self.lm_head is not None:
             local = self.lm_head(hidden)
+        elif isinstance(embedding, QuantizedEmbedding):
+            local = embedding.logits(hidden)
         elif self._tied_head_packed is not None:
             local = packed_linear(hidden, self._tied_head_packed, None)
         else:
-            local = F.linear(hidden, self.model.embed_tokens.weight)
+            local = F.linear(hidden, embedding.weight)
         return gather_logits(self.tp, local.float(), self.config.vocab_size)
 
     def pack_weights(self) -> None:
         """Also packs the tied output projection: a packed copy of the embedding, which the
         input lookup still needs in its plain layout."""
         super().pack_weights()
-        embedding = self.model.embed_tokens.weight
-        if self.lm_head is None and onednn_packing_available(embedding):
-            self._tied_head_packed = pack_weight(embedding)
+        embedding = self.model.embed_tokens
+        if (
+            self.lm_head is None
+            and isinstance(embedding, VocabParallelEmbedding)
+            and onednn_packing_available(embedding.weight)
+        ):
+            self._tied_head_packed = pack_weight(embedding.weight)
 
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> None:
         """Fill the parameters (this rank's shards of them) from checkpoint tensors with their
         Hugging Face names; raise naming any tensor that has no parameter or parameter left
-        unfilled."""
+        unfilled. ``BlockWeights`` (a GGUF file's blocks, kept) for a projection or the
+        embedding replace that layer by its quantized form (runtime/layers/quantized.py) on a
+        single rank; elsewhere they are dequantized."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
+        blocks: dict[str, dict[str, BlockWeights]] = {}  # module -> stacked piece -> blocks
         pending = set()
         for pname in params:
             owner = modules[pname.rsplit(".", 1)[0]]
@@ -246,6 +258,12 @@ class LlamaForCausalLM(CausalLM):
                     f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}"
                 )
             owner = modules[module_name]
+            if isinstance(tensor, BlockWeights):
+                if self._keeps_blocks(owner, param_kind, shard, tensor, name):
+                    blocks.setdefault(module_name, {})[shard] = tensor
+                    pending.discard((param_name, shard))
+                    continue
+                tensor = tensor.dequantize()
             if isinstance(owner, (Linear, VocabParallelEmbedding)):
                 owner.load(param_kind, shard, tensor, name)
             else:  # replicated on every rank
@@ -254,6 +272,40 @@ class LlamaForCausalLM(CausalLM):
         if pending:
             missing = sorted(f"{m}[{s}]" if s else m for m, s in pending)
             raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:8])}")
+        for module_name, pieces in blocks.items():
+            self._quantize(module_name, modules[module_name], pieces)
+
+    def _keeps_blocks(
+        self, owner: torch.nn.Module, kind: str, piece: str, blocks: BlockWeights, name: str
+    ) -> bool:
+        """Whether ``blocks`` (checkpoint tensor ``name``) stay blocks: a projection's or the
+        embedding's whole weight on a single rank. ValueError for a wrong shape."""
+        if self.tp.size != 1 or kind != "weight":
+            return False
+        if isinstance(owner, Linear):
+            expected = (owner.out_shards[piece].full, owner.in_shard.full)
+        elif isinstance(owner, VocabParallelEmbedding):
+            expected = (owner.shard.full, owner.dim)
+        else:
+            return False
+        if blocks.shape != expected:
+            raise ValueError(
+                f"checkpoint tensor {name!r} has shape {blocks.shape}, expected {expected}"
+            )
+        return True
+
+    def _quantize(
+        self, module_name: str, owner: torch.nn.Module, pieces: dict[str, BlockWeights]
+    ) -> None:
+        """Put the quantized form of loaded layer ``owner`` in its place."""
+        parent, _, leaf = module_name.rpartition(".")
+        quantized: torch.nn.Module
+        if isinstance(owner, Linear):
+            quantized = QuantizedLinear.of(owner, pieces)
+        else:
+            assert isinstance(owner, VocabParallelEmbedding)
+            quantized = QuantizedEmbedding(pieces[""], owner.weight.dtype)
+        setattr(self.get_submodule(parent) if parent else self, leaf, quantized)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
