@@ -59,19 +59,22 @@ bool portable_forced() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-void quantize_activations(const float* x, int64_t rows, int64_t k, int64_t block, int8_t* codes,
-                          float* scale, float* offset_factor) {
-  const int64_t blocks = k / block;
+// BLOCK is a constant so the block's loops unroll and vectorize.
+template <int BLOCK>
+void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* codes, float* scale,
+                          float* offset_factor) {
+  const int64_t blocks = k / BLOCK;
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       for (int64_t b = 0; b < blocks; ++b) {
-        const float* xb = x + m * k + b * block;
-        int8_t* qb = codes + m * k + b * block;
+        const float* xb = x + m * k + b * BLOCK;
+        int8_t* qb = codes + m * k + b * BLOCK;
         float amax = 0.f;
-        for (int64_t c = 0; c < block; ++c) amax = std::max(amax, std::fabs(xb[c]));
+        for (int c = 0; c < BLOCK; ++c) amax = std::max(amax, std::fabs(xb[c]));
         const float inverse = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
-        for (int64_t c = 0; c < block; ++c) {
+        for (int c = 0; c < BLOCK; ++c) {
+          // rint rounds half to even in the default rounding mode, as torch.round does.
           const int32_t q = static_cast<int32_t>(std::rint(xb[c] * inverse));
           qb[c] = static_cast<int8_t>(q);
           sum += q;
@@ -109,25 +112,27 @@ void tile_portable(const uint8_t* w, int64_t stride, const Activations& a, int64
     int32_t dot[MT][kRows] = {};
     for (int m = 0; m < MT; ++m) {
       const int8_t* xb = a.codes + (m0 + m) * a.k + b * BLOCK;
-      // The activation codes of a step are hoisted, so the loop over the 16 rows vectorizes.
-      if constexpr (BITS == 8) {
-        for (int j = 0; j < BLOCK / 4; ++j) {
-          const uint8_t* v = wb + 64 * j;
+      // A row's 4 bytes of a step are read as one 32-bit word and split by shifts, so the loop
+      // over the 16 rows is plain 32-bit lane arithmetic that vectorizes.
+      for (int j = 0; j < BLOCK * BITS / 32; ++j) {
+        uint32_t word[kRows];
+        std::memcpy(word, wb + 64 * j, sizeof(word));
+        if constexpr (BITS == 8) {
           const int32_t x0 = xb[4 * j], x1 = xb[4 * j + 1], x2 = xb[4 * j + 2],
                         x3 = xb[4 * j + 3];
           for (int r = 0; r < kRows; ++r)
-            dot[m][r] += v[4 * r] * x0 + v[4 * r + 1] * x1 + v[4 * r + 2] * x2 +
-                         v[4 * r + 3] * x3;
-        }
-      } else {
-        for (int j = 0; j < BLOCK / 8; ++j) {
-          const uint8_t* v = wb + 64 * j;
+            dot[m][r] += static_cast<int32_t>(word[r] & 255) * x0 +
+                         static_cast<int32_t>((word[r] >> 8) & 255) * x1 +
+                         static_cast<int32_t>((word[r] >> 16) & 255) * x2 +
+                         static_cast<int32_t>(word[r] >> 24) * x3;
+        } else {
           int32_t x[8];
           for (int i = 0; i < 8; ++i) x[i] = xb[8 * j + i];
           for (int r = 0; r < kRows; ++r) {
             int32_t sum = 0;
             for (int i = 0; i < 4; ++i)
-              sum += (v[4 * r + i] & 15) * x[i] + (v[4 * r + i] >> 4) * x[4 + i];
+              sum += static_cast<int32_t>((word[r] >> (8 * i)) & 15) * x[i] +
+                     static_cast<int32_t>((word[r] >> (8 * i + 4)) & 15) * x[4 + i];
             dot[m][r] += sum;
           }
         }
@@ -294,8 +299,9 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor data, int64_t n, i
   auto codes = torch::empty({rows, k}, x2.options().dtype(torch::kInt8));
   auto xscale = torch::empty({rows, blocks}, x2.options());
   auto xoffset = torch::empty({rows, blocks}, x2.options());
-  quantize_activations(x2.data_ptr<float>(), rows, k, block, codes.data_ptr<int8_t>(),
-                       xscale.data_ptr<float>(), xoffset.data_ptr<float>());
+  auto quantize = block == 16 ? quantize_activations<16> : quantize_activations<32>;
+  quantize(x2.data_ptr<float>(), rows, k, codes.data_ptr<int8_t>(), xscale.data_ptr<float>(),
+           xoffset.data_ptr<float>());
   const Activations a{codes.data_ptr<int8_t>(), xscale.data_ptr<float>(),
                       xoffset.data_ptr<float>(), k, blocks};
   const Weights w{data.data_ptr<uint8_t>(), n, blocks, data.size(2)};
