@@ -332,11 +332,14 @@ def bench_quantized_linear(quick: bool) -> list[Row]:
                     for _ in range(calls):
                         fn()
 
+                before = os.environ.get("ARBOR_CPU_PORTABLE")
                 os.environ["ARBOR_CPU_PORTABLE"] = "1" if portable else "0"
                 try:
                     return best_time(run, 5) / calls * 1e3
                 finally:
                     os.environ.pop("ARBOR_CPU_PORTABLE")
+                    if before is not None:
+                        os.environ["ARBOR_CPU_PORTABLE"] = before
 
             quantized = functools.partial(native, x, weight, None)
             vnni, portable = timed(quantized), timed(quantized, portable=True)
