@@ -1,4 +1,5 @@
-"""Tool calls through the real server, for each test-model chat template and so each format:
+"""Tool calls through the real server, for each test-model chat template and so each format
+(the plain template has no tool syntax: the server uses the generic format):
 tool_choice required / named / auto, parallel_tool_calls, streaming deltas, cut-off calls,
 and the cache hit of a conversation re-sent with its calls."""
 
@@ -16,6 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from runtime.server import ServerProcess
+from runtime.server.generic_tools import generic_messages
 from runtime.server.token_text import TokenText
 from runtime.test_model import CHAT_TEMPLATES, cached_test_model
 from tests.server.server_process import POOL
@@ -35,6 +37,12 @@ MESSAGES = [
 CALLS_TEXT = {
     "chatml": (
         "hermes",
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
+    ),
+    # No tool syntax in the template: the server describes the generic format itself.
+    "plain": (
+        "generic",
         '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
         '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
     ),
@@ -66,6 +74,17 @@ class ToolServer:
     def chat(self, **options: Any) -> Any:
         options = {"messages": MESSAGES, "tools": TOOLS, "temperature": 0} | options
         return self.client.chat.completions.create(model=self.model, **options)
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The conversation as the server renders it (generic: tools and calls in the
+        messages, the template given no tools)."""
+        if self.template == "plain":
+            return str(
+                self.tokenizer.apply_chat_template(
+                    generic_messages(messages, TOOLS), tokenize=False
+                )
+            )
+        return str(self.tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False))
 
     def token_id(self, token: str) -> int:
         return int(self.tokenizer.convert_tokens_to_ids(token))
@@ -240,9 +259,7 @@ def test_resent_calls_hit_the_cache(tools_server: ToolServer):
     second = tools_server.chat(messages=conversation, max_tokens=1)
     cached = second.usage.prompt_tokens_details.cached_tokens
     generated = first.usage.prompt_tokens + first.usage.completion_tokens
-    turn = tools_server.tokenizer.apply_chat_template(
-        [*MESSAGES, assistant], tools=TOOLS, tokenize=False
-    )
+    turn = tools_server.render([*MESSAGES, assistant])
     end = turn.rindex(turn_end) + len(turn_end)  # the assistant turn, through its end token
     retokenized = len(tools_server.tokenizer(turn[:end], add_special_tokens=False).input_ids)
     print(
