@@ -13,10 +13,12 @@ the system turn, and renders the template without ``tools`` (``generic_messages`
 
 A call is ``<tool_call>{"name": NAME, "arguments": ARGS}</tool_call>``, several following each
 other directly: hermes's syntax, which the tool-call grammar writes and the parser reads
-(``grammar.tool_call_formats.GENERIC``). Of the wordings and syntaxes tried on
-SmolLM2-135M-Instruct (a ``{"tool_call": ...}`` JSON object, a list inside the tags, longer
-instructions; ``benchmarks/data/generic_tools_tuning.json``), this one gave the most right
-arguments under ``tool_choice: required`` (docs/agents.md has the table).
+(``grammar.tool_call_formats.GENERIC``). Tuned on SmolLM2-135M-Instruct
+(``benchmarks/generic_tools_tuning.py``; docs/agents.md has the table): with this text a call
+forced by ``tool_choice: required`` got its arguments right 12 times in 12 (4 without the
+tools in the prompt); under ``auto`` no wording or syntax tried (a ``{"tool_call": ...}`` JSON
+object, a list inside the tags, longer instructions, an example, the user turn) made that
+model call at all.
 
 Earlier turns are rendered for such a template too: an assistant turn's calls become its
 text, in the call syntax (with the arguments string as the client sent it, so a re-sent turn
