@@ -128,5 +128,5 @@ def test_required_tool_call_in_the_generic_format(
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     [call] = choice.message.tool_calls
-    assert call.function.name == "get_weather"  # type: ignore[union-attr]
-    assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
