@@ -108,14 +108,27 @@ def generic_call_text(name: str, arguments: str | Mapping[str, Any]) -> str:
     return f"{CALL_OPEN}{head}{args}}}{CALL_CLOSE}"
 
 
+def call_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The tool name of each call id in ``messages``' assistant turns."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if call.get("id"):
+                names[str(call["id"])] = str(call.get("function", call).get("name", ""))
+    return names
+
+
 def generic_messages(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    known_calls: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``messages`` for a template without tool syntax, to be rendered without ``tools``: the
     tools' text (if any) leads the system message (one is added when there is none), an
     assistant turn's ``tool_calls`` are appended to its text as calls, and each run of tool
-    results becomes one user turn, a line per result naming its tool."""
-    names: dict[str, str] = {}  # call id -> tool name, from the assistant turns so far
+    results becomes one user turn, a line per result naming its tool (found by call id in the
+    assistant turns before it, or in ``known_calls``: {call id: tool name})."""
+    names = dict(known_calls or {})
     result: list[dict[str, Any]] = []
     results_turn: dict[str, Any] | None = None  # the user turn the latest tool results went to
     for message in messages:

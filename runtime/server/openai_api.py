@@ -344,15 +344,17 @@ async def render_chat(
     tools: list[dict[str, Any]] | None,
     variables: dict[str, Any],
     param: str,
+    known_calls: dict[str, str] | None = None,
 ) -> str:
     """The chat template's text for ``messages`` (and ``tools``, and extra template
     ``variables``) with the generation prompt, rendered on a tokenizer thread; ApiError 400
     naming ``param`` when the template fails. Under the generic tool-call format the tools,
     earlier calls and tool results are written into the messages instead
-    (``generic_messages``)."""
+    (``generic_messages``; ``known_calls``: tool names by call id for results whose calls
+    ``messages`` leave out)."""
     tokenizer = state.tokenizer
     if state.tool_call_format == GENERIC_FORMAT:
-        messages, tools = generic_messages(messages, tools), None
+        messages, tools = generic_messages(messages, tools, known_calls), None
 
     def render() -> str:
         return tokenizer.apply_chat_template(

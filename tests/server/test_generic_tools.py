@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from runtime.model_files import builtin_model_path, load_tokenizer
 from runtime.server.generic_tools import (
+    call_names,
     generic_call_text,
     generic_messages,
     generic_system_text,
@@ -134,3 +135,16 @@ def test_a_plain_template_renders_the_generic_conversation():
     assert text.index('"get_weather", "description"') < text.index("Weather?")
     assert "<|im_start|>assistant\n<tool_call>" in text
     assert "<|im_start|>user\nResult of tool get_weather: sunny" in text
+
+
+def test_results_name_tools_whose_calls_are_elsewhere():
+    """A continued Responses turn renders the previous answer as a marker: its calls' names
+    come from ``call_names`` of the real answer."""
+    answer = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    assert call_names([answer]) == {"call_1": "get_weather"}
+    probe = [
+        {"role": "assistant", "content": "MARK"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    rendered = generic_messages(probe, None, call_names([answer]))
+    assert rendered[1]["content"] == "Result of tool get_weather: sunny"

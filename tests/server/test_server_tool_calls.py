@@ -300,3 +300,45 @@ def test_responses_api_calls_in_each_format(tools_server: ToolServer, parallel: 
     assert done == [call.arguments for call in calls]
     streamed = events[-1].response
     assert [c.arguments for c in streamed.output] == [c.arguments for c in calls]
+
+
+def test_generic_responses_continuation_renders_as_the_whole_conversation(
+    tools_server: ToolServer,
+):
+    """Generic format: a turn continued from the previous response's KV gets the prompt the
+    whole conversation re-sent as items gets — the tool result names its tool in both."""
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's rendering only")
+    common = {
+        "model": tools_server.model,
+        "instructions": MESSAGES[0]["content"],
+        "tools": [responses_tool(tool) for tool in TOOLS],
+        "temperature": 0,
+    }
+    first = tools_server.client.responses.create(
+        input=MESSAGES[1]["content"],
+        tool_choice={"type": "function", "name": "get_time"},
+        parallel_tool_calls=False,
+        max_output_tokens=120,
+        **common,
+    )
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.status == "completed"
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "12:00"}
+    second = tools_server.client.responses.create(
+        previous_response_id=first.id, input=[result], max_output_tokens=1, **common
+    )
+    item = {"type": "function_call", "call_id": call.call_id, "name": call.name}
+    resent = tools_server.client.responses.create(
+        input=[
+            {"role": "user", "content": MESSAGES[1]["content"]},
+            item | {"arguments": call.arguments},
+            result,
+        ],
+        max_output_tokens=1,
+        **common,
+    )
+    assert first.usage and second.usage and resent.usage
+    assert second.usage.input_tokens == resent.usage.input_tokens
+    reused = first.usage.input_tokens + first.usage.output_tokens - 1
+    assert second.usage.input_tokens_details.cached_tokens >= reused
