@@ -33,8 +33,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
+from grammar.tool_call_formats import GENERIC
+
+# The call syntax the system text describes is the one the grammar writes and the parser reads.
+CALL_OPEN, CALL_CLOSE = GENERIC.marker, GENERIC.item_close
 _PROBE_MESSAGES = [{"role": "user", "content": "arbor-probe"}]
 _PROBE_TOOLS = [
     {
