@@ -6,7 +6,8 @@ application and sampling at batch 1/64/512 with a 151,936-token vocabulary, the 
 kernels, and end-to-end ``Engine`` decode throughput for the ``qwen2.5-0.5b-shape`` test model
 at batch 1 and 64 (triton vs torch kernels).
 
-On CPU (``--cpu``, or no GPU): the torch references at small shapes; with TRITON_INTERPRET=1
+On CPU (``--cpu``, or no GPU): the native quantized linear layers on SmolLM2-135M's shapes
+(``bench_quantized_linear``), the torch references at small shapes; with TRITON_INTERPRET=1
 in the environment, also a tiny correctness smoke of every triton kernel under the
 interpreter (interpreted timings mean nothing).
 
@@ -294,6 +295,70 @@ def bench_engine(device: torch.device, preset: str, quick: bool) -> list[Row]:
     return rows
 
 
+# SmolLM2-135M's linear layers (n, k, bits, count per token): q, k|v, o, gate|up, down as Q4_1
+# (4-bit codes, block 32), and the tied Q8_0 embedding as the LM head.
+SMOLLM2_LINEARS = [
+    ("q/o 576x576", 576, 576, 4, 60),
+    ("k|v 192x576", 192, 576, 4, 30),
+    ("gate|up 3072x576", 3072, 576, 4, 30),
+    ("down 576x1536", 576, 1536, 4, 30),
+    ("lm head 49152x576 (Q8_0)", 49152, 576, 8, 1),
+]
+
+
+def bench_quantized_linear(quick: bool) -> list[Row]:
+    """``quantized_linear`` (native: AVX-512 VNNI where built, and forced portable) against
+    torch's float32 oneDNN path (``packed_linear``) on SmolLM2-135M's shapes; GB/s is the
+    packed weight's bytes over the native time. Per token at M = 1, the layers times their
+    count (121 linears) give the linears' share of a decode step."""
+    from kernels.quantized import BlockWeights, pack
+    from runtime.layers.basic import pack_weight, packed_linear
+
+    native = dispatch._impls["quantized_linear"].get("native")
+    if native is None:
+        return []
+    rows: list[Row] = []
+    for name, n, k, bits, count in SMOLLM2_LINEARS:
+        q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8)
+        scale = (torch.rand(n, k // 32) * 0.02).half().float()
+        blocks = BlockWeights(q, scale, -scale * 2 ** (bits - 1), bits, 32)
+        weight, dense = pack(blocks), pack_weight(blocks.dequantize())
+        for m in [1, 32] if quick else [1, 32, 512]:
+            x = torch.randn(m, k)
+            calls = max(1, 2_000_000 // (n * k * m))
+
+            def timed(fn: Callable[[], Any], portable: bool = False, calls: int = calls) -> float:
+                def run() -> None:
+                    for _ in range(calls):
+                        fn()
+
+                before = os.environ.get("ARBOR_CPU_PORTABLE")
+                os.environ["ARBOR_CPU_PORTABLE"] = "1" if portable else "0"
+                try:
+                    return best_time(run, 5) / calls * 1e3
+                finally:
+                    os.environ.pop("ARBOR_CPU_PORTABLE")
+                    if before is not None:
+                        os.environ["ARBOR_CPU_PORTABLE"] = before
+
+            quantized = functools.partial(native, x, weight, None)
+            vnni, portable = timed(quantized), timed(quantized, portable=True)
+            fp32 = timed(functools.partial(packed_linear, x, dense, None))
+            rows.append(
+                {
+                    "layer": name,
+                    "M": m,
+                    "native ms": f"{vnni:.4f}",
+                    "portable ms": f"{portable:.4f}",
+                    "fp32 oneDNN ms": f"{fp32:.4f}",
+                    "fp32 / native": f"{fp32 / vnni:.2f}x",
+                    "weight GB/s": f"{weight.nbytes() / vnni / 1e6:.1f}",
+                    "ms per token": f"{vnni * count:.3f}" if m == 1 else "",
+                }
+            )
+    return rows
+
+
 def _peak_bandwidth(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
@@ -366,6 +431,8 @@ def main() -> None:
         "sampling": bench_sampling(device, args.quick),
         "elementwise": bench_elementwise(device, dtype),
     }
+    if device.type == "cpu":
+        sections = {"quantized linear": bench_quantized_linear(args.quick), **sections}
     if device.type == "cuda" and not args.skip_engine:
         sections["engine decode"] = bench_engine(device, args.engine_preset, args.quick)
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":

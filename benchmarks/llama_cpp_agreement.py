@@ -6,16 +6,18 @@ at every position. Agreement is the share of positions whose top-1 (argmax) toke
 Also reported: how often each system's top-1 is the text's actual next token (both close to
 each other and far above chance: both run the model, not agree on noise), the largest |logit
 difference|, and each disagreement with the gap between the two candidates in Arbor's logits
-(a near tie flips under any change of rounding).
+(a near tie flips under any change of rounding). And perplexity on the text: Arbor's with
+``quantization``, and, for ``gguf``, the dequantized float32 model's (``none``) beside it, so
+quantized execution's cost in accuracy reads as one ratio (target: within 1%).
 
 Arbor runs its model runner in float32 with ``quantization`` (``none``: the file's blocks
-dequantized at load; the quantized-execution work runs them as they are and uses this same
-tool). llama.cpp (llama-cpp-python) runs the file as it is, with its defaults (f16 KV cache;
-extra buffer types unless they crash: benchmarks/suite/systems/llama_cpp_load.py) and
-``logits_all=True``, on Arbor's thread count.
+dequantized at load; ``gguf``: the blocks as they are, in the quantized kernels). llama.cpp
+(llama-cpp-python) runs the file as it is, with its defaults (f16 KV cache; extra buffer types
+unless they crash: benchmarks/suite/systems/llama_cpp_load.py) and ``logits_all=True``, on
+Arbor's thread count.
 
-    python -m benchmarks.llama_cpp_agreement [--model-path FILE.gguf] [--quantization none]
-        [--text FILE] [--out result.json]
+    python -m benchmarks.llama_cpp_agreement [--model-path FILE.gguf]
+        [--quantization none|gguf] [--text FILE] [--out result.json]
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from runtime.model_files import load_tokenizer, resolve_model_path
 @dataclass(frozen=True)
 class Agreement:
     """Top-1 agreement over ``positions`` next-token predictions; ``disagreements`` lists
-    (position, Arbor's token, llama.cpp's token, Arbor's logit gap between the two)."""
+    (position, Arbor's token, llama.cpp's token, Arbor's logit gap between the two).
+    ``perplexity``: Arbor's on the text; ``float_perplexity``: the dequantized float32
+    model's (``quantization=none``), when that is not the model measured."""
 
     positions: int
     agreed: int
@@ -45,10 +49,30 @@ class Agreement:
     max_abs_logit_diff: float
     disagreements: list[tuple[int, int, int, float]] = field(default_factory=list)
     tokenizer_equal: bool | None = None
+    perplexity: float | None = None
+    float_perplexity: float | None = None
 
     @property
     def rate(self) -> float:
         return self.agreed / self.positions if self.positions else 0.0
+
+    @property
+    def perplexity_ratio(self) -> float | None:
+        """Arbor's perplexity over the float32 model's (1.0 when they are one model)."""
+        if self.perplexity is None:
+            return None
+        reference = self.float_perplexity or self.perplexity
+        return self.perplexity / reference
+
+
+def perplexity(logits: np.ndarray, ids: list[int]) -> float:
+    """exp of the mean negative log-likelihood of ``ids[1:]``, row i of ``logits`` ([len(ids),
+    vocab]) predicting ``ids[i + 1]``."""
+    rows = torch.from_numpy(np.asarray(logits[:-1], dtype=np.float64))
+    log_probs = torch.log_softmax(rows, dim=-1)
+    following = torch.tensor(ids[1:])
+    nll = -log_probs[torch.arange(len(following)), following].mean()
+    return float(torch.exp(nll))
 
 
 def compare(ours: np.ndarray, theirs: np.ndarray, ids: list[int]) -> Agreement:
@@ -110,30 +134,46 @@ def measure(
     model_path: str | None = None, text: str | None = None, quantization: str = "none"
 ) -> Agreement:
     """Agreement on ``model_path`` (a GGUF file; default the built-in model) over ``text``
-    (default the English passage). Needs llama-cpp-python."""
+    (default the English passage), and perplexities (``Agreement.perplexity``; for a
+    ``quantization`` other than ``none`` also the dequantized model's). Needs
+    llama-cpp-python."""
     path = resolve_model_path(model_path)
     text = ENGLISH_PASSAGE.read_text() if text is None else text
     ids = list(load_tokenizer(path)(text).input_ids)
     theirs, tokenizer_equal = llama_cpp_logits(path, ids, text)
     ours = arbor_logits(path, ids, quantization)
-    return replace(compare(ours, theirs, ids), tokenizer_equal=tokenizer_equal)
+    float_perplexity = None
+    if quantization != "none":
+        float_perplexity = perplexity(arbor_logits(path, ids, "none"), ids)
+    return replace(
+        compare(ours, theirs, ids),
+        tokenizer_equal=tokenizer_equal,
+        perplexity=perplexity(ours, ids),
+        float_perplexity=float_perplexity,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", help="a GGUF file (default: the built-in model)")
-    parser.add_argument("--quantization", default="none", help="Arbor's (default none)")
+    parser.add_argument(
+        "--quantization", default="none", choices=["none", "gguf", "auto"],
+        help="Arbor's (default none; gguf also measures none's perplexity)",
+    )  # fmt: skip
     parser.add_argument("--text", help=f"a UTF-8 text file (default {ENGLISH_PASSAGE.name})")
     parser.add_argument("--out", help="JSON results path")
     args = parser.parse_args()
     text = Path(args.text).read_text() if args.text else None
     result = measure(args.model_path, text, args.quantization)
+    float_ppl = result.float_perplexity
     print_table(
-        ["positions", "top-1 agreement", "arbor = text", "llama.cpp = text", "max |logit diff|",
-         "tokenizer equal"],
-        [[result.positions, f"{result.rate:.2%}", f"{result.arbor_text_top1:.2%}",
-          f"{result.llama_cpp_text_top1:.2%}", result.max_abs_logit_diff,
-          result.tokenizer_equal]],
+        ["quantization", "positions", "top-1 agreement", "arbor = text", "llama.cpp = text",
+         "max |logit diff|", "tokenizer equal", "perplexity", "float32 perplexity",
+         "perplexity / float32"],
+        [[args.quantization, result.positions, f"{result.rate:.2%}",
+          f"{result.arbor_text_top1:.2%}", f"{result.llama_cpp_text_top1:.2%}",
+          result.max_abs_logit_diff, result.tokenizer_equal, f"{result.perplexity:.4f}",
+          "-" if float_ppl is None else f"{float_ppl:.4f}", f"{result.perplexity_ratio:.4f}"]],
     )  # fmt: skip
     gaps = sorted(d[3] for d in result.disagreements)
     if gaps:
@@ -146,6 +186,7 @@ def main() -> None:
         "text": args.text or str(ENGLISH_PASSAGE),
         **asdict(result),
         "rate": result.rate,
+        "perplexity_ratio": result.perplexity_ratio,
     }
     write_json("llama_cpp_agreement", payload, args.out)
 

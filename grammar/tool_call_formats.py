@@ -9,6 +9,11 @@ they differ in what surrounds the calls of one turn::
     hermes   <tool_call>{...}</tool_call><tool_call>{...}</tool_call>
     llama3   {"name": ..., "parameters": {...}}; {"name": ..., "parameters": {...}}
     mistral  [TOOL_CALLS][{...}, {...}]
+    generic  <tool_call>{...}</tool_call><tool_call>{...}</tool_call>
+
+``generic`` is the format the server describes itself, in the system turn, to a model whose
+chat template has no tool syntax (``runtime.server.generic_tools``): hermes's syntax under
+its own name, never detected from a template's text.
 """
 
 from __future__ import annotations
@@ -76,9 +81,13 @@ MISTRAL = ToolCallFormat(
     bare_start="[",
     template_hints=("[TOOL_CALLS]",),
 )
+# Written between tags the server's own prompt names (runtime.server.generic_tools); no hints.
+GENERIC = ToolCallFormat("generic", marker="<tool_call>", item_close="</tool_call>")
 # In the order a server checks chat templates for their hints: a Mistral template may also
 # mention <tool_call>-like text, never the reverse; Llama 3 header tokens are the weakest hint.
-TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (MISTRAL, HERMES, LLAMA3)}
+TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
+    f.name: f for f in (MISTRAL, HERMES, LLAMA3, GENERIC)
+}
 
 
 def get_format(name: str) -> ToolCallFormat:

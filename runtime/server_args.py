@@ -27,8 +27,9 @@ StrictMode = Literal["exact", "validate"]
 STRICT_MODES: tuple[str, ...] = typing.get_args(StrictMode)
 # How the --dp router picks a replica (runtime.scale_out.routing).
 ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
-# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes).
-TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral")
+# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes;
+# generic: the server's own prompt, for templates without tool syntax).
+TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral", "generic")
 # The names below are duplicated from the modules that implement them, so that parsing flags
 # does not import torch (or the grammar engine), and the layers below the runtime import
 # nothing from it; a test keeps each pair equal.
@@ -282,7 +283,7 @@ class ServerArgs:
     tool_call_parser: str | None = _flag(
         None,
         "how chat completions write and read tool calls (default: what the chat template "
-        "writes, hermes when it gives no hint)",
+        "writes, hermes when it gives no hint, generic when it does not render tools)",
         TOOL_CALL_PARSERS,
     )
     # Debugging

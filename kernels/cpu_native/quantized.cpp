@@ -5,7 +5,8 @@
 //
 // The activations are quantized per block as llama.cpp does (int8, scale max|x| / 127, round
 // to nearest even), so each block's dot product is an integer one:
-//   y += (scale * xscale) * dot(q, xq) + offset * (xscale * sum(xq)).
+//   y += (scale * xscale) * dot(q, xq) + offset * (xscale * sum(xq)),
+// the two terms summed over the blocks in separate float accumulators (shorter chains).
 // Two implementations of the per-tile work: AVX-512 VNNI (`vpdpbusd`: 16 rows x 4 codes times
 // 4 broadcast activation bytes per instruction) when the build's -march=native has it, and
 // portable C++. ARBOR_CPU_PORTABLE=1 in the environment, read at each call, forces the
@@ -58,20 +59,23 @@ bool portable_forced() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-void quantize_activations(const float* x, int64_t rows, int64_t k, int64_t block, int8_t* codes,
-                          float* scale, float* offset_factor) {
-  const int64_t blocks = k / block;
+// BLOCK is a constant so the block's loops unroll and vectorize.
+template <int BLOCK>
+void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* codes, float* scale,
+                          float* offset_factor) {
+  const int64_t blocks = k / BLOCK;
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       for (int64_t b = 0; b < blocks; ++b) {
-        const float* xb = x + m * k + b * block;
-        int8_t* qb = codes + m * k + b * block;
+        const float* xb = x + m * k + b * BLOCK;
+        int8_t* qb = codes + m * k + b * BLOCK;
         float amax = 0.f;
-        for (int64_t c = 0; c < block; ++c) amax = std::max(amax, std::fabs(xb[c]));
+        for (int c = 0; c < BLOCK; ++c) amax = std::max(amax, std::fabs(xb[c]));
         const float inverse = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
-        for (int64_t c = 0; c < block; ++c) {
-          const int32_t q = static_cast<int32_t>(std::nearbyint(xb[c] * inverse));
+        for (int c = 0; c < BLOCK; ++c) {
+          // rint rounds half to even in the default rounding mode, as torch.round does.
+          const int32_t q = static_cast<int32_t>(std::rint(xb[c] * inverse));
           qb[c] = static_cast<int8_t>(q);
           sum += q;
         }
@@ -102,24 +106,36 @@ template <int BITS, int BLOCK, bool HALF, int MT>
 void tile_portable(const uint8_t* w, int64_t stride, const Activations& a, int64_t m0,
                    float* out) {
   constexpr int code_bytes = kRows * BLOCK * BITS / 8;
-  float acc[MT][kRows] = {};
+  float acc[MT][kRows] = {}, acc_offset[MT][kRows] = {};
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* wb = w + b * stride;
     int32_t dot[MT][kRows] = {};
     for (int m = 0; m < MT; ++m) {
       const int8_t* xb = a.codes + (m0 + m) * a.k + b * BLOCK;
-      if constexpr (BITS == 8) {
-        for (int j = 0; j < BLOCK / 4; ++j)
+      // A row's 4 bytes of a step are read as one 32-bit word and split by shifts, so the loop
+      // over the 16 rows is plain 32-bit lane arithmetic that vectorizes.
+      for (int j = 0; j < BLOCK * BITS / 32; ++j) {
+        uint32_t word[kRows];
+        std::memcpy(word, wb + 64 * j, sizeof(word));
+        if constexpr (BITS == 8) {
+          const int32_t x0 = xb[4 * j], x1 = xb[4 * j + 1], x2 = xb[4 * j + 2],
+                        x3 = xb[4 * j + 3];
           for (int r = 0; r < kRows; ++r)
+            dot[m][r] += static_cast<int32_t>(word[r] & 255) * x0 +
+                         static_cast<int32_t>((word[r] >> 8) & 255) * x1 +
+                         static_cast<int32_t>((word[r] >> 16) & 255) * x2 +
+                         static_cast<int32_t>(word[r] >> 24) * x3;
+        } else {
+          int32_t x[8];
+          for (int i = 0; i < 8; ++i) x[i] = xb[8 * j + i];
+          for (int r = 0; r < kRows; ++r) {
+            int32_t sum = 0;
             for (int i = 0; i < 4; ++i)
-              dot[m][r] += static_cast<int32_t>(wb[64 * j + 4 * r + i]) * xb[4 * j + i];
-      } else {
-        for (int j = 0; j < BLOCK / 8; ++j)
-          for (int r = 0; r < kRows; ++r)
-            for (int i = 0; i < 4; ++i) {
-              const int32_t code = wb[64 * j + 4 * r + i];
-              dot[m][r] += (code & 15) * xb[8 * j + i] + (code >> 4) * xb[8 * j + 4 + i];
-            }
+              sum += static_cast<int32_t>((word[r] >> (8 * i)) & 15) * x[i] +
+                     static_cast<int32_t>((word[r] >> (8 * i + 4)) & 15) * x[4 + i];
+            dot[m][r] += sum;
+          }
+        }
       }
     }
     float scale[kRows], offset[kRows];
@@ -129,33 +145,38 @@ void tile_portable(const uint8_t* w, int64_t stride, const Activations& a, int64
       const float xo = a.offset_factor[(m0 + m) * a.blocks + b];
       for (int r = 0; r < kRows; ++r) {
         acc[m][r] = std::fma(scale[r] * xs, static_cast<float>(dot[m][r]), acc[m][r]);
-        acc[m][r] = std::fma(offset[r], xo, acc[m][r]);
+        acc_offset[m][r] = std::fma(offset[r], xo, acc_offset[m][r]);
       }
     }
   }
-  std::memcpy(out, acc, sizeof(acc));
+  for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < kRows; ++r) out[m * kRows + r] = acc[m][r] + acc_offset[m][r];
 }
 
 #ifdef ARBOR_QUANTIZED_VNNI
 template <int BITS, int BLOCK, bool HALF, int MT>
 void tile_vnni(const uint8_t* w, int64_t stride, const Activations& a, int64_t m0, float* out) {
   constexpr int code_bytes = kRows * BLOCK * BITS / 8;
+  // One vpdpbusd chain waits ~5 cycles per step on the last; with few activation rows, the
+  // steps of a block go round CH chains, summed once per block.
+  constexpr int CH = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
   const __m512i nibble = _mm512_set1_epi8(15);
-  __m512 acc[MT];
-  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  __m512 acc[MT], acc_offset[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = acc_offset[m] = _mm512_setzero_ps();
   const int8_t* x = a.codes + m0 * a.k;
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* wb = w + b * stride;
     const int8_t* xb = x + b * BLOCK;
-    __m512i dot[MT];
-    for (int m = 0; m < MT; ++m) dot[m] = _mm512_setzero_si512();
+    __m512i dot[MT][CH];
+    for (int m = 0; m < MT; ++m)
+      for (int c = 0; c < CH; ++c) dot[m][c] = _mm512_setzero_si512();
     if constexpr (BITS == 8) {
 #pragma GCC unroll 8
       for (int j = 0; j < BLOCK / 4; ++j) {
         const __m512i codes = _mm512_loadu_si512(wb + 64 * j);
         for (int m = 0; m < MT; ++m)
-          dot[m] = _mm512_dpbusd_epi32(dot[m], codes,
-                                       _mm512_set1_epi32(load_i32(xb + m * a.k + 4 * j)));
+          dot[m][j % CH] = _mm512_dpbusd_epi32(
+              dot[m][j % CH], codes, _mm512_set1_epi32(load_i32(xb + m * a.k + 4 * j)));
       }
     } else {
 #pragma GCC unroll 4
@@ -164,31 +185,35 @@ void tile_vnni(const uint8_t* w, int64_t stride, const Activations& a, int64_t m
         const __m512i low = _mm512_and_si512(packed, nibble);
         const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
         for (int m = 0; m < MT; ++m) {
-          dot[m] = _mm512_dpbusd_epi32(dot[m], low,
-                                       _mm512_set1_epi32(load_i32(xb + m * a.k + 8 * j)));
-          dot[m] = _mm512_dpbusd_epi32(dot[m], high,
-                                       _mm512_set1_epi32(load_i32(xb + m * a.k + 8 * j + 4)));
+          dot[m][(2 * j) % CH] = _mm512_dpbusd_epi32(
+              dot[m][(2 * j) % CH], low, _mm512_set1_epi32(load_i32(xb + m * a.k + 8 * j)));
+          dot[m][(2 * j + 1) % CH] =
+              _mm512_dpbusd_epi32(dot[m][(2 * j + 1) % CH], high,
+                                  _mm512_set1_epi32(load_i32(xb + m * a.k + 8 * j + 4)));
         }
       }
     }
     __m512 scale, offset;
     if constexpr (HALF) {
-      scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + code_bytes)));
-      offset = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + code_bytes + 32)));
+      const auto* halves = reinterpret_cast<const __m256i*>(wb + code_bytes);
+      scale = _mm512_cvtph_ps(_mm256_loadu_si256(halves));
+      offset = _mm512_cvtph_ps(_mm256_loadu_si256(halves + 1));
     } else {
       scale = _mm512_loadu_ps(wb + code_bytes);
       offset = _mm512_loadu_ps(wb + code_bytes + 64);
     }
     for (int m = 0; m < MT; ++m) {
+      __m512i total = dot[m][0];
+      for (int c = 1; c < CH; ++c) total = _mm512_add_epi32(total, dot[m][c]);
       const float xs = a.scale[(m0 + m) * a.blocks + b];
       const float xo = a.offset_factor[(m0 + m) * a.blocks + b];
       acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xs)),
-                               _mm512_cvtepi32_ps(dot[m]), acc[m]);
-      acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xo), acc[m]);
+                               _mm512_cvtepi32_ps(total), acc[m]);
+      acc_offset[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xo), acc_offset[m]);
     }
   }
-  for (int m = 0; m < MT; ++m) _mm512_storeu_ps(out + kRows * m, acc[m]);
+  for (int m = 0; m < MT; ++m)
+    _mm512_storeu_ps(out + kRows * m, _mm512_add_ps(acc[m], acc_offset[m]));
 }
 #endif
 
@@ -274,8 +299,9 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor data, int64_t n, i
   auto codes = torch::empty({rows, k}, x2.options().dtype(torch::kInt8));
   auto xscale = torch::empty({rows, blocks}, x2.options());
   auto xoffset = torch::empty({rows, blocks}, x2.options());
-  quantize_activations(x2.data_ptr<float>(), rows, k, block, codes.data_ptr<int8_t>(),
-                       xscale.data_ptr<float>(), xoffset.data_ptr<float>());
+  auto quantize = block == 16 ? quantize_activations<16> : quantize_activations<32>;
+  quantize(x2.data_ptr<float>(), rows, k, codes.data_ptr<int8_t>(), xscale.data_ptr<float>(),
+           xoffset.data_ptr<float>());
   const Activations a{codes.data_ptr<int8_t>(), xscale.data_ptr<float>(),
                       xoffset.data_ptr<float>(), k, blocks};
   const Weights w{data.data_ptr<uint8_t>(), n, blocks, data.size(2)};

@@ -24,6 +24,7 @@ from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
+from runtime.server.generic_tools import generic_messages
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
     ChatCompletionRequest,
@@ -37,6 +38,7 @@ from runtime.server.request_body import parse_model
 from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, guarded_sse, merge_streams, primed
+from runtime.server.tool_call_formats import GENERIC_FORMAT
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.tokenizer_manager import RequestOutput
 
@@ -342,11 +344,17 @@ async def render_chat(
     tools: list[dict[str, Any]] | None,
     variables: dict[str, Any],
     param: str,
+    known_calls: dict[str, str] | None = None,
 ) -> str:
     """The chat template's text for ``messages`` (and ``tools``, and extra template
     ``variables``) with the generation prompt, rendered on a tokenizer thread; ApiError 400
-    naming ``param`` when the template fails."""
+    naming ``param`` when the template fails. Under the generic tool-call format the tools,
+    earlier calls and tool results are written into the messages instead
+    (``generic_messages``; ``known_calls``: tool names by call id for results whose calls
+    ``messages`` leave out)."""
     tokenizer = state.tokenizer
+    if state.tool_call_format == GENERIC_FORMAT:
+        messages, tools = generic_messages(messages, tools, known_calls), None
 
     def render() -> str:
         return tokenizer.apply_chat_template(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.server.errors import ApiError
+from runtime.server.generic_tools import call_names
 from runtime.server.openai_api import render_chat
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState
@@ -58,8 +59,10 @@ async def conversation_prompt(
     if previous is not None and previous.answer_index is not None:
         at = offset + previous.answer_index
         probe = [*messages[:at], {"role": "assistant", "content": _TURN}, *messages[at + 1 :]]
+        # The marker stands for the answer's calls too: results still name their tools.
+        known = call_names(messages[at : at + 1])
         before, found, rest = (
-            await render_chat(state, probe, tools, variables, "input")
+            await render_chat(state, probe, tools, variables, "input", known)
         ).partition(_TURN)
         if found and before == previous.prompt_text:
             after = rest

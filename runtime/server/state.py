@@ -19,6 +19,7 @@ from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import role_blocks_or_why
 from runtime.server.errors import ApiError
 from runtime.server.generated_turns import GeneratedTurns
+from runtime.server.generic_tools import template_renders_tools
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_body import read_json
 from runtime.server.responses_store import ResponseStore
@@ -42,10 +43,13 @@ class ServerState:
     def __post_init__(self) -> None:
         self.token_text = TokenText(self.tokenizer)
         self.responses = ResponseStore(self.args.responses_store_size)
-        # The tool-call format of chat completions (hermes, llama3 or mistral), resolved once:
-        # --tool-call-parser, else what the chat template writes.
+        # The tool-call format of chat completions and responses (hermes, llama3, mistral or
+        # generic), resolved once: --tool-call-parser, else generic for a template that does
+        # not render tools, else what the chat template writes.
         self.tool_call_format = resolve_format(
-            self.args.tool_call_parser, getattr(self.tokenizer, "chat_template", None)
+            self.args.tool_call_parser,
+            getattr(self.tokenizer, "chat_template", None),
+            self.args.tool_call_parser is not None or template_renders_tools(self.tokenizer),
         )
         # Generated ids of tool-calling turns, spliced into prompts that re-send them.
         self.generated_turns = GeneratedTurns(self.tokenizer)

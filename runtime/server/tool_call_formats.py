@@ -1,5 +1,6 @@
 """How a server picks its tool-call format: the ``--tool-call-parser`` flag (a format name or
-an alias) or, without it, what the chat template writes. The formats themselves are described
+an alias) or, without it, what the chat template writes — ``generic`` when the template does
+not render tools at all (``runtime.server.generic_tools``). The formats themselves are described
 once, in ``grammar.tool_call_formats``, for the grammar that writes calls and the parser that
 reads them.
 """
@@ -13,6 +14,7 @@ from grammar.tool_call_formats import TOOL_CALL_FORMATS, ToolCallFormat
 from runtime.server_args import TOOL_CALL_PARSERS
 
 DEFAULT_FORMAT = "hermes"
+GENERIC_FORMAT = "generic"
 ALIASES = {"qwen": "hermes"}
 
 
@@ -43,9 +45,14 @@ def detect_format(chat_template: Any) -> str:
     return DEFAULT_FORMAT
 
 
-def resolve_format(tool_call_parser: str | None, chat_template: Any) -> str:
-    """The server's format: ``--tool-call-parser`` when given, else detected from the chat
+def resolve_format(
+    tool_call_parser: str | None, chat_template: Any, renders_tools: bool = True
+) -> str:
+    """The server's format: ``--tool-call-parser`` when given, else ``generic`` for a template
+    that does not render tools (``renders_tools`` False), else detected from the chat
     template."""
     if tool_call_parser:
         return canonical_format(tool_call_parser)
+    if not renders_tools:
+        return GENERIC_FORMAT
     return detect_format(chat_template)

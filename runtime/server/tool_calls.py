@@ -7,6 +7,8 @@ template by ``runtime.server.tool_call_formats``)::
     hermes (alias qwen)  <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
     llama3               {"name": ..., "parameters": {...}}; {...}   (<|python_tag|> optional)
     mistral              [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+    generic              as hermes, described by the server's own system text to a model whose
+                         template has no tool syntax (``runtime.server.generic_tools``)
 
 With ``tool_choice`` "required" or a named function the output is constrained by grammar to
 calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them.
@@ -94,7 +96,7 @@ def make_tool_parser(
     fmt: str, tool_names: set[str], max_calls: int | None, constrained: bool = False
 ) -> ToolCallParser:
     """A parser for one output in format ``fmt`` (a name or alias: hermes, qwen, llama3,
-    mistral); ValueError for an unknown format."""
+    mistral, generic); ValueError for an unknown format."""
     return ToolCallParser(tool_names, max_calls, fmt, constrained)
 
 

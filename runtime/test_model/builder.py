@@ -32,7 +32,8 @@ def make_test_model(
     chat_template: str = "chatml",
 ) -> Path:
     """Build the folder at ``out`` (replacing it) and return its path. ``chat_template``:
-    chatml, llama3 or mistral (``chat_templates.CHAT_TEMPLATES``), with its tokens."""
+    chatml, plain, llama3, mistral or qwen3 (``chat_templates.CHAT_TEMPLATES``), with its
+    tokens."""
     template = get_chat_template(chat_template)
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")

@@ -14,6 +14,9 @@ to the text the model produced. ``add_bos`` is replaced by the builder ("true"/"
 - qwen3: chatml with Qwen3's thinking (``<think>``/``</think>`` added tokens; the generation
   prompt stays open for the model's reasoning unless ``enable_thinking=False`` writes an empty
   block; reasoning kept only after the last user message).
+- plain: chatml with no tool syntax at all (as SmolLM2-135M-Instruct's): it renders the same
+  text with and without tools, so a server uses the generic format (``<tool_call>`` blocks
+  described in its own system text, ``runtime.server.generic_tools``) for it.
 - mistral: ``[INST] ...[/INST]``, tools in ``[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]``, calls
   as ``[TOOL_CALLS][{...}, ...]`` ending the turn with EOS, results in
   ``[TOOL_RESULTS]...[/TOOL_RESULTS]``.
@@ -89,6 +92,14 @@ CHATML_TEMPLATE = (
     + _HERMES_CALLS.replace("CALLS", "message['tool_calls']")
     + _CHATML_OTHER_TURNS
     + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+PLAIN_TEMPLATE = (
+    "{%- if add_bos %}{{ bos_token }}{% endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
 LLAMA3_TEMPLATE = (
@@ -198,6 +209,14 @@ CHAT_TEMPLATES: dict[str, ChatTemplate] = {
     "chatml": ChatTemplate(
         "chatml",
         CHATML_TEMPLATE,
+        ("<|im_start|>", "<|im_end|>"),
+        ("<tool_call>", "</tool_call>"),
+        "<|im_end|>",
+    ),
+    # The generic format's <tool_call> markup stays one token each, as in chatml.
+    "plain": ChatTemplate(
+        "plain",
+        PLAIN_TEMPLATE,
         ("<|im_start|>", "<|im_end|>"),
         ("<tool_call>", "</tool_call>"),
         "<|im_end|>",

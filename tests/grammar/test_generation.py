@@ -126,7 +126,7 @@ SEARCH: dict[str, Any] = {
 TOOLS = [WEATHER, SEARCH]
 SCHEMAS_BY_NAME = parameters_by_name(TOOLS)
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-FORMATS = ("hermes", "llama3", "mistral")
+FORMATS = ("hermes", "llama3", "mistral", "generic")
 
 
 def _tool_calls(text: str) -> list[dict[str, Any]]:

@@ -90,3 +90,43 @@ def test_dsl_program_over_http(real_server: ServerProcess) -> None:
     assert state["continent"] == "Europe"
     assert len(state["fact"]) == 2 and all(fact.strip() for fact in state["fact"])
     assert not any("<|im_end|>" in fact for fact in state["fact"])
+
+
+def test_required_tool_call_in_the_generic_format(
+    real_server: ServerProcess, real_client: openai.OpenAI
+) -> None:
+    """SmolLM2's template has no tool syntax: the server describes the tools itself (the
+    generic format), and a required call names the right one of two tools."""
+    assert real_server.server_info()["tool_call_format"] == "generic"
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+        for name, description in [
+            ("get_time", "Get the current local time in a city."),
+            ("get_weather", "Get the current weather in a city."),
+        ]
+    ]
+    reply = real_client.chat.completions.create(
+        model=real_client.models.list().data[0].id,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=40,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}

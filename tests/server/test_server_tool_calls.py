@@ -1,4 +1,5 @@
-"""Tool calls through the real server, for each test-model chat template and so each format:
+"""Tool calls through the real server, for each test-model chat template and so each format
+(the plain template has no tool syntax: the server uses the generic format):
 tool_choice required / named / auto, parallel_tool_calls, streaming deltas, cut-off calls,
 and the cache hit of a conversation re-sent with its calls."""
 
@@ -16,6 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from runtime.server import ServerProcess
+from runtime.server.generic_tools import generic_messages
 from runtime.server.token_text import TokenText
 from runtime.test_model import CHAT_TEMPLATES, cached_test_model
 from tests.server.server_process import POOL
@@ -35,6 +37,12 @@ MESSAGES = [
 CALLS_TEXT = {
     "chatml": (
         "hermes",
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
+    ),
+    # No tool syntax in the template: the server describes the generic format itself.
+    "plain": (
+        "generic",
         '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
         '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
     ),
@@ -66,6 +74,17 @@ class ToolServer:
     def chat(self, **options: Any) -> Any:
         options = {"messages": MESSAGES, "tools": TOOLS, "temperature": 0} | options
         return self.client.chat.completions.create(model=self.model, **options)
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The conversation as the server renders it (generic: tools and calls in the
+        messages, the template given no tools)."""
+        if self.template == "plain":
+            return str(
+                self.tokenizer.apply_chat_template(
+                    generic_messages(messages, TOOLS), tokenize=False
+                )
+            )
+        return str(self.tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False))
 
     def token_id(self, token: str) -> int:
         return int(self.tokenizer.convert_tokens_to_ids(token))
@@ -240,9 +259,7 @@ def test_resent_calls_hit_the_cache(tools_server: ToolServer):
     second = tools_server.chat(messages=conversation, max_tokens=1)
     cached = second.usage.prompt_tokens_details.cached_tokens
     generated = first.usage.prompt_tokens + first.usage.completion_tokens
-    turn = tools_server.tokenizer.apply_chat_template(
-        [*MESSAGES, assistant], tools=TOOLS, tokenize=False
-    )
+    turn = tools_server.render([*MESSAGES, assistant])
     end = turn.rindex(turn_end) + len(turn_end)  # the assistant turn, through its end token
     retokenized = len(tools_server.tokenizer(turn[:end], add_special_tokens=False).input_ids)
     print(
@@ -283,3 +300,45 @@ def test_responses_api_calls_in_each_format(tools_server: ToolServer, parallel: 
     assert done == [call.arguments for call in calls]
     streamed = events[-1].response
     assert [c.arguments for c in streamed.output] == [c.arguments for c in calls]
+
+
+def test_generic_responses_continuation_renders_as_the_whole_conversation(
+    tools_server: ToolServer,
+):
+    """Generic format: a turn continued from the previous response's KV gets the prompt the
+    whole conversation re-sent as items gets — the tool result names its tool in both."""
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's rendering only")
+    common = {
+        "model": tools_server.model,
+        "instructions": MESSAGES[0]["content"],
+        "tools": [responses_tool(tool) for tool in TOOLS],
+        "temperature": 0,
+    }
+    first = tools_server.client.responses.create(
+        input=MESSAGES[1]["content"],
+        tool_choice={"type": "function", "name": "get_time"},
+        parallel_tool_calls=False,
+        max_output_tokens=120,
+        **common,
+    )
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.status == "completed"
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "12:00"}
+    second = tools_server.client.responses.create(
+        previous_response_id=first.id, input=[result], max_output_tokens=1, **common
+    )
+    item = {"type": "function_call", "call_id": call.call_id, "name": call.name}
+    resent = tools_server.client.responses.create(
+        input=[
+            {"role": "user", "content": MESSAGES[1]["content"]},
+            item | {"arguments": call.arguments},
+            result,
+        ],
+        max_output_tokens=1,
+        **common,
+    )
+    assert first.usage and second.usage and resent.usage
+    assert second.usage.input_tokens == resent.usage.input_tokens
+    reused = first.usage.input_tokens + first.usage.output_tokens - 1
+    assert second.usage.input_tokens_details.cached_tokens >= reused

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar.tool_call_formats import TOOL_CALL_FORMATS
+from runtime.server.generic_tools import generic_call_text
 from runtime.server.tool_call_events import (
     ToolCallArguments,
     ToolCallDropped,
@@ -78,6 +79,10 @@ CASES = [
     ("mistral", f"Sure. [TOOL_CALLS] [ {mistral_item(*TIME)} ]", "Sure.", [TIME]),
     ("mistral", "[1, 2] and [TOOL_CAL", "[1, 2] and [TOOL_CAL", []),
     ("mistral", "[] is empty", "[] is empty", []),
+    # generic: the syntax the server's own prompt describes (runtime.server.generic_tools)
+    ("generic", generic_call_text(*WEATHER) + generic_call_text(*TIME), None, [WEATHER, TIME]),
+    ("generic", f"I will look. {generic_call_text(*TIME)}", "I will look.", [TIME]),
+    ("generic", "It is sunny in Paris.", "It is sunny in Paris.", []),
     (
         "mistral",
         f'[TOOL_CALLS][{{"name": "nope", "arguments": {{}}}}, {mistral_item(*TIME)}]',
@@ -218,12 +223,13 @@ def test_a_started_call_that_turns_out_invalid_is_dropped():
     assert parser.calls == []
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
 def test_max_calls(fmt: str):
     text = {
         "hermes": hermes(*WEATHER) * 3,
         "llama3": "; ".join([llama3(*WEATHER)] * 3),
         "mistral": f"[TOOL_CALLS][{', '.join([mistral_item(*WEATHER)] * 3)}]",
+        "generic": generic_call_text(*WEATHER) * 3,
     }[fmt]
     content, calls = parse_tool_calls(text, NAMES, max_calls=1, fmt=fmt)
     assert content is None and [(c.name, c.arguments) for c in calls] == [WEATHER]
@@ -256,6 +262,14 @@ _PIECES = {
         '<tool_call>{"name": "get_time", "arguments": {"z',
     ],
     "llama3": [llama3(*WEATHER), "; ", llama3(*TIME), "\n", '{"a": [1, "}"]}', " ok"],
+    "generic": [
+        "Sure. ",
+        generic_call_text(*WEATHER),
+        generic_call_text(*TIME),
+        '<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>',
+        "a <tool b",
+        '<tool_call>{"name": "get_weather", "arguments": {"ci',
+    ],
     "mistral": [
         "[TOOL_CALLS][",
         mistral_item(*WEATHER),
@@ -288,7 +302,13 @@ def test_format_names_and_detection():
         canonical_format("harmony")
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerArgs("m", tool_call_parser="harmony")
-    expected = {"chatml": "hermes", "llama3": "llama3", "mistral": "mistral", "qwen3": "hermes"}
+    expected = {
+        "chatml": "hermes",
+        "plain": "hermes",  # no hint in its text; the server sees it renders no tools
+        "llama3": "llama3",
+        "mistral": "mistral",
+        "qwen3": "hermes",
+    }
     for name, template in CHAT_TEMPLATES.items():
         assert detect_format(template.template) == expected[name]
     assert detect_format(None) == "hermes"
@@ -297,6 +317,10 @@ def test_format_names_and_detection():
     chatml = CHAT_TEMPLATES["chatml"].template
     assert resolve_format(None, chatml) == "hermes"
     assert resolve_format("mistral", chatml) == "mistral"  # the flag wins over the template
+    plain = CHAT_TEMPLATES["plain"].template
+    assert resolve_format(None, plain, renders_tools=False) == "generic"
+    assert resolve_format("hermes", plain, renders_tools=False) == "hermes"
+    assert canonical_format("generic") == "generic"
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     args = ServerArgs.from_cli(

@@ -1,0 +1,178 @@
+"""The ``generic`` tool-call format: tools for a chat template that has no tool syntax.
+
+A template "does not render tools" when it renders the same text for the same messages with
+and without ``tools`` (``template_renders_tools``; SmolLM2's is one). Its model would never
+see the tool definitions. Under the generic format (chosen for such a template unless
+``--tool-call-parser`` names another, or named there) the server writes the tools itself, into
+the system turn, and renders the template without ``tools`` (``generic_messages``)::
+
+    You can call the following tools:
+    {"name": "get_weather", "description": "...", "parameters": {...}}
+    To call a tool, reply with <tool_call>{"name": <tool name>, "arguments": <arguments
+    object>}</tool_call>
+
+A call is ``<tool_call>{"name": NAME, "arguments": ARGS}</tool_call>``, several following each
+other directly: hermes's syntax, which the tool-call grammar writes and the parser reads
+(``grammar.tool_call_formats.GENERIC``). Tuned on SmolLM2-135M-Instruct
+(``benchmarks/generic_tools_tuning.py``; docs/agents.md has the table): with this text a call
+forced by ``tool_choice: required`` got its arguments right 12 times in 12 (4 without the
+tools in the prompt); under ``auto`` no wording or syntax tried (a ``{"tool_call": ...}`` JSON
+object, a list inside the tags, longer instructions, an example, the user turn) made that
+model call at all.
+
+Earlier turns are rendered for such a template too: an assistant turn's calls become its
+text, in the call syntax (with the arguments string as the client sent it, so a re-sent turn
+reads as the model wrote it), and tool results (role ``tool``) become a user turn naming the
+tool each result came from.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from grammar.tool_call_formats import GENERIC
+
+# The call syntax the system text describes is the one the grammar writes and the parser reads.
+CALL_OPEN, CALL_CLOSE = GENERIC.marker, GENERIC.item_close
+_PROBE_MESSAGES = [{"role": "user", "content": "arbor-probe"}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "arbor_probe_tool",
+            "description": "arbor-probe",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+
+_renders_tools: dict[tuple[str, str], bool] = {}
+_lock = threading.Lock()
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template writes tool definitions into the prompt: False
+    when a conversation renders to the same text with and without ``tools``, or fails only
+    with them. True when the template cannot render at all (nothing to decide). Cached per
+    tokenizer class and template text."""
+    key = (type(tokenizer).__qualname__, repr(getattr(tokenizer, "chat_template", None)))
+    with _lock:
+        known = _renders_tools.get(key)
+    if known is not None:
+        return known
+    try:
+        plain = _render(tokenizer, None)
+    except Exception:  # no template, or one that cannot render a user turn
+        answer = True
+    else:
+        try:
+            answer = _render(tokenizer, _PROBE_TOOLS) != plain
+        except Exception:  # fails only when given tools: it has no use for them
+            answer = False
+    with _lock:
+        _renders_tools[key] = answer
+    return answer
+
+
+def _render(tokenizer: Any, tools: list[dict[str, Any]] | None) -> str:
+    text = tokenizer.apply_chat_template(
+        _PROBE_MESSAGES, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return str(text)
+
+
+def generic_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tools and how to call them, for the system turn. ``tools``: OpenAI tools
+    (``{"type": "function", "function": {...}}``) or bare function definitions."""
+    lines = ["You can call the following tools:"]
+    for tool in tools:
+        function = tool.get("function", tool)
+        entry = {"name": function["name"]}
+        if function.get("description"):
+            entry["description"] = function["description"]
+        entry["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
+        lines.append(json.dumps(entry, ensure_ascii=False))
+    lines.append(
+        f'To call a tool, reply with {CALL_OPEN}{{"name": <tool name>, '
+        f'"arguments": <arguments object>}}{CALL_CLOSE}'
+    )
+    return "\n".join(lines)
+
+
+def generic_call_text(name: str, arguments: str | Mapping[str, Any]) -> str:
+    """One call as the tool-call grammar writes it; ``arguments`` as sent (a JSON string is
+    kept verbatim)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    head = f'{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+    return f"{CALL_OPEN}{head}{args}}}{CALL_CLOSE}"
+
+
+def call_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The tool name of each call id in ``messages``' assistant turns."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if call.get("id"):
+                names[str(call["id"])] = str(call.get("function", call).get("name", ""))
+    return names
+
+
+def generic_messages(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    known_calls: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """``messages`` for a template without tool syntax, to be rendered without ``tools``: the
+    tools' text (if any) leads the system message (one is added when there is none), an
+    assistant turn's ``tool_calls`` are appended to its text as calls, and each run of tool
+    results becomes one user turn, a line per result naming its tool (found by call id in the
+    assistant turns before it, or in ``known_calls``: {call id: tool name})."""
+    names = dict(known_calls or {})
+    result: list[dict[str, Any]] = []
+    results_turn: dict[str, Any] | None = None  # the user turn the latest tool results went to
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            line = _tool_result_line(message, names)
+            if results_turn is not None:
+                results_turn["content"] += "\n" + line
+            else:
+                results_turn = {"role": "user", "content": line}
+                result.append(results_turn)
+            continue
+        results_turn = None
+        if role == "assistant" and message.get("tool_calls"):
+            result.append(_assistant_with_calls(message, names))
+        else:
+            result.append(dict(message))
+    if tools:
+        text = generic_system_text(tools)
+        if result and result[0].get("role") == "system":
+            first = result[0]
+            first["content"] = text + ("\n\n" + first["content"] if first.get("content") else "")
+        else:
+            result.insert(0, {"role": "system", "content": text})
+    return result
+
+
+def _assistant_with_calls(message: Mapping[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    calls = []
+    for call in message["tool_calls"]:
+        function = call.get("function", call)
+        name = str(function.get("name", ""))
+        if call.get("id"):
+            names[str(call["id"])] = name
+        calls.append(generic_call_text(name, function.get("arguments") or "{}"))
+    turn = {k: v for k, v in message.items() if k != "tool_calls"}
+    turn["content"] = (message.get("content") or "") + "".join(calls)
+    return turn
+
+
+def _tool_result_line(message: Mapping[str, Any], names: dict[str, str]) -> str:
+    name = message.get("name") or names.get(str(message.get("tool_call_id")), "")
+    content = message.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    return f"Result of tool {name}: {text}" if name else f"Tool result: {text}"

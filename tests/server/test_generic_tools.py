@@ -1,0 +1,150 @@
+"""The generic tool-call format's prompt side: which chat templates render tools, and how
+tools, earlier calls and tool results are written for a template that does not."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from runtime.model_files import builtin_model_path, load_tokenizer
+from runtime.server.generic_tools import (
+    call_names,
+    generic_call_text,
+    generic_messages,
+    generic_system_text,
+    template_renders_tools,
+)
+from runtime.server.tool_calls import parse_tool_calls
+from runtime.test_model import cached_test_model
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+}
+
+
+class CountingTokenizer:
+    """A tokenizer whose template ignores tools, counting its renders."""
+
+    chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+    def __init__(self) -> None:
+        self.renders = 0
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        self.renders += 1
+        return "".join(m["content"] for m in messages)
+
+
+def test_detection_by_template():
+    chatml = AutoTokenizer.from_pretrained(cached_test_model("tiny", "llama"))
+    plain = AutoTokenizer.from_pretrained(cached_test_model("tiny", "llama", chat_template="plain"))
+    assert template_renders_tools(chatml)  # writes the tools in a system turn
+    assert not template_renders_tools(plain)
+
+
+def test_smollm2_template_does_not_render_tools():
+    try:
+        path = builtin_model_path()
+    except Exception as exc:  # the built-in model is an install step of its own
+        pytest.skip(f"no built-in model: {exc}")
+    assert not template_renders_tools(load_tokenizer(path))
+
+
+def test_the_answer_is_cached_per_template():
+    first, second = CountingTokenizer(), CountingTokenizer()
+    assert not template_renders_tools(first)
+    assert first.renders == 2  # with and without tools
+    assert not template_renders_tools(second)  # same class and template: no render at all
+    assert second.renders == 0
+    second.chat_template = "{{ messages }}"  # another template is probed again
+    assert not template_renders_tools(second) and second.renders == 2
+
+
+def test_tools_lead_the_system_turn():
+    text = generic_system_text([WEATHER])
+    lines = text.splitlines()
+    assert json.loads(lines[1]) == {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    assert "<tool_call>" in lines[-1] and '"arguments"' in lines[-1]
+    with_system = generic_messages(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], [WEATHER]
+    )
+    assert with_system[0] == {"role": "system", "content": text + "\n\nBe brief."}
+    without = generic_messages([{"role": "user", "content": "Hi"}], [WEATHER])
+    assert without == [{"role": "system", "content": text}, {"role": "user", "content": "Hi"}]
+    assert generic_messages([{"role": "user", "content": "Hi"}], None) == [
+        {"role": "user", "content": "Hi"}
+    ]
+
+
+def test_calls_and_results_of_earlier_turns():
+    messages = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, CALL | {"id": "call_2"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+        {"role": "assistant", "content": "Sunny, then rain."},
+        {"role": "tool", "tool_call_id": "unknown", "content": "late"},
+    ]
+    rendered = generic_messages(messages, None)
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city":"Paris"}}</tool_call>'
+    assert rendered[1] == {"role": "assistant", "content": call * 2}
+    # Results that follow each other share one user turn, each naming its tool.
+    assert rendered[2] == {
+        "role": "user",
+        "content": "Result of tool get_weather: sunny\nResult of tool get_weather: rain",
+    }
+    assert rendered[3] == messages[4]
+    assert rendered[4] == {"role": "user", "content": "Tool result: late"}
+    # The call text is what the parser reads back, arguments verbatim.
+    content, calls = parse_tool_calls(rendered[1]["content"], {"get_weather"}, fmt="generic")
+    assert (
+        content is None
+        and [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city":"Paris"}')] * 2
+    )
+    assert (
+        generic_call_text("f", {"a": 1})
+        == '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    )
+
+
+def test_a_plain_template_renders_the_generic_conversation():
+    tok = AutoTokenizer.from_pretrained(cached_test_model("tiny", "llama", chat_template="plain"))
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    text = tok.apply_chat_template(generic_messages(messages, [WEATHER]), tokenize=False)
+    assert text.index('"get_weather", "description"') < text.index("Weather?")
+    assert "<|im_start|>assistant\n<tool_call>" in text
+    assert "<|im_start|>user\nResult of tool get_weather: sunny" in text
+
+
+def test_results_name_tools_whose_calls_are_elsewhere():
+    """A continued Responses turn renders the previous answer as a marker: its calls' names
+    come from ``call_names`` of the real answer."""
+    answer = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    assert call_names([answer]) == {"call_1": "get_weather"}
+    probe = [
+        {"role": "assistant", "content": "MARK"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    rendered = generic_messages(probe, None, call_names([answer]))
+    assert rendered[1]["content"] == "Result of tool get_weather: sunny"
