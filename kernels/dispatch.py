@@ -109,6 +109,11 @@ def graph_safe(op: str, device: torch.device) -> bool:
     return any(fn is impl and (op, backend) in _graph_safe for backend, fn in _impls[op].items())
 
 
+def runs_natively(op: str, device: torch.device) -> bool:
+    """Whether ``op`` on ``device`` runs a native or triton kernel now, not its torch reference."""
+    return resolve(op, device) is not _impls[op]["torch"]
+
+
 def native_available() -> bool:
     """Whether the native CPU kernels are built and loaded (loading them on first ask)."""
     return _load("native", required=False)

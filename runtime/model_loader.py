@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.dispatch import runs_natively
 from runtime.distributed.group import SINGLE, TPGroup
 from runtime.errors import ModelLoadError
 from runtime.model_config import ModelConfig
@@ -31,7 +32,9 @@ def resolve_quantization(
     """The weight format ``quantization`` names for a model (a GGUF file or not) on
     ``device`` across ``tp_size`` ranks: ``gguf`` keeps a GGUF file's quantized blocks and
     runs them in the quantized kernels; ``none`` dequantizes them to the compute dtype at load.
-    ``auto`` is ``gguf`` for a GGUF file on CPU on one rank, else ``none``. An asked-for
+    ``auto`` is ``gguf`` for a GGUF file on CPU on one rank where the native quantized kernels
+    run (without them the torch reference would dequantize every weight on every call), else
+    ``none``. An asked-for
     ``gguf`` where no quantized kernels run (a GPU, tensor parallelism) is ``none``, with a
     warning; a model without blocks (a Hugging Face folder) has nothing to keep: ``none``."""
     if quantization not in QUANTIZATIONS:
@@ -40,7 +43,15 @@ def resolve_quantization(
         )
     cpu = torch.device(device).type == "cpu"
     if quantization == "auto":
-        return "gguf" if gguf_file and cpu and tp_size == 1 else "none"
+        if not (gguf_file and cpu and tp_size == 1):
+            return "none"
+        if not runs_natively("quantized_linear", torch.device("cpu")):
+            logger.warning(
+                "quantization auto: the native CPU kernels are not built (make install), so "
+                "the GGUF weights are dequantized (quantization none)"
+            )
+            return "none"
+        return "gguf"
     if quantization == "gguf" and gguf_file and not (cpu and tp_size == 1):
         where = f"device {device}" if not cpu else f"tensor parallelism ({tp_size} ranks)"
         logger.warning(

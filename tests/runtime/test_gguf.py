@@ -27,7 +27,11 @@ PROMPT = [5, 300, 1200, 7, 99, 2500, 40, 41, 42, 3000, 11, 600] * 4
 
 
 def _logits(model: str | Path) -> torch.Tensor:
-    runner = ModelRunner(RunnerConfig(str(model), dtype="float32", kv_slots=512, max_requests=4))
+    # Dequantized: this checks the file's decoding, which quantized execution would blur.
+    config = RunnerConfig(
+        str(model), dtype="float32", quantization="none", kv_slots=512, max_requests=4
+    )
+    runner = ModelRunner(config)
     driver = PagedDriver(runner)
     seq = driver.new_sequence()
     return driver.extend([seq], [PROMPT], logits="all")
