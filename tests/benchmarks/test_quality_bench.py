@@ -17,8 +17,8 @@ from benchmarks.quality_modes import NO_FIELD_NOTE, Client, Generation, Refused
 from benchmarks.quality_tasks import (
     DATA_DIR,
     MIN_ITEMS,
-    find_json_object,
     fields_right,
+    find_json_object,
     is_valid,
     load_tasks,
     normalize,
