@@ -4,8 +4,9 @@ Runs the frozen task sets of ``benchmarks/data/quality`` (``benchmarks/quality_t
 through every way Arbor constrains output, on one ``arbor serve`` (127.0.0.1, a free port,
 stopped at the end), greedy, and scores each (task, mode):
 
-- **valid**: the output parses and matches the task's schema (for ``unconstrained``: a JSON
-  object found anywhere in the text, or a label named in it, or a parsed tool call);
+- **valid**: the output parses and matches the task's schema (``json_object``: is an object;
+  ``unconstrained``: the first JSON object in the text, the one label it names, or the call
+  the server parsed, else a call written as JSON in the text);
 - **items right**, **fields right**: the answer's fields, compared after normalization;
 - **out tok**: mean output tokens; **cut**: items ``max_tokens`` cut (there should be none);
 - **errors**: items the server refused (e.g. ``json_format`` on a server without it).
@@ -18,7 +19,7 @@ Targets (issue 37): 100% valid in every constrained mode; constrained items righ
 unconstrained - 1 on every task; >= 90% right on ``tool_weather``.
 
     python -m benchmarks.quality_bench [--model-path M] [--tasks a,b] [--modes substr,...]
-                                       [--limit N] [--max-tokens 256] [--concurrency 32]
+                                       [--limit N] [--max-tokens 256] [--concurrency 64]
     arbor bench quality ...   (the same)
 """
 
@@ -55,32 +56,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", help="comma-separated substrings of mode names to run")
     parser.add_argument("--limit", type=int, help="first N items per task (a quick look)")
     parser.add_argument("--max-tokens", type=int, default=256, help="per request")
-    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     parser.add_argument("--max-total-tokens", type=int, default=65536, help="server KV pool")
     parser.add_argument("--url", help="an arbor serve already running (not started here)")
     parser.add_argument("--out", help="result JSON (default benchmarks/results/quality_bench.json)")
     return parser
 
 
-def score(task: Task, generations: list[Generation | BaseException]) -> dict[str, Any]:
-    """One row: counts over the items of ``task`` (in order) and the mode's outputs."""
+def score(
+    task: Task, generations: list[Generation | BaseException], schema_bound: bool = True
+) -> dict[str, Any]:
+    """One row: counts over the items of ``task`` (in order) and the mode's outputs. Valid
+    means: matches the task's schema, or (not ``schema_bound``) is a JSON object."""
+    schema = task.output_schema if schema_bound else None
     valid = right = fields = cut = errors = 0
     tokens: list[int] = []
     notes: set[str] = set()
     examples: list[dict[str, Any]] = []
-    first_error = ""
+    first_error = cut_example = ""
     for item, generation in zip(task.items, generations, strict=True):
         if isinstance(generation, BaseException):
             errors += 1
             first_error = first_error or f"{type(generation).__name__}: {generation}"
             continue
         value = {task.field: generation.value} if task.kind == "label" else generation.value
-        ok = is_valid(generation.value, task.output_schema)
+        ok = is_valid(generation.value, schema)
         got = fields_right(value, item.answer)
         valid += ok
         fields += got
         right += got == len(item.answer)
         cut += generation.cut
+        if generation.cut and not cut_example:
+            cut_example = f"{item.id}: ...{generation.text[-200:]}"
         if generation.output_tokens is not None:
             tokens.append(generation.output_tokens)
         if generation.note:
@@ -95,6 +102,7 @@ def score(task: Task, generations: list[Generation | BaseException]) -> dict[str
         "fields": sum(len(item.answer) for item in task.items),
         "mean_output_tokens": statistics.fmean(tokens) if tokens else None,
         "cut": cut,
+        "cut_example": cut_example,
         "errors": errors,
         "first_error": first_error,
         "notes": sorted(notes),
@@ -121,7 +129,8 @@ async def run_task(client: Client, task: Task, modes: list[Mode], concurrency: i
                 outcome, Refused | httpx.HTTPError
             ):
                 raise outcome  # a bug in the bench, not an answer
-        rows[mode.name] = {"constrained": mode.constrained, **score(task, list(outcomes))}
+        row = score(task, list(outcomes), mode.schema_bound)
+        rows[mode.name] = {"constrained": mode.constrained, **row}
     return rows
 
 

@@ -61,12 +61,14 @@ class Client:
 @dataclass(frozen=True)
 class Mode:
     """A way of asking: ``name`` is the row's label, ``kinds`` the task kinds it applies to,
-    ``constrained`` whether a grammar shapes the output."""
+    ``constrained`` whether a grammar shapes the output, ``schema_bound`` whether the output
+    is held to the task's schema (``json_object`` only promises an object)."""
 
     name: str
     kinds: tuple[str, ...]
     run: Callable[[Client, Task, Item], Awaitable[Generation]]
     constrained: bool = True
+    schema_bound: bool = True
 
 
 async def _post(client: Client, path: str, body: dict[str, Any], fmt: str | None) -> tuple:
@@ -266,7 +268,12 @@ def all_modes() -> list[Mode]:
         for f in formats
     ]
     modes += [
-        Mode(f"openai json_object {f}", ("json",), openai_response_format("json_object", f))
+        Mode(
+            f"openai json_object {f}",
+            ("json",),
+            openai_response_format("json_object", f),
+            schema_bound=False,
+        )
         for f in formats
     ]
     modes += [Mode(f"dsl json_schema {f}", ("json", "label"), dsl_json_schema(f)) for f in formats]

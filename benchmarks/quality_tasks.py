@@ -152,23 +152,22 @@ def tool_arguments(value: dict[str, Any] | None, tool_name: str) -> dict[str, An
 
 
 def read_label(text: str, labels: tuple[str, ...]) -> str | None:
-    """The label a free answer gives: the output as a JSON string, else the label that
-    appears first as a word (None when none does)."""
+    """The label a free answer gives: the output as a JSON string, else the one label named
+    in it as a word (None when none is, or several are: a list of the labels is no answer)."""
     try:
         decoded = json.loads(text)
     except ValueError:
         decoded = None
     if isinstance(decoded, str) and normalize(decoded) in labels:
         return str(normalize(decoded))
-    found = [
-        (match.start(), label)
-        for label in labels
-        if (match := re.search(rf"\b{re.escape(label)}\b", text, re.IGNORECASE))
-    ]
-    return min(found)[1] if found else None
+    named = [label for label in labels if re.search(rf"\b{re.escape(label)}\b", text, re.I)]
+    return named[0] if len(named) == 1 else None
 
 
-def is_valid(value: Any, schema: dict[str, Any]) -> bool:
+def is_valid(value: Any, schema: dict[str, Any] | None) -> bool:
+    """``value`` matches ``schema``; with no schema (``json_object``), it is an object."""
+    if schema is None:
+        return isinstance(value, dict)
     return value is not None and jsonschema.Draft202012Validator(schema).is_valid(value)
 
 

@@ -91,13 +91,14 @@ def test_fields_are_counted_against_the_answer() -> None:
     assert is_valid(answer, schema)
     assert not is_valid(got, schema)  # "52" is not an integer: right, but not valid
     assert not is_valid({**answer, "extra": 1}, schema) and not is_valid(None, schema)
+    assert is_valid({"any": "object"}, None) and not is_valid("text", None)  # json_object
 
 
 def test_a_label_is_read_from_a_free_answer() -> None:
     labels = ("sports", "food", "technology", "weather")
     assert read_label("The topic is Sports.", labels) == "sports"
     assert read_label('"food"', labels) == "food"
-    assert read_label("weather, not food", labels) == "weather"  # the first one named
+    assert read_label("It is about sports, food and weather.", labels) is None  # no choice
     assert read_label("A sportsman's breakfast", labels) is None  # words, not substrings
 
 
@@ -122,6 +123,7 @@ def test_a_row_counts_valid_right_cut_and_refused_items() -> None:
     assert (row["valid"], row["items_right"], row["cut"], row["errors"]) == (n - 2, n - 3, 1, 1)
     assert row["mean_output_tokens"] == pytest.approx((6 * (n - 3) + 10 + 256) / (n - 1))
     assert row["first_error"] == "Refused: HTTP 400: json_format"
+    assert row["cut_example"] == f"{task.items[1].id}: ...Sorry"
     assert [e["id"] for e in row["wrong_examples"]] == [task.items[0].id, task.items[1].id]
 
     labels = load_tasks(["classification"])[0]
@@ -129,6 +131,12 @@ def test_a_row_counts_valid_right_cut_and_refused_items() -> None:
     row = quality_bench.score(labels, list(chosen))
     assert row["items_right"] == row["valid"] == len(labels.items)
     assert row["mean_output_tokens"] is None  # select generates nothing
+
+    booking = load_tasks(["booking"])[0]
+    partial = [Generation({"name": item.answer["name"]}, "", 9, False) for item in booking.items]
+    assert quality_bench.score(booking, list(partial))["valid"] == 0
+    row = quality_bench.score(booking, list(partial), schema_bound=False)
+    assert row["valid"] == len(booking.items) and row["fields_right"] == len(booking.items)
 
 
 def test_targets_flag_invalid_or_less_accurate_constrained_rows() -> None:
