@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, help="first N items per task (a quick look)")
     parser.add_argument("--max-tokens", type=int, default=256, help="per request")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
-    parser.add_argument("--max-total-tokens", type=int, default=65536, help="server KV pool")
+    parser.add_argument("--max-total-tokens", type=int, default=32768, help="server KV tokens")
     parser.add_argument("--url", help="an arbor serve already running (not started here)")
     parser.add_argument("--out", help="result JSON (default benchmarks/results/quality_bench.json)")
     return parser
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(run_all(args, args.url, model_path))
     else:
         flags = ("--max-total-tokens", str(args.max_total_tokens))
-        with ServerProcess(model_path, *flags) as server:
+        with ServerProcess(model_path, *flags, startup_timeout_s=600.0) as server:
             results = asyncio.run(run_all(args, server.url, model_path))
     wall = time.perf_counter() - start
     print(f"\nquality on {model_path} (greedy, max_tokens {args.max_tokens}), {wall:.0f} s\n")
