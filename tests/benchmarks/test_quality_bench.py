@@ -189,3 +189,16 @@ def test_json_format_unknown_to_the_server_fails_aligned_and_drops_back_for_comp
     assert generation == Generation({"city": "Oslo"}, '{"city": "Oslo"}', 5, False, NO_FIELD_NOTE)
     assert [b["sampling_params"].get("json_format") for b in seen] == ["compact", None]
     assert seen[0]["text"] == f"<user>{task.items[0].text}"
+
+
+def test_arbor_bench_quality_is_the_quality_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "quality", "--help"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: arbor bench quality") and "--model-path" in printed
+    with pytest.raises(SystemExit):
+        main(["bench", "quality", "--tasks"])  # quality_bench's own flags, not the suite's
+    assert "--tasks: expected one argument" in capsys.readouterr().err
