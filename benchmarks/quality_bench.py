@@ -74,6 +74,7 @@ def score(
     notes: set[str] = set()
     examples: list[dict[str, Any]] = []
     first_error = cut_example = ""
+    by_field = dict.fromkeys(task.items[0].answer, 0)
     for item, generation in zip(task.items, generations, strict=True):
         if isinstance(generation, BaseException):
             errors += 1
@@ -82,6 +83,8 @@ def score(
         value = {task.field: generation.value} if task.kind == "label" else generation.value
         ok = is_valid(generation.value, schema)
         got = fields_right(value, item.answer)
+        for key, expected in item.answer.items():
+            by_field[key] += fields_right(value, {key: expected})
         valid += ok
         fields += got
         right += got == len(item.answer)
@@ -100,6 +103,7 @@ def score(
         "items_right": right,
         "fields_right": fields,
         "fields": sum(len(item.answer) for item in task.items),
+        "right_by_field": by_field,
         "mean_output_tokens": statistics.fmean(tokens) if tokens else None,
         "cut": cut,
         "cut_example": cut_example,

@@ -137,6 +137,7 @@ def test_a_row_counts_valid_right_cut_and_refused_items() -> None:
     assert quality_bench.score(booking, list(partial))["valid"] == 0
     row = quality_bench.score(booking, list(partial), schema_bound=False)
     assert row["valid"] == len(booking.items) and row["fields_right"] == len(booking.items)
+    assert row["right_by_field"] == {"name": len(booking.items), "date": 0, "time": 0, "guests": 0}
 
 
 def test_targets_flag_invalid_or_less_accurate_constrained_rows() -> None:
