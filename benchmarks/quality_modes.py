@@ -71,7 +71,9 @@ class Mode:
     schema_bound: bool = True
 
 
-async def _post(client: Client, path: str, body: dict[str, Any], fmt: str | None) -> tuple:
+async def _post(
+    client: Client, path: str, body: dict[str, Any], fmt: str | None
+) -> tuple[dict[str, Any], str]:
     """POST with ``json_format`` set to ``fmt`` (native: inside sampling_params); returns the
     response body and the note. Raises Refused on a 4xx/5xx."""
     target = body["sampling_params"] if "sampling_params" in body else body
@@ -100,7 +102,10 @@ def _answer(task: Task, value: Any) -> Any:
     return value if task.kind != "label" or isinstance(value, str) else None
 
 
-async def _chat(client: Client, task: Task, item: Item, extra: dict[str, Any], fmt: str | None):
+async def _chat(
+    client: Client, task: Task, item: Item, extra: dict[str, Any], fmt: str | None
+) -> tuple[dict[str, Any], int, bool, str]:
+    """One chat completion: the message, its output tokens, whether it was cut, the note."""
     body = {
         "model": client.model,
         "messages": [{"role": "user", "content": task.user_message(item)}],
