@@ -29,6 +29,7 @@ from runtime.test_model import cached_test_model
 
 ATTENTION_OPS = (
     "decode_attention",
+    "decode_self_attention",  # on CPU, with the RoPE and K/V write it fuses
     "decode_attention_with_lse",
     "shared_prefix_attention",
     "merge_attention_states",

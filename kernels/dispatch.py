@@ -40,6 +40,10 @@ Op = TypeVar("Op", bound=Callable[..., Any])
 _MODULES = {"triton": "kernels.triton_ops", "native": "kernels.cpu_native.ops"}
 _NAMES = {"triton": "triton kernels", "native": "native CPU kernels"}
 _load_errors: dict[str, BaseException | None] = {}  # per backend tried: why it did not load
+# (op, device type) -> what ``resolve`` picked: a decode step of a deep model calls ops a few
+# hundred times, and picking anew each time was a measurable part of its host overhead.
+# Emptied whenever the choice could change (a registration, a forced backend).
+_resolved: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
 def register(
@@ -50,6 +54,7 @@ def register(
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         _impls.setdefault(op, {})[backend] = fn
+        _resolved.clear()
         if graph_safe:
             _graph_safe.add((op, backend))
         return fn
@@ -70,7 +75,11 @@ def dispatched(reference: Op) -> Op:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             args = bound.args
-        return resolve(name, args[0].device)(*args)
+        device = args[0].device
+        impl = _resolved.get((name, device.type))
+        if impl is None:
+            impl = _resolved[name, device.type] = resolve(name, device)
+        return impl(*args)
 
     return cast(Op, run)
 
@@ -80,6 +89,7 @@ def set_kernel_backend(name: str) -> None:
         raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
     global _forced
     _forced = name
+    _resolved.clear()
     if name in _MODULES:
         _load(name, required=True)
 

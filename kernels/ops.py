@@ -9,6 +9,7 @@ from kernels.reference import attention, cascade, elementwise, quantized, sampli
 
 extend_attention = dispatched(attention.extend_attention)
 decode_attention = dispatched(attention.decode_attention)
+decode_self_attention = dispatched(attention.decode_self_attention)
 decode_attention_with_lse = dispatched(cascade.decode_attention_with_lse)
 shared_prefix_attention = dispatched(cascade.shared_prefix_attention)
 merge_attention_states = dispatched(cascade.merge_attention_states)

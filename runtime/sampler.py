@@ -109,7 +109,7 @@ class Sampler:
         """
         wants_logprobs = [i for i, r in enumerate(reqs) if r.return_logprob]
         # The model's own distribution, before any processing, for the requests that ask.
-        raw = logits[wants_logprobs] if wants_logprobs else None
+        raw = take_rows(logits, wants_logprobs) if wants_logprobs else None
         if not in_place:
             logits = logits.clone()
         self._apply_bias_and_penalties(logits, reqs)
@@ -233,7 +233,7 @@ class Sampler:
         device = logits.device
         params = [reqs[i].sampling for i in rows]
         temps = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-        probs = torch.softmax(scaled(logits[rows], temps), dim=-1)
+        probs = torch.softmax(scaled(take_rows(logits, rows), temps), dim=-1)
         sampled = kernels.sample_from_probs(
             probs,
             torch.tensor([p.top_k for p in params], device=device),
@@ -257,6 +257,13 @@ class Sampler:
             for i, entry in zip(rows, token_logprobs(raw, tokens[rows], top), strict=True):
                 out[i] = entry
         return out
+
+
+def take_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """A copy of ``logits``' rows ``rows`` ([len(rows), V]), as ``logits[rows]`` gives, at a
+    fraction of its cost: indexing with a Python list took ~150 us for one 49K-vocab row on
+    CPU, ``index_select`` ~8 us (once per sampled step, at batch 1 a visible share of it)."""
+    return logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
 
 
 def add_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:

@@ -5,12 +5,14 @@
                          [--quick] [--plot out.png] [--out result.json]
     arbor bench serve --rate R [--model-path DIR|FILE.gguf]
                       [--requests-from random|few-shot|json] ...
+    arbor bench quality [--model-path DIR|FILE.gguf] [--tasks ...] [--modes ...] ...
 
 (equivalently ``python -m benchmarks.suite ...`` from the repository root). Workloads:
 few-shot, multi-turn, tree-of-thought, agent, json, random. Arbor runs the workload first; each
 baseline then replays exactly the calls Arbor made (same prompt tokens, same output token
 counts). Prints a table, writes JSON (default ``benchmarks/results/bench-WORKLOAD.json``) and,
-with ``--plot``, a PNG chart.
+with ``--plot``, a PNG chart. ``quality`` is ``benchmarks/quality_bench.py``: validity and
+accuracy of structured output, per constrained mode (its own flags; default model: built-in).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"llama-server: run this binary (default: ${BIN_ENV}, else the cached build, "
             "else build it from llama-cpp-python's sdist: minutes)",
         )
+    commands.add_parser(  # listed for -h; main hands its arguments to quality_bench
+        "quality", help="structured-output quality per constrained mode (quality -h)"
+    )
     serve = commands.add_parser(
         "serve", parents=[common], help="online: Poisson arrivals against arbor serve"
     )
@@ -94,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["quality"]:  # not a replayed workload: its own flags and report
+        from benchmarks.quality_bench import main as quality_main
+
+        return quality_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.plot:
         report.require_matplotlib()

@@ -454,6 +454,96 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
   return {out, lse};
 }
 
+// RMSNorm of one head into `out` (scalar_t), as rms_norm does a row: float32 sum of squares,
+// the normalised value rounded to scalar_t, then scaled by the weight.
+template <typename scalar_t>
+inline void norm_head(const scalar_t* x, const scalar_t* w, int64_t dim, float eps,
+                      scalar_t* out) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < dim; ++i) ss += to_float(x[i]) * to_float(x[i]);
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);
+  for (int64_t i = 0; i < dim; ++i) {
+    const scalar_t normed = static_cast<scalar_t>(to_float(x[i]) * inv);
+    out[i] = static_cast<scalar_t>(to_float(w[i]) * to_float(normed));
+  }
+}
+
+// The attention of a decode batch in one call, from the QKV projection's output: split qkv
+// [B, (H + 2 Hkv) D] into heads, RMSNorm q and k per head when their weights are given (numel
+// > 0), rotate them, write each request's K/V at out_cache_loc[b] (in the pool's dtype), then
+// decode attention over each whole sequence. Returns [B, H * D] in qkv's dtype.
+torch::Tensor decode_self_attention(torch::Tensor qkv, torch::Tensor cos_t, torch::Tensor sin_t,
+                                    torch::Tensor q_norm_t, torch::Tensor k_norm_t, double eps,
+                                    torch::Tensor k_buf, torch::Tensor v_buf,
+                                    torch::Tensor out_cache_loc, torch::Tensor table,
+                                    torch::Tensor rows, torch::Tensor seq_lens, double sm_scale) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [B, (H + 2 Hkv) D], rows contiguous");
+  TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.is_contiguous() &&
+                  k_buf.sizes() == v_buf.sizes() && k_buf.scalar_type() == v_buf.scalar_type(),
+              "K/V buffers: contiguous [S, Hkv, D] of one dtype");
+  const int64_t batch = qkv.size(0), kv_heads = k_buf.size(1), dim = k_buf.size(2);
+  const int64_t heads = qkv.size(1) / dim - 2 * kv_heads;
+  TORCH_CHECK(heads > 0 && (heads + 2 * kv_heads) * dim == qkv.size(1),
+              "qkv's width is not (H + 2 Hkv) D for the pool's Hkv and D");
+  auto c = cos_t.to(torch::kFloat32).contiguous(), s = sin_t.to(torch::kFloat32).contiguous();
+  TORCH_CHECK(c.size(0) == batch && c.size(1) == dim, "cos/sin: [B, D]");
+  auto locs = as_i64(out_cache_loc);
+  TORCH_CHECK(locs.numel() == batch, "out_cache_loc: one slot per request");
+  const bool qk_norm = q_norm_t.numel() > 0;
+  TORCH_CHECK(!qk_norm || (q_norm_t.numel() == dim && k_norm_t.numel() == dim),
+              "q/k norm weights: [D] each, or both empty");
+  auto q_norm = qk_norm ? q_norm_t.to(qkv.scalar_type()).contiguous() : q_norm_t;
+  auto k_norm = qk_norm ? k_norm_t.to(qkv.scalar_type()).contiguous() : k_norm_t;
+  auto q = torch::empty({batch, heads, dim}, qkv.options());
+  const float* cp = c.data_ptr<float>();
+  const float* sp = s.data_ptr<float>();
+  const int64_t* loc_p = locs.data_ptr<int64_t>();
+  const int64_t width = qkv.stride(0), row_stride = kv_heads * dim, half = dim / 2;
+  const int64_t slots = k_buf.size(0);
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(loc_p[b] >= 0 && loc_p[b] < slots, "out_cache_loc outside the KV pool");
+  ARBOR_DISPATCH_FLOAT(qkv.scalar_type(), q_t, [&] {
+    ARBOR_DISPATCH_FLOAT(k_buf.scalar_type(), kv_t, [&] {
+      const q_t* src = qkv.data_ptr<q_t>();
+      const q_t* qn = qk_norm ? q_norm.data_ptr<q_t>() : nullptr;
+      const q_t* kn = qk_norm ? k_norm.data_ptr<q_t>() : nullptr;
+      q_t* q_p = q.data_ptr<q_t>();
+      kv_t* k_p = k_buf.data_ptr<kv_t>();
+      kv_t* v_p = v_buf.data_ptr<kv_t>();
+      at::parallel_for(0, batch, 16, [&](int64_t begin, int64_t end) {
+        std::vector<q_t> normed(dim), rotated(dim);
+        for (int64_t b = begin; b < end; ++b) {
+          const q_t* row = src + b * width;
+          const float* cb = cp + b * dim;
+          const float* sb = sp + b * dim;
+          for (int64_t h = 0; h < heads + kv_heads; ++h) {
+            const q_t* x = row + h * dim;
+            const bool is_q = h < heads;
+            if (qk_norm) {
+              norm_head(x, is_q ? qn : kn, dim, static_cast<float>(eps), normed.data());
+              x = normed.data();
+            }
+            if (is_q) {
+              arbor_cpu::rotate_head(x, cb, sb, half, q_p + (b * heads + h) * dim);
+              continue;
+            }
+            arbor_cpu::rotate_head(x, cb, sb, half, rotated.data());
+            kv_t* k_dst = k_p + loc_p[b] * row_stride + (h - heads) * dim;
+            for (int64_t i = 0; i < dim; ++i) k_dst[i] = static_cast<kv_t>(to_float(rotated[i]));
+          }
+          const q_t* v_src = row + (heads + kv_heads) * dim;
+          kv_t* v_dst = v_p + loc_p[b] * row_stride;
+          for (int64_t i = 0; i < row_stride; ++i) v_dst[i] = static_cast<kv_t>(to_float(v_src[i]));
+        }
+      });
+    });
+  });
+  auto no_start = torch::empty({0}, locs.options());
+  auto out = std::get<0>(
+      decode_attention(q, k_buf, v_buf, table, rows, no_start, seq_lens, sm_scale));
+  return out.view({batch, heads * dim});
+}
+
 // Extend: request b's extend_lens[b] new tokens (packed back to back in q) at positions
 // seq_lens[b] - extend_lens[b] + i, each seeing keys 0 .. its own position. Returns [T, H, Dv].
 torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
@@ -611,6 +701,7 @@ void register_attention(pybind11::module& m) {
   // while they do, as they do during torch's own ops.
   const auto release = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("decode_attention", &decode_attention, release);
+  m.def("decode_self_attention", &decode_self_attention, release);
   m.def("extend_attention", &extend_attention, release);
   m.def("shared_prefix_attention", &shared_prefix_attention, release);
   m.def("merge_attention_states", &merge_attention_states, release);

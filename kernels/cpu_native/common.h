@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 
 // Runs the lambda with `alias` naming the C++ type of float32, bfloat16 or float16 `type`.
 #define ARBOR_DISPATCH_FLOAT(type, alias, ...)                                     \
@@ -55,6 +56,32 @@ inline float silu(float x) {
   const float e = exp_nonpositive(-std::fabs(x));
   const float sigmoid = x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
   return x * sigmoid;
+}
+
+// Rotate-half rotary embedding of one head: out[i], out[i + half] from x[i], x[i + half] and
+// cos/sin [2 * half] (float32, rounded to scalar_t first, as the reference rounds them). In
+// float32 plain products; in 16-bit dtypes each product and the sum rounded to the storage
+// dtype, like the torch ops. Shared by apply_rotary_emb and the fused decode attention, so
+// both round alike.
+template <typename scalar_t>
+inline void rotate_head(const scalar_t* x, const float* c, const float* s, int64_t half,
+                        scalar_t* out) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = to_float(x[i]), b = to_float(x[i + half]);
+    const float c1 = to_float(static_cast<scalar_t>(c[i]));
+    const float s1 = to_float(static_cast<scalar_t>(s[i]));
+    const float c2 = to_float(static_cast<scalar_t>(c[i + half]));
+    const float s2 = to_float(static_cast<scalar_t>(s[i + half]));
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      out[i] = a * c1 - b * s1;
+      out[i + half] = b * c2 + a * s2;
+    } else {
+      const scalar_t ac = static_cast<scalar_t>(a * c1), bs = static_cast<scalar_t>(-b * s1);
+      const scalar_t bc = static_cast<scalar_t>(b * c2), as = static_cast<scalar_t>(a * s2);
+      out[i] = static_cast<scalar_t>(to_float(ac) + to_float(bs));
+      out[i + half] = static_cast<scalar_t>(to_float(bc) + to_float(as));
+    }
+  }
 }
 
 }  // namespace arbor_cpu

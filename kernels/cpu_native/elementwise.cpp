@@ -89,25 +89,7 @@ torch::Tensor rotate(const torch::Tensor& x, const float* cos, const float* sin)
       const float* c = cos + t * dim;
       const float* s = sin + t * dim;
       for (int64_t h = 0; h < heads; ++h) {
-        const scalar_t* xr = xp + t * st + h * sh;
-        scalar_t* orow = op + (t * heads + h) * dim;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = to_float(xr[i]), b = to_float(xr[i + half]);
-          const float c1 = to_float(static_cast<scalar_t>(c[i]));
-          const float s1 = to_float(static_cast<scalar_t>(s[i]));
-          const float c2 = to_float(static_cast<scalar_t>(c[i + half]));
-          const float s2 = to_float(static_cast<scalar_t>(s[i + half]));
-          if constexpr (std::is_same_v<scalar_t, float>) {
-            orow[i] = a * c1 - b * s1;
-            orow[i + half] = b * c2 + a * s2;
-          } else {
-            // Each product and the sum rounded to the storage dtype, like the torch ops.
-            const scalar_t ac = static_cast<scalar_t>(a * c1), bs = static_cast<scalar_t>(-b * s1);
-            const scalar_t bc = static_cast<scalar_t>(b * c2), as = static_cast<scalar_t>(a * s2);
-            orow[i] = static_cast<scalar_t>(to_float(ac) + to_float(bs));
-            orow[i + half] = static_cast<scalar_t>(to_float(bc) + to_float(as));
-          }
-        }
+        arbor_cpu::rotate_head(xp + t * st + h * sh, c, s, half, op + (t * heads + h) * dim);
       }
     }
   });

@@ -17,6 +17,7 @@ _ext = cpu_native.load()
 _NO_START = torch.empty(0, dtype=torch.int64)
 _SAME_ARGUMENTS = (
     "extend_attention",
+    "decode_self_attention",
     "shared_prefix_attention",
     "merge_attention_states",
     "rms_norm",

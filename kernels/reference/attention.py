@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.dispatch import register
+from kernels.reference.elementwise import apply_rotary_emb, rms_norm
 
 
 @register("extend_attention", "torch")
@@ -90,3 +91,43 @@ def decode_attention(
         )  # [1, H, 1, D]
         out[b] = o[0, :, 0]
     return out
+
+
+@register("decode_self_attention", "torch")
+def decode_self_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    eps: float,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """A decode batch's attention from its QKV projection, in one op (the per-token path of a
+    deep model at batch 1 is otherwise a dozen small ops a layer).
+
+    qkv: [B, (H + 2 Hkv) D], each request's one new token: q heads, then k, then v.
+    cos, sin: [B, D] float32 (rotate-half layout). q_norm_weight, k_norm_weight: [D] each to
+    RMSNorm every q and k head (with ``eps``) before the rotation, or both empty for none.
+    Writes each request's rotated K and its V at slot ``out_cache_loc[b]`` of k_buffer,
+    v_buffer ([S, Hkv, D], cast to their dtype), then attends as ``decode_attention`` does
+    (seq_lens counting the new token). Returns [B, H * D] in qkv's dtype.
+    """
+    batch, dim, kv_heads = qkv.shape[0], k_buffer.shape[-1], k_buffer.shape[1]
+    heads = qkv.shape[1] // dim - 2 * kv_heads
+    q, k, v = qkv.view(batch, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
+    if q_norm_weight.numel() > 0:
+        q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
+    q, k = apply_rotary_emb(q, k, cos, sin)
+    k_buffer[out_cache_loc] = k.to(k_buffer.dtype)
+    v_buffer[out_cache_loc] = v.to(v_buffer.dtype)
+    out = decode_attention(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale
+    )  # [B, H, D]
+    return out.reshape(batch, heads * dim)

@@ -6,6 +6,7 @@ import torch
 
 import kernels
 from runtime.forward_batch import ForwardBatch, ForwardMode
+from runtime.layers.basic import RMSNorm
 
 
 class PagedAttention(torch.nn.Module):
@@ -15,6 +16,7 @@ class PagedAttention(torch.nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.scale = head_dim**-0.5
+        self._no_norm = torch.empty(0)  # decode_self_attention's "no q/k norm"
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -39,6 +41,38 @@ class PagedAttention(torch.nn.Module):
             decode_out = self._decode(q[t:], k_buffer, v_buffer, batch, rows[e:], seq_lens[e:])
             out = torch.cat([extend_out, decode_out])
         return out.reshape(q.shape[0], -1)
+
+    def fuses(self, batch: ForwardBatch) -> bool:
+        """Whether ``forward_decode`` runs ``batch``: a decode batch on the CPU without a
+        cascade plan. (On CUDA the decode ops stay separate: they are captured in graphs.)"""
+        return (
+            batch.mode is ForwardMode.DECODE
+            and batch.cascade is None
+            and batch.input_ids.device.type == "cpu"
+        )
+
+    def forward_decode(
+        self,
+        qkv: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        norms: tuple[RMSNorm | None, RMSNorm | None],
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """A decode batch (``fuses(batch)``) from its QKV projection qkv: [B, (H + 2 Hkv) D],
+        per-head q/k ``norms`` (both or neither) and rotation, K/V write and attention in one
+        op. Returns [B, H * D]."""
+        pool = batch.kv_pool
+        q_norm, k_norm = norms
+        if q_norm is None or k_norm is None:
+            q_weight = k_weight = self._no_norm
+            eps = 0.0
+        else:
+            q_weight, k_weight, eps = q_norm.weight, k_norm.weight, q_norm.eps
+        return kernels.decode_self_attention(
+            qkv, *cos_sin, q_weight, k_weight, eps,
+            pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id], batch.out_cache_loc,
+            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, self.scale,
+        )  # fmt: skip
 
     def forward_last_rows(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch

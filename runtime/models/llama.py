@@ -81,8 +81,12 @@ class LlamaAttention(torch.nn.Module):
     ) -> torch.Tensor:
         """[T, hidden]; with ``last_rows`` only the rows ``batch.logit_indices`` ([N, hidden]),
         every token's K/V still written."""
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        if not last_rows and self.attn.fuses(batch):
+            norms = (self.q_norm, self.k_norm)
+            return self.o_proj(self.attn.forward_decode(qkv, cos_sin, norms, batch))
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self._split, dim=-1)
+        q, k, v = qkv.split(self._split, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)

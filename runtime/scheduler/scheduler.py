@@ -51,7 +51,7 @@ from runtime.ipc import (
 )
 from runtime.model_files import load_tokenizer
 from runtime.model_runner import ModelRunner, RunnerConfig
-from runtime.sampler import SampleOutput, Sampler
+from runtime.sampler import SampleOutput, Sampler, take_rows
 from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.cache_view import CacheView
 from runtime.scheduler.decode_manager import DecodeManager
@@ -356,10 +356,10 @@ class Scheduler:
         reported in ``failures``) and the rest go on."""
         try:
             # Indexing copies the rows, so the sampler may process them in place.
-            return self.sampler.sample(logits[rows], reqs, in_place=True)
+            return self.sampler.sample(take_rows(logits, rows), reqs, in_place=True)
         except Exception:
             logger.warning("sampling the batch failed; sampling its rows one by one")
-        logits = logits[rows]
+        logits = take_rows(logits, rows)
         tokens: list[int] = []
         logprobs: list[Any] = []
         failures: dict[int, tuple[int, str]] = {}

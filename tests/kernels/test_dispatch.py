@@ -71,6 +71,34 @@ def test_forced_torch_keeps_the_reference_on_cpu(restore_backend: None) -> None:
         assert _backend_of(op, "cpu") == ("native" if op in NATIVE_OPS else "torch"), op
 
 
+def test_an_op_follows_a_backend_switch_after_it_has_run(
+    restore_backend: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The op remembers what it resolved to; switching backends or registering must forget it.
+    calls: list[str] = []
+    for backend in ("torch", "native"):
+        impl = dispatch._impls["silu_and_mul"].get(backend)
+        if impl is not None:
+            counting = (lambda b, f: lambda x: calls.append(b) or f(x))(backend, impl)
+            monkeypatch.setitem(dispatch._impls["silu_and_mul"], backend, counting)
+    dispatch._resolved.clear()
+    x = torch.randn(2, 8)
+    kernels.set_kernel_backend("torch")
+    kernels.silu_and_mul(x)
+    kernels.silu_and_mul(x)
+    assert calls == ["torch", "torch"]
+    kernels.set_kernel_backend("native")
+    kernels.silu_and_mul(x)
+    assert calls[-1] == "native"
+    dispatch.register("silu_and_mul", "native")(lambda x: calls.append("new") or x)
+    try:
+        kernels.silu_and_mul(x)
+        assert calls[-1] == "new"
+    finally:
+        monkeypatch.undo()
+        dispatch._resolved.clear()
+
+
 def test_forced_backends_win_over_the_device(triton_ops: ModuleType, restore_backend: None) -> None:
     kernels.set_kernel_backend("torch")
     assert all(_backend_of(op, "cuda") == "torch" for op in OPS)
