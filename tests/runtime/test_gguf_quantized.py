@@ -180,7 +180,7 @@ def test_real_model_predicts_as_the_dequantized_model(
     smollm2: tuple[ModelRunner, ModelRunner],
 ) -> None:
     """Int8 activations move near-ties only: the next-token choice at (nearly) every position
-    of a real passage is the float model's, and a chat answer starts the same."""
+    of a real passage is the float model's, and a plain fact comes out the same."""
     tokenizer = load_tokenizer(builtin_model_path())
     quantized, dequantized = smollm2
     assert quantized.quantization == "gguf"
@@ -189,12 +189,7 @@ def test_real_model_predicts_as_the_dequantized_model(
     ours, theirs = (d.extend([d.new_sequence()], [passage], logits="all") for d in drivers)
     agree = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
     assert agree >= 0.9, agree
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True,
-        return_dict=False,
-    )
-    [answer] = drivers[0].greedy([prompt], 12)
+    [answer] = drivers[0].greedy([tokenizer.encode("The capital of France is")], 2)
     assert "Paris" in tokenizer.decode(answer), tokenizer.decode(answer)
 
 
