@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-QUESTION = "What is the capital of France?"
+QUESTION = "Tell me the capital of France."
 KNOWN_ANSWER = "Paris"
 PASSAGE = "Maria Lopez, 34, is a civil engineer who lives in Madrid."
 EXTRACTION_PROMPT = f"Extract the person's name, age and city: {PASSAGE}"

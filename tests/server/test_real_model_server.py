@@ -21,7 +21,7 @@ from runtime.model_files import builtin_model_path, locate_model
 from runtime.server import ServerProcess
 from runtime.server.demo import PERSON_SCHEMA, extract_person
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "Tell me the capital of France."}]
 
 
 @pytest.fixture(scope="module")
