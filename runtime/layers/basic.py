@@ -13,9 +13,7 @@ from runtime.cpu_features import cpu_flags, has_bf16_dot
 from runtime.distributed.partition import Shard
 
 
-def onednn_packing_available(
-    weight: torch.Tensor, flags: frozenset[str] | None = None
-) -> bool:
+def onednn_packing_available(weight: torch.Tensor, flags: frozenset[str] | None = None) -> bool:
     """Whether ``pack_weight`` applies: on CPU with oneDNN (mkldnn) in this torch, float32, or
     bfloat16 where the CPU (``flags``; default: this machine's) has bfloat16 dot products —
     without them oneDNN's bfloat16 GEMMs are slower than float32 ones (runtime/cpu_features.py),
