@@ -1,10 +1,11 @@
 """What this CPU can do, read from its flags, and the choices made from them.
 
 The CPUs these runs meet differ (docs/benchmarks.md): an Intel Xeon with AVX-512 but no
-AVX512-BF16 ran bfloat16 matmuls 2-2.5x slower than float32, while CPUs with AVX512-BF16
-(``vdpbf16ps``: bfloat16 products summed in float32) run oneDNN's bfloat16 GEMMs 1.5-5x faster
-than its float32 ones on the same shapes. So bfloat16 weights are only packed for oneDNN, and
-only chosen by ``--dtype auto``, where the flag is present. Callers pass the flags in (tests
+AVX512-BF16 ran bfloat16 matmuls 2-2.5x slower than float32, while on one with it
+(``vdpbf16ps``: bfloat16 products summed in float32; and AMX) oneDNN's packed bfloat16 GEMMs
+ran SmolLM2's projections up to 2.6x faster than packed float32 at 1-32 rows and 3.5-7x at 512
+(benchmarks/bf16_bench.py). So bfloat16 weights are only packed for oneDNN, and only chosen by
+``--dtype auto``, where the flag is present. Callers pass the flags in (tests
 inject them); ``cpu_flags()`` reads this machine's.
 """
 
