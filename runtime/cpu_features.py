@@ -3,10 +3,10 @@
 The CPUs these runs meet differ (docs/benchmarks.md): an Intel Xeon with AVX-512 but no
 AVX512-BF16 ran bfloat16 matmuls 2-2.5x slower than float32, while on one with it
 (``vdpbf16ps``: bfloat16 products summed in float32; and AMX) oneDNN's packed bfloat16 GEMMs
-ran SmolLM2's projections up to 2.6x faster than packed float32 at 1-32 rows and 3.5-7x at 512
-(benchmarks/bf16_bench.py). So bfloat16 weights are only packed for oneDNN, and only chosen by
-``--dtype auto``, where the flag is present. Callers pass the flags in (tests
-inject them); ``cpu_flags()`` reads this machine's.
+ran SmolLM2's larger projections 1.9-6x faster than packed float32 at 1-32 rows and 3.5-7x at
+512 (benchmarks/bf16_bench.py, docs/benchmarks.md). So bfloat16 weights are only packed for
+oneDNN, and only chosen by ``--dtype auto``, where the flag is present. Callers pass the flags
+in (tests inject them); ``cpu_flags()`` reads this machine's.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     float32, measured on the 2-core VMs: 2.5-3x faster than ``F.linear`` (MKL) at 32-2048 rows
     and up to 6x for a wide output at one row (docs/kernels.md); results differ by float32
     rounding. bfloat16 (AVX512-BF16): products of bfloat16 summed in float32, the output
-    rounded to bfloat16 once; it reads half the bytes, so it is about 2x faster than packed
-    float32 on SmolLM2's larger shapes at 1-32 rows, and 3.5-7x at 512 (docs/kernels.md).
+    rounded to bfloat16 once; reading half the bytes, it ran 1.9-6x faster than packed float32
+    on SmolLM2's larger shapes at 1-32 rows, and 3.5-7x at 512 (docs/benchmarks.md).
     """
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
