@@ -128,12 +128,14 @@ class ArborRuns:
     every repeat computes its prompt."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        context = max(len(spec["prompt"]), len(spec["batch_prompts"][0] if spec["batch_prompts"]
-                      else [])) + spec["steps"] + 8  # fmt: skip
+        # The pool holds the single stream, or the largest batch of (shorter) batch prompts.
+        room, batch_prompts = spec["steps"] + 8, spec["batch_prompts"]
         sequences = max([1, *spec["batches"]])
+        batch_tokens = sequences * (len(batch_prompts[0]) + room) if batch_prompts else 0
         self.engine = Engine(
             spec["model_path"], dtype=spec["dtype"], quantization=spec["quantization"],
-            max_total_tokens=sequences * context + 64, max_running_requests=sequences,
+            max_total_tokens=max(len(spec["prompt"]) + room, batch_tokens) + 64,
+            max_running_requests=sequences,
             disable_radix_cache=True, device="cpu",
         )  # fmt: skip
         info = self.engine.get_server_info()
