@@ -8,18 +8,23 @@ llama-cpp-python for prefill and batch-1 decode (one sequence, token by token), 
 rates as the server reports them (``timings.predicted_per_second``) while all B decode
 together. Sampling is greedy.
 
-On a real model (``--model-path FILE.gguf``, or a folder): Arbor (float32, the file's weights
-dequantized), transformers (``gguf_file=``, dequantized to float32) and llama.cpp (the file as
-it is), each loaded in a process of its own (benchmarks/cpu_anchor_worker.py): load time,
-resident memory, single-stream prefill of ``--prompt-len`` tokens and decode after it, and
-decode of B sequences of ``--batch-context`` tokens (llama.cpp: on llama-server, as above).
+On a real model (``--model-path FILE.gguf``, or a folder): Arbor (a ``runtime.Engine``:
+scheduler, sampling and streaming included, as llama.cpp's own loop is; ``--dtype`` and
+``--quantization`` pass through, Arbor's defaults otherwise: ``none`` dequantizes the file's
+blocks, ``gguf`` keeps them), transformers (``gguf_file=``, dequantized to float32) and
+llama.cpp (the file as it is), each loaded in a process of its own
+(benchmarks/cpu_anchor_worker.py), all on the same thread count: load time, resident memory,
+single-stream prefill of ``--prompt-len`` tokens and decode after it, and decode of B
+sequences of ``--batch-context`` tokens for each B of ``--batches`` (llama.cpp: on
+llama-server, as above).
 Prompts are English text (benchmarks/data/). ``--rounds N`` runs every system N times,
 interleaved, and keeps each number's best (a shared machine's bursts hit one round).
 
     python -m benchmarks.cpu_anchor_bench [--preset qwen2.5-0.5b-shape] [--batches 1,8,32]
         [--prompt-len 128] [--steps 32]
-    python -m benchmarks.cpu_anchor_bench --model-path FILE.gguf [--batches 1,32]
+    python -m benchmarks.cpu_anchor_bench --model-path FILE.gguf [--batches 1,8,32]
         [--prompt-len 512] [--batch-context 128] [--steps 32] [--rounds 3]
+        [--quantization auto|none|gguf] [--dtype auto|float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -161,7 +166,7 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     model_path = str(Path(args.model_path).expanduser().resolve())
     locate_model(model_path)  # builds a GGUF file's converted folder once, before any timing
     gguf = str(llama_cpp_file(model_path))
-    spec = _spec(args, model_path, gguf, max(batches))
+    spec = _spec(args, model_path, gguf, batches)
     load_before = os.getloadavg()
     try:
         find_or_build(None)  # once: a failed build is not retried every round
@@ -176,8 +181,9 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     best = {system: _best([r[system] for r in rounds]) for system in SYSTEMS}
     load_after = os.getloadavg()
     rows = _table_rows(best, batches)
-    print(f"\n{model_path}: {args.rounds} round(s), best of each; load average before "
-          f"{_load(load_before)}, after {_load(load_after)}\n")  # fmt: skip
+    print(f"\n{model_path}: {args.rounds} round(s), best of each, {spec['threads']} threads; "
+          f"arbor --dtype {args.dtype} --quantization {args.quantization}; load average "
+          f"before {_load(load_before)}, after {_load(load_after)}\n")  # fmt: skip
     print_table(["", *SYSTEMS, "arbor / transformers", "arbor / llama.cpp"], rows)
     for system, result in best.items():
         for key, value in result.items():
@@ -189,6 +195,7 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     payload = {
         "model_path": model_path, "gguf": gguf, "prompt_len": spec["prompt_len"],
         "batch_context": args.batch_context, "steps": args.steps, "batches": batches,
+        "threads": spec["threads"], "dtype": args.dtype, "quantization": args.quantization,
         "rounds": rounds, "best": best,
         "llama_cpp_extra_buffers_off": no_extra_buffers,
         "load_average": {"before": load_before, "after": load_after},
@@ -197,12 +204,15 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     write_json("cpu_anchor_bench_model", payload, args.out)
 
 
-def _spec(args: argparse.Namespace, model_path: str, gguf: str, batch: int) -> dict[str, Any]:
+def _spec(
+    args: argparse.Namespace, model_path: str, gguf: str, batches: list[int]
+) -> dict[str, Any]:
     """What every worker runs: the single-stream prompt (the passage's first ``prompt_len``
     tokens, repeated if short) and ``batch`` prompts of ``batch_context`` tokens at different
     offsets into it."""
     ids = load_tokenizer(model_path)(ENGLISH_PASSAGE.read_text()).input_ids
     prompt_len = args.prompt_len or 512
+    batch = max(batches)
     text = ids * (prompt_len // len(ids) + 1)
     stride = max(1, (len(ids) - args.batch_context) // max(batch, 1))
     batch_prompts = [
@@ -211,8 +221,9 @@ def _spec(args: argparse.Namespace, model_path: str, gguf: str, batch: int) -> d
     return {
         "model_path": model_path, "gguf": gguf, "prompt": text[:prompt_len],
         "prompt_len": prompt_len, "steps": args.steps, "repeat": 3,
-        "batch_prompts": batch_prompts if batch > 1 else [],
-        "threads": torch.get_num_threads(),
+        "batch_prompts": batch_prompts if batch > 1 else [], "batches": batches,
+        "threads": torch.get_num_threads(), "dtype": args.dtype,
+        "quantization": args.quantization,
     }  # fmt: skip
 
 
@@ -299,15 +310,19 @@ def main() -> None:
         "--model-path", help="a GGUF file (or model folder): Arbor, transformers and llama.cpp "
         "on it, instead of Arbor and llama.cpp on the preset",
     )  # fmt: skip
-    parser.add_argument("--batches", help="decode batch sizes (default 1,8,32; model: 1,32)")
+    parser.add_argument("--batches", help="decode batch sizes (default 1,8,32)")
     parser.add_argument("--prompt-len", type=int, help="default 128 (model: 512)")
     parser.add_argument("--batch-context", type=int, default=128, help="model: batch prompts")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1, help="model: rounds, best kept")
+    parser.add_argument(
+        "--quantization", default="auto", choices=("auto", "none", "gguf"),
+        help="model: Arbor's --quantization (none: dequantized to --dtype; gguf: the blocks)",
+    )  # fmt: skip
+    parser.add_argument("--dtype", default="auto", help="model: Arbor's --dtype")
     parser.add_argument("--out", help="JSON results path")
     args = parser.parse_args()
-    default_batches = "1,32" if args.model_path else "1,8,32"
-    batches = [int(b) for b in (args.batches or default_batches).split(",")]
+    batches = [int(b) for b in (args.batches or "1,8,32").split(",")]
     if args.model_path:
         real_model(args, batches)
         return

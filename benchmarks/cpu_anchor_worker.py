@@ -5,17 +5,20 @@ not returned heap, a mapped file) never counts against another and each starts c
 worker reads a spec (the model, the prompts, the step count: the same for every system),
 measures and writes one JSON object:
 
-- ``load_s``: constructing the model object, from the file to ready to run;
+- ``load_s``: constructing the model object (Arbor: the ``Engine``), from the file to ready
+  to run;
 - ``rss_load_mb``: resident memory growth over that (VmRSS after minus before; imports and
   the tokenizer are before), ``rss_peak_mb`` the peak during it (VmHWM after minus VmRSS
   before), ``rss_run_mb`` the growth once the single-stream runs are done (llama.cpp maps
   its file and counts those pages only once a forward has read them);
-- ``prefill``: tokens/s of one forward over the prompt (logits for its last token only);
+- ``prefill``: tokens/s of one forward over the prompt (logits for its last token only;
+  Arbor: a request for one greedy token);
 - ``decode_b1``: greedy tokens/s of one sequence after the prompt, the prompt untimed;
-- ``decode_bB``: tokens/s of B sequences decoding together (``batch_prompts``), their
-  prompts untimed (Arbor and transformers; llama.cpp's batches run on llama-server, which
-  the parent process starts);
-- ``others_cpu_share``: the machine's CPU other processes used while this one measured.
+- ``decode_bB`` for each B of ``batches`` above 1: tokens/s of B sequences decoding together
+  (the first B ``batch_prompts``), their prompts untimed (Arbor and transformers; llama.cpp's
+  batches run on llama-server, which the parent process starts);
+- ``others_cpu_share``: the machine's CPU other processes used while this one measured;
+- Arbor also reports the ``dtype`` and ``quantization`` it ran with (auto resolved).
 
 Rates are the best of ``repeat`` runs after a warm-up (benchmarks.common.best_time).
 
@@ -24,6 +27,7 @@ Rates are the best of ``repeat`` runs after a warm-up (benchmarks.common.best_ti
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import sys
@@ -37,9 +41,13 @@ import torch
 import kernels
 from benchmarks.common import best_time
 from benchmarks.suite.contention import others_share, sample
+from benchmarks.suite.systems.arbor import stream_call
 from benchmarks.suite.systems.llama_cpp_load import extra_buffers_crash, open_llama
 from benchmarks.suite.systems.model_source import load_hf_model
-from runtime.model_runner import ModelRunner, RunnerConfig
+from benchmarks.suite.trace import Clock, Timing
+from runtime import Engine
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
 class SystemRuns(Protocol):
@@ -81,11 +89,15 @@ def measure(system: str, spec: dict[str, Any]) -> dict[str, Any]:
     result["decode_b1"] = steps / min(runs.decode_seconds([prompt], steps) for _ in range(repeat))
     result["rss_run_mb"] = memory_mb()[0] - rss_before
     batch_prompts = spec["batch_prompts"]
-    if batch_prompts and system != "llama.cpp":
+    batches = [b for b in spec["batches"] if b > 1]
+    if batch_prompts and batches and system != "llama.cpp":
         runs = runs.for_batch(batch_prompts, steps)
-        best = min(runs.decode_seconds(batch_prompts, steps) for _ in range(repeat))
-        result[f"decode_b{len(batch_prompts)}"] = len(batch_prompts) * steps / best
+        for batch in batches:
+            prompts = batch_prompts[:batch]
+            best = min(runs.decode_seconds(prompts, steps) for _ in range(repeat))
+            result[f"decode_b{batch}"] = batch * steps / best
     result["others_cpu_share"] = others_share(cpu_start, sample())
+    result.update(getattr(runs, "settings", {}))
     return result
 
 
@@ -110,50 +122,48 @@ def _loader(system: str, gguf_path: str) -> Callable[[dict[str, Any]], SystemRun
 
 
 class ArborRuns:
-    """Arbor's model runner on the file, weights dequantized to float32
-    (``quantization="none"``), its KV pool sized for the runs at hand."""
+    """Arbor as a user runs it: a ``runtime.Engine`` on the file (``dtype`` and
+    ``quantization`` from the spec; the defaults are Arbor's own), its scheduler, sampling and
+    streaming included, as llama.cpp's own loop is measured. The prefix cache is off, so that
+    every repeat computes its prompt."""
 
-    def __init__(self, spec: dict[str, Any], sequences: int = 1, context: int = 0) -> None:
-        self.spec = spec
-        context = context or len(spec["prompt"]) + spec["steps"] + 8
-        self.runner = ModelRunner(RunnerConfig(
-            spec["model_path"], dtype="float32", quantization="none",
-            kv_slots=sequences * context + 8, max_requests=sequences, context_len=context,
-        ))  # fmt: skip
+    def __init__(self, spec: dict[str, Any]) -> None:
+        # The pool holds the single stream, or the largest batch of (shorter) batch prompts.
+        room, batch_prompts = spec["steps"] + 8, spec["batch_prompts"]
+        sequences = max([1, *spec["batches"]])
+        batch_tokens = sequences * (len(batch_prompts[0]) + room) if batch_prompts else 0
+        self.engine = Engine(
+            spec["model_path"], dtype=spec["dtype"], quantization=spec["quantization"],
+            max_total_tokens=max(len(spec["prompt"]) + room, batch_tokens) + 64,
+            max_running_requests=sequences,
+            disable_radix_cache=True, device="cpu",
+        )  # fmt: skip
+        info = self.engine.get_server_info()
+        # What auto resolved to, reported beside the numbers.
+        self.settings = {key: str(info[key]) for key in ("dtype", "quantization")}
 
     def for_batch(self, prompts: list[list[int]], steps: int) -> SystemRuns:
-        """A runner whose pool holds ``prompts`` and their ``steps`` tokens (this one freed)."""
-        spec = self.spec
-        del self.runner
-        gc.collect()
-        return ArborRuns(spec, len(prompts), len(prompts[0]) + steps + 8)
-
-    def _rows(self, count: int, span: int) -> list[int]:
-        rows = [self.runner.req_to_token_pool.alloc() for _ in range(count)]
-        for i, row in enumerate(rows):
-            assert row is not None
-            slots = torch.arange(1 + i * span, 1 + (i + 1) * span)  # slot 0: the padding slot
-            self.runner.req_to_token_pool.write(row, 0, slots)
-        return [r for r in rows if r is not None]
+        return self
 
     def prefill(self, prompt: list[int]) -> None:
-        rows = self._rows(1, len(prompt))
-        self.runner.forward(self.runner.build_batch(rows, [0], [prompt]))
-        self.runner.req_to_token_pool.free(rows[0])
+        self.engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 1})
 
     def decode_seconds(self, prompts: list[list[int]], steps: int) -> float:
-        length = len(prompts[0])
-        rows = self._rows(len(prompts), length + steps)
-        logits = self.runner.forward(self.runner.build_batch(rows, [0] * len(rows), prompts))
-        start = time.perf_counter()
-        for step in range(steps):
-            ids = logits.argmax(-1).tolist()
-            batch = self.runner.build_batch(rows, [length + step] * len(rows), [[t] for t in ids])
-            logits = self.runner.forward(batch)
-        seconds = time.perf_counter() - start
-        for row in rows:
-            self.runner.req_to_token_pool.free(row)
-        return seconds
+        """Seconds per ``steps`` tokens of each prompt while all of them decode: tokens that
+        reach the client between the last first token (every prefill done) and the last
+        token, scaled to ``len(prompts) * steps``."""
+
+        async def run() -> list[Timing]:
+            clock = Clock()
+            sampling = {**GREEDY, "max_new_tokens": steps + 1}
+            calls = [stream_call(self.engine, clock, tuple(p), sampling) for p in prompts]
+            return [timing for _, timing, _ in await asyncio.gather(*calls)]
+
+        timings = asyncio.run(run())
+        start = max(t.token_times[0] for t in timings)
+        end = max(t.token_times[-1] for t in timings)
+        emitted = sum(start < when <= end for t in timings for when in t.token_times)
+        return (end - start) * len(prompts) * steps / max(emitted, 1)
 
 
 class TransformersRuns:

@@ -101,12 +101,15 @@ def compare(ours: np.ndarray, theirs: np.ndarray, ids: list[int]) -> Agreement:
     )
 
 
-def arbor_logits(model_path: str, ids: list[int], quantization: str = "none") -> np.ndarray:
-    """Arbor's float32 logits at every position of ``ids`` ([len(ids), vocab]), one prefill."""
+def arbor_logits(
+    model_path: str, ids: list[int], quantization: str = "none", dtype: str = "float32"
+) -> np.ndarray:
+    """Arbor's logits (computed in ``dtype``, returned as float32) at every position of
+    ``ids`` ([len(ids), vocab]), one prefill."""
     from runtime.model_runner import ModelRunner, RunnerConfig
 
     runner = ModelRunner(RunnerConfig(
-        model_path, dtype="float32", quantization=quantization, kernel_backend="auto",
+        model_path, dtype=dtype, quantization=quantization, kernel_backend="auto",
         kv_slots=len(ids) + 8, max_requests=1, context_len=len(ids) + 8,
     ))  # fmt: skip
     row = runner.req_to_token_pool.alloc()

@@ -91,12 +91,17 @@ class ModelConfig:
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=raw.get("attention_bias", False),
             mlp_bias=raw.get("mlp_bias", False),
-            checkpoint_dtype=_DTYPES.get(
-                str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32
-            ),
+            checkpoint_dtype=_DTYPES[stored_dtype(raw)],
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(path, raw),
         )
+
+
+def stored_dtype(raw: dict[str, Any]) -> str:
+    """The dtype a Hugging Face config says its weights are stored in (``dtype``, or 4.x's
+    ``torch_dtype``), as a name in ``_DTYPES``; float32 when it names none of them."""
+    name = str(raw.get("dtype") or raw.get("torch_dtype"))
+    return name if name in _DTYPES else "float32"
 
 
 def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:

@@ -58,7 +58,7 @@ class RunnerConfig:
     K/V in the compute dtype, ``fp32``, ``bf16`` or ``fp16`` in that dtype (and sizes the
     default pool by it). cascade_min_prefix: decode requests sharing at least this many tokens
     attend to them in one shared-prefix pass (runtime/cascade.py); None turns that off.
-    pack_weights: move the projection weights into oneDNN's layout on CPU float32
+    pack_weights: move the projection weights into oneDNN's layout on CPU, float32 or bfloat16
     (``CausalLM.pack_weights``). cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches
     of up to ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs
     captured at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from runtime.cpu_features import auto_cpu_dtype
 from runtime.distributed.partition import check_tp_size
 from runtime.model_files import builtin_model_path, locate_model
 
@@ -35,7 +36,8 @@ TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral", "generic")
 # nothing from it; a test keeps each pair equal.
 # runtime.scheduler.schedule_policy's policies.
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-# runtime.model_config's dtypes; auto: float32 on CPU, bfloat16 elsewhere.
+# runtime.model_config's dtypes; auto: bfloat16 on GPU; on CPU float32, or bfloat16 for a
+# bfloat16 checkpoint where the CPU has bfloat16 dot products (runtime.cpu_features).
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # runtime.memory_pool.KV_CACHE_DTYPES; auto: the model's compute dtype.
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -86,7 +88,10 @@ class ServerArgs:
     )
     tokenizer_path: str | None = _flag(None, "the tokenizer's folder (default: the model's)")
     dtype: str = _flag(
-        "auto", "the dtype the model computes in; auto: float32 on CPU, bfloat16 on GPU", DTYPES
+        "auto",
+        "the dtype the model computes in; auto: bfloat16 on GPU; on CPU float32, or bfloat16 "
+        "for a bfloat16 checkpoint on a CPU with AVX512-BF16",
+        DTYPES,
     )
     quantization: str = _flag(
         "auto",
@@ -376,19 +381,27 @@ class ServerArgs:
                 "speculative_draft_model_path is only used with speculative_algorithm draft"
             )
 
-    def for_device(self, cuda_available: bool) -> ServerArgs:
+    def for_device(
+        self,
+        cuda_available: bool,
+        checkpoint_dtype: str = "float32",
+        cpu_flags: frozenset[str] = frozenset(),
+    ) -> ServerArgs:
         """This configuration with every device-dependent default filled in: ``device``,
         ``dtype`` and ``kv_cache_dtype`` named instead of ``auto``, the prefill budgets and
-        ``cuda_graph_max_bs`` as numbers. Values given explicitly are kept (a
-        ``cuda_graph_max_bs`` above ``max_running_requests`` is capped: no decode batch is
-        larger). Applying it twice changes nothing."""
+        ``cuda_graph_max_bs`` as numbers. ``dtype`` auto on CPU depends on the dtype the
+        checkpoint is stored in and the CPU's flags (``runtime.cpu_features.auto_cpu_dtype``;
+        the defaults give float32). Values given explicitly are kept (a ``cuda_graph_max_bs``
+        above ``max_running_requests`` is capped: no decode batch is larger). Applying it twice
+        changes nothing."""
         device = self.device
         if device == "auto":
             device = "cuda" if cuda_available else "cpu"
         device_type = device.split(":")[0]
         dtype = self.dtype
         if dtype == "auto":
-            dtype = "float32" if device_type == "cpu" else "bfloat16"
+            cpu = device_type == "cpu"
+            dtype = auto_cpu_dtype(checkpoint_dtype, cpu_flags) if cpu else "bfloat16"
         kv_cache_dtype = self.kv_cache_dtype
         if kv_cache_dtype == "auto":
             kv_cache_dtype = _KV_DTYPE_OF[dtype]

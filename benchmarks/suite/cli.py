@@ -1,6 +1,6 @@
 """``arbor bench``: run a workload on Arbor and on the baselines, side by side.
 
-    arbor bench WORKLOAD [--model-path DIR|FILE.gguf]
+    arbor bench WORKLOAD [--model-path DIR|FILE.gguf] [--dtype D] [--quantization Q]
                          [--baseline transformers|llama.cpp|llama-server|all|none]
                          [--quick] [--plot out.png] [--out result.json]
     arbor bench serve --rate R [--model-path DIR|FILE.gguf]
@@ -10,7 +10,11 @@
 (equivalently ``python -m benchmarks.suite ...`` from the repository root). Workloads:
 few-shot, multi-turn, tree-of-thought, agent, json, random. Arbor runs the workload first; each
 baseline then replays exactly the calls Arbor made (same prompt tokens, same output token
-counts). Prints a table, writes JSON (default ``benchmarks/results/bench-WORKLOAD.json``) and,
+counts). On a GGUF file every system runs the file: Arbor natively (its own ``--dtype`` and
+``--quantization``, auto by default, as ``arbor serve`` would run it), llama.cpp and
+llama-server on the file in its own quantization, transformers through its GGUF loader
+(dequantized to float32); ``--gguf`` pairs a model folder with a GGUF file for llama.cpp.
+Prints a table, writes JSON (default ``benchmarks/results/bench-WORKLOAD.json``) and,
 with ``--plot``, a PNG chart. ``quality`` is ``benchmarks/quality_bench.py``: validity and
 accuracy of structured output, per constrained mode (its own flags; default model: built-in).
 """
@@ -30,6 +34,7 @@ from benchmarks.suite.systems.llama_server_build import BIN_ENV
 from benchmarks.suite.trace import SystemRun
 from benchmarks.suite.workloads import WORKLOADS, Workload, create_workload
 from benchmarks.suite.workloads.base import RequestListWorkload
+from runtime.server_args import DTYPES
 
 BASELINES = ("transformers", "llama.cpp", "llama-server")
 
@@ -41,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--model-path", help="HF model folder or GGUF file (default: the small test model)"
+    )
+    common.add_argument(
+        "--dtype", default="auto", choices=DTYPES, help="Arbor's --dtype (auto: as it serves)"
+    )
+    common.add_argument(
+        "--quantization",
+        default="auto",
+        help="Arbor's --quantization (none: a GGUF file's blocks dequantized to --dtype; auto: "
+        "Arbor's choice for the file)",
     )
     common.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
     common.add_argument("--requests", type=int, help="override the workload's request count")
@@ -119,11 +133,11 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
     workload = create_workload(args.workload, args.quick, args.requests, args.seed)
     baselines = _chosen_baselines(args.baseline)
     load_before = os.getloadavg()
-    ours = run_arbor(workload, model_path, args.max_total_tokens)
+    ours = run_arbor(workload, model_path, arbor_settings(args))
     runs: list[SystemRun] = [ours]
     compiled = None
     if args.compiled:
-        compiled = run_arbor_compiled(workload, model_path, args.max_total_tokens)
+        compiled = run_arbor_compiled(workload, model_path, arbor_settings(args))
     replays_from = 1 if compiled is None else 2
     if compiled is not None:
         runs.append(compiled)
@@ -187,6 +201,7 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
     payload = {
         "command": ["arbor", "bench", *argv],
         "model_path": model_path,
+        "arbor_settings": arbor_settings(args),
         "workload": workload.describe(),
         "load_average": {"before": load_before, "after": load_after},
         "optimal_hit_rate": optimal,
@@ -203,17 +218,26 @@ def run_offline(args: argparse.Namespace, model_path: str, argv: list[str]) -> i
     return 0
 
 
-def run_arbor(workload: Workload, model_path: str, max_total_tokens: int) -> SystemRun:
-    """Arbor's run on a fresh in-process Engine (float32, as on CPU), stopped afterwards so
-    the baselines get the whole machine."""
+def arbor_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The Engine settings Arbor's runs take from the command line."""
+    return {
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "max_total_tokens": args.max_total_tokens,
+    }
+
+
+def run_arbor(workload: Workload, model_path: str, settings: dict[str, Any]) -> SystemRun:
+    """Arbor's run on a fresh in-process Engine with ``settings`` (``arbor_settings``),
+    stopped afterwards so the baselines get the whole machine."""
     from runtime import Engine
 
-    with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
+    with Engine(model_path, **settings) as engine:
         return measured(lambda: workload.run_arbor(engine))
 
 
 def run_arbor_compiled(
-    workload: Workload, model_path: str, max_total_tokens: int
+    workload: Workload, model_path: str, settings: dict[str, Any]
 ) -> SystemRun | None:
     """The workload's DSL programs with compiled execution, on a fresh Engine configured as
     ``run_arbor``'s; None (no engine started) when the workload has no programs."""
@@ -227,7 +251,7 @@ def run_arbor_compiled(
         assert compiled is not None  # the workload overrides it (checked above)
         return compiled
 
-    with Engine(model_path, dtype="float32", max_total_tokens=max_total_tokens) as engine:
+    with Engine(model_path, **settings) as engine:
         return measured(lambda: run(engine))
 
 

@@ -188,7 +188,8 @@ def run_serve(args: argparse.Namespace, model_path: str, argv: list[str]) -> int
         seed=args.seed,
     )
     load_before = os.getloadavg()
-    serve_args = ("--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens))
+    serve_args = ("--dtype", args.dtype, "--quantization", args.quantization,
+                  "--max-total-tokens", str(args.max_total_tokens))  # fmt: skip
     with ServerProcess(model_path, *serve_args) as server:
         httpx.post(
             f"{server.url}/generate",

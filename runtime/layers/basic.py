@@ -9,28 +9,37 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from runtime.cpu_features import cpu_flags, has_bf16_dot
 from runtime.distributed.partition import Shard
 
 
-def onednn_packing_available(weight: torch.Tensor) -> bool:
-    """Whether ``pack_weight`` applies: float32 on CPU with oneDNN (mkldnn) in this torch."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-    )
+def onednn_packing_available(weight: torch.Tensor, flags: frozenset[str] | None = None) -> bool:
+    """Whether ``pack_weight`` applies: on CPU with oneDNN (mkldnn) in this torch, float32, or
+    bfloat16 where the CPU (``flags``; default: this machine's) has bfloat16 dot products —
+    without them oneDNN's bfloat16 GEMMs are slower than float32 ones (runtime/cpu_features.py),
+    and the weight stays with ``F.linear``."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.float32:
+        return True
+    return weight.dtype == torch.bfloat16 and has_bf16_dot(cpu_flags() if flags is None else flags)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out, in] reordered into oneDNN's blocked layout for ``packed_linear``.
+    """``weight`` [out, in] (float32 or bfloat16) reordered into oneDNN's blocked layout for
+    ``packed_linear``.
 
-    Measured on the 2-core VMs: 2.5-3x faster than ``F.linear`` (MKL) at 32-2048 rows and up
-    to 6x for a wide output at one row (docs/kernels.md); results differ by float32 rounding.
+    float32, measured on the 2-core VMs: 2.5-3x faster than ``F.linear`` (MKL) at 32-2048 rows
+    and up to 6x for a wide output at one row (docs/kernels.md); results differ by float32
+    rounding. bfloat16 (AVX512-BF16): products of bfloat16 summed in float32, the output
+    rounded to bfloat16 once; reading half the bytes, it ran 1.9-6x faster than packed float32
+    on SmolLM2's larger shapes at 1-32 rows, and 3.5-7x at 512 (docs/benchmarks.md).
     """
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` [N, in] times a ``pack_weight`` result, in (and returning) the weight's dtype."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -82,8 +91,9 @@ class Linear(torch.nn.Module):
     """y = x W^T (+ b) over the part of W this rank holds. ``out_features`` may stack several
     checkpoint tensors (q|k|v, gate|up), whose row ranges ``shard_offsets`` names for the
     loader. An int dimension is held whole; a ``Shard`` dimension in part, which is how the
-    tensor-parallel layers (runtime/layers/parallel.py) split W. After ``pack()`` (CPU,
-    float32) the weight lives only in oneDNN's layout and ``weight`` is an empty placeholder."""
+    tensor-parallel layers (runtime/layers/parallel.py) split W. After ``pack()`` (CPU: float32,
+    or bfloat16 with AVX512-BF16) the weight lives only in oneDNN's layout and ``weight`` is an
+    empty placeholder."""
 
     def __init__(
         self,

@@ -34,7 +34,8 @@ class CausalLM(torch.nn.Module, ABC):
 
     def pack_weights(self) -> None:
         """After loading, for serving: move projection weights into the fastest layout the
-        device has (oneDNN's on CPU float32). Weights can no longer be loaded afterwards."""
+        device has (oneDNN's on CPU, float32 or bfloat16: ``Linear.pack``). Weights can no
+        longer be loaded afterwards."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()

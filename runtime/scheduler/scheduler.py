@@ -35,6 +35,7 @@ import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
+from runtime.cpu_features import cpu_flags
 from runtime.forward_batch import ForwardBatch
 from runtime.ipc import (
     AbortRequest,
@@ -49,7 +50,8 @@ from runtime.ipc import (
     TokenOutput,
     TokenOutputBatch,
 )
-from runtime.model_files import load_tokenizer
+from runtime.model_config import stored_dtype
+from runtime.model_files import load_tokenizer, locate_model
 from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.sampler import SampleOutput, Sampler, take_rows
 from runtime.scheduler.activity_log import ActivityLog
@@ -96,7 +98,8 @@ class Scheduler:
     ) -> None:
         self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
         # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
-        args = args.for_device(torch.cuda.is_available())
+        stored = stored_dtype(locate_model(args.model_path).config())
+        args = args.for_device(torch.cuda.is_available(), stored, cpu_flags())
         # With tp_size > 1, rank 0 of a tensor-parallel group: it starts the other ranks.
         self.runner = start_model_runner(args.tp_size, RunnerConfig.from_server_args(args))
         try:

@@ -20,7 +20,7 @@ def test_bench_runs_arbor_and_transformers_side_by_side(
     out = tmp_path / "result.json"
     argv = ["bench", "random", "--quick", "--requests", "2", "--model-path",
             str(tiny_model_path), "--baseline", "transformers", "--hf-batch", "2",
-            "--out", str(out)]  # fmt: skip
+            "--quantization", "none", "--out", str(out)]  # fmt: skip
     plotting = _importable("matplotlib")
     if plotting:
         argv += ["--plot", str(tmp_path / "chart.png")]
@@ -36,6 +36,8 @@ def test_bench_runs_arbor_and_transformers_side_by_side(
         arbor["output_tokens_per_s"] / hf["output_tokens_per_s"]
     )
     assert result["command"][:3] == ["arbor", "bench", "random"]
+    assert result["arbor_settings"] == {"dtype": "auto", "quantization": "none",
+                                        "max_total_tokens": 131072}  # fmt: skip
     assert len(result["load_average"]["before"]) == 3
     if plotting:
         png = (tmp_path / "chart.png").read_bytes()

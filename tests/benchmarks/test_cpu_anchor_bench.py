@@ -16,7 +16,8 @@ from benchmarks.cpu_anchor_worker import measure
 def _spec(model: Path) -> dict[str, object]:
     return {"model_path": str(model), "gguf": "", "prompt": list(range(10, 26)),
             "prompt_len": 16, "steps": 2, "repeat": 1,
-            "batch_prompts": [list(range(30, 38)), list(range(40, 48))], "threads": 1}  # fmt: skip
+            "batch_prompts": [list(range(30, 38)), list(range(40, 48))], "batches": [1, 2],
+            "threads": 1, "dtype": "auto", "quantization": "auto"}  # fmt: skip
 
 
 @pytest.mark.parametrize("system", ["arbor", "transformers"])
@@ -25,6 +26,17 @@ def test_worker_measures_load_and_speed(system: str, tiny_model_path: Path) -> N
     result = measure(system, _spec(tiny_model_path))
     assert result["load_s"] > 0 and {"rss_load_mb", "rss_peak_mb", "rss_run_mb"} <= set(result)
     assert result["prefill"] > 0 and result["decode_b1"] > 0 and result["decode_b2"] > 0
+
+
+def test_arbor_runs_through_the_engine_with_the_dtype_and_quantization_given(
+    tiny_model_path: Path,
+) -> None:
+    spec = {**_spec(tiny_model_path), "batch_prompts": [], "batches": [1]}
+    result = measure("arbor", {**spec, "dtype": "bfloat16", "quantization": "none"})
+    assert (result["dtype"], result["quantization"]) == ("bfloat16", "none")
+    assert result["decode_b1"] > 0 and "decode_b2" not in result
+    with pytest.raises(ValueError, match="quantization"):
+        measure("arbor", {**spec, "quantization": "no-such-format"})
 
 
 def test_rounds_keep_the_lowest_time_and_memory_and_the_highest_rates() -> None:
@@ -57,3 +69,4 @@ def test_model_mode_reports_each_system_and_a_missing_llama_server(
         best = result["best"][system]
         assert best["decode_b2"] > 0 and best["rss_load_mb"] > 1, best  # a fresh process each
     assert "llama-server unavailable" in result["best"]["llama.cpp"]["decode_b2"]
+    assert result["best"]["arbor"]["dtype"] == "float32"  # auto, for a float32 checkpoint

@@ -123,7 +123,8 @@ def test_greedy_tokens_equal_transformers_on_a_bf16_sharded_checkpoint(
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = _prompts(hf_tokenizer)
     theirs = [_hf_greedy(reference, hf_tokenizer, p) for p in prompts]
-    engine = runtime.Engine(folder, max_total_tokens=4096)
+    # float32 as the reference computes (auto would keep bfloat16 on a CPU with AVX512-BF16).
+    engine = runtime.Engine(folder, dtype="float32", max_total_tokens=4096)
     try:
         ours = [r["output_ids"] for r in engine.generate(prompts, GREEDY)]
         # The chat template may sit in tokenizer_config.json instead of chat_template.jinja.

@@ -251,6 +251,34 @@ def test_for_device_fills_in_the_gpu_defaults():
     assert (on_second_gpu.device, on_second_gpu.dtype) == ("cuda:1", "bfloat16")
 
 
+BF16_CPU = frozenset({"avx512f", "avx512_vnni", "avx512_bf16"})
+PLAIN_AVX512_CPU = frozenset({"avx512f", "avx512bw", "avx512_vnni"})
+
+
+@pytest.mark.parametrize(
+    ("stored", "flags", "dtype", "kv"),
+    [
+        ("bfloat16", BF16_CPU, "bfloat16", "bf16"),
+        ("bfloat16", PLAIN_AVX512_CPU, "float32", "fp32"),
+        ("bfloat16", frozenset(), "float32", "fp32"),
+        ("float32", BF16_CPU, "float32", "fp32"),
+        ("float16", BF16_CPU, "float32", "fp32"),
+    ],
+)
+def test_auto_dtype_keeps_a_bfloat16_checkpoint_only_on_a_cpu_with_bf16_dot_products(
+    stored: str, flags: frozenset[str], dtype: str, kv: str
+):
+    args = ServerArgs(model_path="m").for_device(False, stored, flags)
+    assert (args.dtype, args.kv_cache_dtype) == (dtype, kv)
+
+
+def test_the_cpu_flags_change_neither_a_gpu_nor_a_given_dtype():
+    on_gpu = ServerArgs(model_path="m").for_device(True, "bfloat16", PLAIN_AVX512_CPU)
+    assert on_gpu.dtype == "bfloat16"
+    given = ServerArgs(model_path="m", dtype="float32").for_device(False, "bfloat16", BF16_CPU)
+    assert given.dtype == "float32"
+
+
 def test_for_device_keeps_what_was_given():
     given = ServerArgs(
         model_path="m",
