@@ -4,7 +4,8 @@
 not the frozen quality-bench sets), greedy, on the built-in SmolLM2-135M-Instruct by default:
 "Extract name, age, city and job as JSON. Text: ..." through the chat template, as the OpenAI
 chat API renders it. Each mode reports outputs that parse, fields right (of 4 per item), mean
-output tokens, and the finish reasons::
+output tokens, mean tokens of the JSON text alone (the free answer's first object; the whole
+output otherwise), and the finish reasons::
 
     python -m benchmarks.json_format_tuning [--model-path P] [--max-tokens 256] [--modes ...]
 
@@ -80,18 +81,18 @@ def mode_params(mode: str) -> dict[str, Any]:
     return {"ebnf": ebnf.replace(default_ws, aligned_rules(int(match.group(1)))[0])}
 
 
-def first_object(text: str) -> Any:
+def first_object(text: str) -> tuple[Any, str]:
     """The first JSON object in ``text`` (a model's free answer may wrap it in prose or a code
-    fence), or None."""
+    fence) and its text, or (None, "")."""
     decoder = json.JSONDecoder()
     for start in [m.start() for m in re.finditer(r"\{", text)]:
         try:
-            value, _ = decoder.raw_decode(text[start:])
+            value, end = decoder.raw_decode(text[start:])
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict):
-            return value
-    return None
+            return value, text[start : start + end]
+    return None, ""
 
 
 def fields_right(value: Any, item: dict[str, Any]) -> int:
@@ -111,20 +112,22 @@ def run_mode(engine: Any, prompts: list[str], items: list[dict[str, Any]], mode:
              max_tokens: int) -> dict[str, Any]:  # fmt: skip
     params = {"temperature": 0, "max_new_tokens": max_tokens} | mode_params(mode)
     results = engine.generate(prompts, [params] * len(prompts))
-    parsed = right = tokens = 0
+    parsed = right = tokens = json_tokens = 0
     finishes: Counter[str] = Counter()
     for result, item in zip(results, items, strict=True):
         text = result["text"]
-        value = first_object(text) if mode == "free" else _loads(text)
+        value, span = first_object(text) if mode == "free" else (_loads(text), text)
         parsed += value is not None
         right += fields_right(value, item)
         tokens += result["meta_info"]["completion_tokens"]
+        json_tokens += len(engine.tokenizer(span, add_special_tokens=False).input_ids)
         finishes[result["meta_info"]["finish_reason"]["type"]] += 1
     return {
         "mode": mode,
         "parse": parsed,
         "fields": right,
         "mean_tokens": tokens / len(items),
+        "mean_json_tokens": json_tokens / len(items),
         "finish": dict(finishes),
         "outputs": [r["text"] for r in results],
     }
@@ -150,7 +153,7 @@ def main() -> None:
     items = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     engine = runtime.Engine(args.model_path, max_total_tokens=16384)
     try:
-        tokenizer = engine.tokenizer_manager.tokenizer
+        tokenizer = engine.tokenizer
         prompts = [
             tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt_text(item["text"])}],
@@ -160,14 +163,14 @@ def main() -> None:
             for item in items
         ]
         rows = []
-        print("| mode | parse | fields right | mean output tokens | finish |")
-        print("|---|---|---|---|---|")
+        print("| mode | parse | fields right | mean output tokens | mean JSON tokens | finish |")
+        print("|---|---|---|---|---|---|")
         for mode in args.modes:
             row = run_mode(engine, prompts, items, mode, args.max_tokens)
             rows.append(row)
             print(
                 f"| {mode} | {row['parse']}/{len(items)} | {row['fields']}/{4 * len(items)} "
-                f"| {row['mean_tokens']:.1f} | {row['finish']} |",
+                f"| {row['mean_tokens']:.1f} | {row['mean_json_tokens']:.1f} | {row['finish']} |",
                 flush=True,
             )
         if args.dump is not None:
