@@ -26,8 +26,6 @@ from grammar.tool_call_formats import get_format
 from grammar.tool_calls import normalize_tools
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag", "tool_calls")
-# The kinds whose JSON follows ``GrammarOptions.json_layout``.
-JSON_KINDS = ("json_schema", "json_object", "tool_calls")
 # Sampling-parameter keys that each select a kind ("choices" is an alias of "choice").
 _PARAM_KINDS = {
     "json_schema": "json_schema",
@@ -57,11 +55,6 @@ class GrammarSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise GrammarError(f"unknown grammar kind {self.kind!r}; expected one of {KINDS}")
-
-    @property
-    def aligned(self) -> bool:
-        """Whether the output is JSON in the aligned layout (``grammar.json_layout``)."""
-        return self.kind in JSON_KINDS and self.options.json_layout == "aligned"
 
     def compact(self) -> GrammarSpec:
         """This spec with compact JSON output (the fallback when it cannot be aligned)."""

@@ -56,7 +56,7 @@ def _check_object(text: str, fmt: str) -> None:
 
 def _native(server: ServerProcess, params: dict[str, Any]) -> httpx.Response:
     body = {"text": "JSON:", "sampling_params": {"temperature": 0, "max_new_tokens": 200} | params}
-    return httpx.post(f"{server.url}/generate", json=body, timeout=60.0)
+    return httpx.post(f"{server.url}/generate", json=body, timeout=300.0)  # first: warm-up
 
 
 @pytest.mark.parametrize("fmt", [None, "aligned", "compact"])
@@ -162,3 +162,16 @@ def test_openai_and_responses_bad_json_format(client: openai.OpenAI, model: str)
             text={"format": {"type": "json_object"}}, extra_body={"json_format": "tabs"},
         )  # fmt: skip
     assert "json_format" in str(responses_error.value)
+
+
+def test_json_object_cut_at_max_tokens_says_length(client: openai.OpenAI, model: str) -> None:
+    """Only a cut output can fail to parse, and it says so (OpenAI's contract)."""
+    for fmt in ("aligned", "compact"):
+        chat = client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=2, temperature=0,
+            response_format={"type": "json_object"}, extra_body={"json_format": fmt},
+        )  # fmt: skip
+        choice = chat.choices[0]
+        assert choice.finish_reason == "length"
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(choice.message.content or "")
