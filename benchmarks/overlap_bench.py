@@ -12,6 +12,7 @@ on first use, about 2 minutes), greedy, fixed output lengths. For each case and 
   (issue target: at most 5%). Jump-forward is off throughout (see ``main``).
 
     python -m benchmarks.overlap_bench [--repeat 3] [--quick] [--max-total-tokens N]
+        [--json-format aligned|compact]
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def main() -> None:
         help="KV pool of each engine (default: 30%% of memory each; a shared machine may need "
         "less: 16384 holds every case)",
     )
+    parser.add_argument(
+        "--json-format",
+        choices=("aligned", "compact"),
+        default=None,
+        help="the JSON rows' layout (default: the runtime's, aligned)",
+    )
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
     new_tokens = 24 if args.quick else 64
@@ -104,6 +111,8 @@ def main() -> None:
         for name, schema in (("long_fixed_keys", LONG_KEYS), ("free_text", FREE_TEXT)):
             batch = 16
             constrained = [{"json_schema": schema, "max_new_tokens": 160, "temperature": 0}]
+            if args.json_format is not None:
+                constrained[0]["json_format"] = args.json_format
             best = _best(engines, _prompts(batch), constrained * batch, repeat)
             # Unconstrained decoding of the same lengths, so both runs do the same steps.
             lengths = [
