@@ -11,7 +11,8 @@ on first use, about 2 minutes), greedy, fixed output lengths. For each case and 
   same output lengths at the same batch: the constrained step's extra cost in percent
   (issue target: at most 5%). Jump-forward is off throughout (see ``main``).
 
-    python -m benchmarks.overlap_bench [--repeat 3] [--quick]
+    python -m benchmarks.overlap_bench [--repeat 3] [--quick] [--max-total-tokens N]
+        [--json-format aligned|compact]
 """
 
 from __future__ import annotations
@@ -74,15 +75,29 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="shorter outputs, one repeat")
     parser.add_argument("--out", default=None, help="JSON results path")
+    parser.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="KV pool of each engine (default: 30%% of memory each; a shared machine may need "
+        "less: 16384 holds every case)",
+    )
+    parser.add_argument(
+        "--json-format",
+        choices=("aligned", "compact"),
+        default=None,
+        help="the JSON rows' layout (default: the runtime's, aligned)",
+    )
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
     new_tokens = 24 if args.quick else 64
     path = cached_test_model("small", "llama", vocab_size=VOCAB)
     # Jump-forward off: its drafts make constrained steps longer but fewer, which is not the
     # per-step cost of the mask measured here (grammar_bench measures jump-forward).
+    pool = {"max_total_tokens": args.max_total_tokens}
     engines = {
-        "overlap": Engine(path, disable_jump_forward=True),
-        "plain": Engine(path, disable_jump_forward=True, disable_overlap_schedule=True),
+        "overlap": Engine(path, disable_jump_forward=True, **pool),
+        "plain": Engine(path, disable_jump_forward=True, disable_overlap_schedule=True, **pool),
     }
     rows: list[list[Any]] = []
     results: list[dict[str, Any]] = []
@@ -96,6 +111,8 @@ def main() -> None:
         for name, schema in (("long_fixed_keys", LONG_KEYS), ("free_text", FREE_TEXT)):
             batch = 16
             constrained = [{"json_schema": schema, "max_new_tokens": 160, "temperature": 0}]
+            if args.json_format is not None:
+                constrained[0]["json_format"] = args.json_format
             best = _best(engines, _prompts(batch), constrained * batch, repeat)
             # Unconstrained decoding of the same lengths, so both runs do the same steps.
             lengths = [

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # select's methods (the runtime's compiled select scores with the same code).
-from runtime.dsl_api import CHOICES_METHODS, TOKEN_LENGTH_NORMALIZED
+from runtime.dsl_api import CHOICES_METHODS, JSON_FORMATS, TOKEN_LENGTH_NORMALIZED
 
 ROLES = ("system", "user", "assistant")
 
@@ -63,6 +63,7 @@ class Gen(Expr):
     json_schema: dict[str, Any] | str | None = None
     choices: tuple[str, ...] | None = None
     dtype: type | None = None
+    json_format: str | None = None
 
     def sampling_params(self) -> dict[str, Any]:
         """The runtime's native sampling params (SGLang names) for this gen."""
@@ -79,6 +80,7 @@ class Gen(Expr):
             "presence_penalty",
             "regex",
             "json_schema",
+            "json_format",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -158,12 +160,14 @@ def gen(
     json_schema: dict[str, Any] | str | type | None = None,
     choices: list[str] | None = None,
     dtype: type | None = None,
+    json_format: str | None = None,
 ) -> Gen:
     """Generate into ``s[name]`` (the text). At most one constraint: ``regex``, ``json_schema``
     (a dict, a JSON string or a pydantic model class; ``s.parsed(name)`` is the object),
     ``choices`` or ``dtype`` (int, float, bool, str: the output is constrained to a literal of
-    that type and ``s[name]`` is its value). Constrained output that does not parse (cut short
-    by max_tokens) raises ProgramError."""
+    that type and ``s[name]`` is its value). ``json_format`` with ``json_schema``: "aligned"
+    (the runtime's default: the whitespace a pretty-printer writes) or "compact". Constrained
+    output that does not parse (cut short by max_tokens) raises ProgramError."""
     if hasattr(json_schema, "model_json_schema"):
         json_schema = json_schema.model_json_schema()  # type: ignore[union-attr]
     constraints = [n for n, v in _constraints(regex, json_schema, choices, dtype) if v is not None]
@@ -173,6 +177,14 @@ def gen(
         raise ValueError(f"gen({name!r}): dtype must be int, float, bool or str, got {dtype!r}")
     if choices is not None:
         _check_choices(name, choices)
+    if json_format is not None:
+        if json_format not in JSON_FORMATS:
+            raise ValueError(
+                f"gen({name!r}): json_format must be one of {', '.join(JSON_FORMATS)}, "
+                f"got {json_format!r}"
+            )
+        if json_schema is None:
+            raise ValueError(f"gen({name!r}): json_format needs a json_schema")
     return Gen(
         name,
         max_tokens,
@@ -187,6 +199,7 @@ def gen(
         json_schema,  # type: ignore[arg-type]
         tuple(choices) if choices is not None else None,
         dtype,
+        json_format,
     )
 
 

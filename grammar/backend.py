@@ -62,10 +62,13 @@ class GrammarMatcher(ABC):
 class LoweredGrammar:
     """A spec after the backend's own preparation (``payload``, backend-specific and picklable),
     ready for ``GrammarBackend.compile_lowered``: the costly and risky part of a compile done,
-    so it can run in a sandbox process and only the backend's compile runs where it serves."""
+    so it can run in a sandbox process and only the backend's compile runs where it serves.
+    ``notes``: what the request should be told about how its constraint was applied (a JSON
+    layout it asked for that could not be applied)."""
 
     spec: GrammarSpec
     payload: Any = None
+    notes: tuple[str, ...] = ()
 
 
 class CompiledGrammar(ABC):

@@ -18,6 +18,8 @@ from typing import Any
 import xgrammar as xgr
 
 from grammar.errors import GrammarError
+from grammar.json_layout import BACKEND_STYLE, align_whitespace
+from grammar.options import JsonLayout
 from grammar.schema_check import check_schema
 from grammar.schema_lower import lower_schema
 from grammar.schema_refs import backend_refs, table_key
@@ -63,23 +65,31 @@ _KNOWN = [
 logger = logging.getLogger(__name__)
 
 
-def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, max_whitespace: int) -> str:
+def json_schema_ebnf(schema: dict[str, Any], best_effort: bool, layout: JsonLayout) -> str:
     """EBNF (root rule ``root``) for JSON text valid under ``schema``.
 
-    max_whitespace 0: compact separators and no whitespace; N > 0: separators ", " and ": "
-    with whitespace runs of at most N characters. Raises GrammarError (or its subclass
-    UnsupportedSchemaFeature) for schemas that cannot be enforced exactly, unless best_effort.
+    layout 0: compact separators and no whitespace; N > 0: whitespace runs of at most N
+    characters between tokens; "aligned": the layouts a pretty-printer writes
+    (``grammar.json_layout``). Raises GrammarError (or its subclass UnsupportedSchemaFeature)
+    for schemas that cannot be enforced exactly, unless best_effort, and AlignmentUnavailable
+    when the aligned layout cannot be applied (the caller falls back to compact).
     """
     lowered, rules = lower_schema(check_schema(schema, best_effort=best_effort))
-    if max_whitespace > 0:
-        style: dict[str, Any] = {"any_whitespace": True, "max_whitespace_cnt": max_whitespace}
+    style: dict[str, Any]
+    if layout == "aligned":
+        style = dict(BACKEND_STYLE)
+    elif layout > 0:
+        style = {"any_whitespace": True, "max_whitespace_cnt": layout}
     else:
         style = {"any_whitespace": False, "separators": (",", ":")}
     try:
         grammar = _convert(lowered, style)
     except _BACKEND_ERRORS as exc:
         raise _refusal(lowered, style, exc) from None
-    return splice_rules(printed_ebnf(grammar), rules, max_whitespace)
+    if layout != "aligned":
+        return splice_rules(printed_ebnf(grammar), rules, layout)
+    spliced = splice_rules(printed_ebnf(grammar), rules, WHITESPACE)
+    return align_whitespace(spliced, frozenset({WHITESPACE}))
 
 
 def _convert(lowered: dict[str, Any], style: dict[str, Any]) -> xgr.Grammar:
@@ -118,15 +128,19 @@ def printed_ebnf(grammar: xgr.Grammar) -> str:
     return _HEX_ESCAPE.sub(lambda m: f"\\u00{m[1]}" if m[1] else m[0], str(grammar))
 
 
-def splice_rules(ebnf: str, rules: list[Rule], max_whitespace: int) -> str:
+def splice_rules(ebnf: str, rules: list[Rule], max_whitespace: int | str) -> str:
     """Replace the placeholders in ``ebnf`` by references to appended rules of ours; value rules
-    allow whitespace runs of at most ``max_whitespace`` between their tokens."""
+    allow whitespace runs of at most ``max_whitespace`` between their tokens (a rule name:
+    that rule, left for ``json_layout.align_whitespace`` to place)."""
     text = _STRING_PLACEHOLDER.sub(lambda m: f"arbor_string_{m.group(1)}", ebnf)
     text = _VALUE_PLACEHOLDER.sub(lambda m: f"arbor_string_{m.group(1)}", text)
     if "Regex(" in text or VALUE_PLACEHOLDER in text:
         # A pattern we did not lower would take xgrammar's lossy path.
         raise GrammarError("internal error: an unlowered placeholder reached the grammar backend")
-    whitespace = f"[ \\n\\r\\t]{{0,{max_whitespace}}}" if max_whitespace > 0 else '""'
+    if isinstance(max_whitespace, str):
+        whitespace = max_whitespace
+    else:
+        whitespace = f"[ \\n\\r\\t]{{0,{max_whitespace}}}" if max_whitespace > 0 else '""'
     extra = [_rule_ebnf(f"arbor_string_{i}", rule, whitespace) for i, rule in enumerate(rules)]
     return "\n".join([text, *extra])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import xgrammar as xgr
@@ -36,7 +36,7 @@ _PARAM_KINDS = {
     "structural_tag": "structural_tag",
     "json_object": "json_object",
 }
-_OPTION_KEYS = ("grammar_best_effort", "grammar_max_whitespace")
+_OPTION_KEYS = ("grammar_best_effort", "grammar_max_whitespace", "json_format")
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 # Deepest nesting of objects and arrays in a schema document (a property nested in a property
 # costs two levels). Real schemas stay far below; the checks and lowering recurse per level.
@@ -56,14 +56,20 @@ class GrammarSpec:
         if self.kind not in KINDS:
             raise GrammarError(f"unknown grammar kind {self.kind!r}; expected one of {KINDS}")
 
+    def compact(self) -> GrammarSpec:
+        """This spec with compact JSON output (the fallback when it cannot be aligned)."""
+        options = replace(self.options, max_whitespace=None, json_format="compact")
+        return replace(self, options=options)
+
     @classmethod
     def from_sampling_params(cls, params: Mapping[str, Any] | object) -> GrammarSpec | None:
         """The constraint named in sampling params, or None when there is none.
 
         Reads json_schema (dict, JSON string or pydantic model class), regex, ebnf, choice
-        (or choices), structural_tag, json_object (bool), and the options grammar_best_effort
-        and grammar_max_whitespace. ``params`` is a mapping or an object with those
-        attributes. Raises GrammarError if more than one constraint is given or it is invalid.
+        (or choices), structural_tag, json_object (bool), and the options grammar_best_effort,
+        grammar_max_whitespace and json_format (None: aligned; ``GrammarOptions``). ``params``
+        is a mapping or an object with those attributes. Raises GrammarError if more than one
+        constraint is given or it is invalid.
 
         A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named",
         "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral", "answer": schema}``
@@ -82,7 +88,8 @@ class GrammarSpec:
             return None
         options = GrammarOptions(
             best_effort=bool(values["grammar_best_effort"]),
-            max_whitespace=values["grammar_max_whitespace"] or 0,
+            max_whitespace=values["grammar_max_whitespace"],
+            json_format=values["json_format"] or "aligned",
         )
         key = given[0]
         value = values[key]

@@ -40,7 +40,7 @@ def structural_tag_ebnf(tag: dict[str, Any], options: GrammarOptions) -> str:
     tag = copy.deepcopy(tag)
     rules: list[Rule] = []
     check_structural_tag(tag, options)
-    whitespace = max(1, options.max_whitespace)
+    whitespace = max(1, options.whitespace_runs)
     for fmt in _schema_formats(tag):
         checked = check_schema(fmt["json_schema"], best_effort=options.best_effort)
         lowered, _ = lower_schema(checked, rules)

@@ -2,7 +2,7 @@
 
 Every format writes one call as the JSON object ``{"name": NAME, "<arguments key>": ARGS}``
 with the spacing chat templates use (``", "`` and ``": "``) around the arguments, which follow
-the tool's parameters schema (compact, or as ``max_whitespace`` allows); what surrounds the
+the tool's parameters schema (in the request's JSON layout); what surrounds the
 calls of one turn is the format's.
 
 Each tool's parameters schema becomes its own JSON grammar (rules prefixed ``arbor_tool_<i>_``,
@@ -19,6 +19,7 @@ from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.json_grammar import json_schema_ebnf
+from grammar.options import JsonLayout
 from grammar.schema_check import check_schema
 from grammar.tool_call_formats import ToolCallFormat
 
@@ -64,7 +65,7 @@ def tool_calls_ebnf(
     fmt: ToolCallFormat,
     parallel: bool,
     best_effort: bool,
-    max_whitespace: int,
+    layout: JsonLayout,
     answer: Mapping[str, Any] | None = None,
 ) -> tuple[str, str]:
     """(EBNF text, start rule) for one or more calls (exactly one unless ``parallel``), or,
@@ -76,7 +77,7 @@ def tool_calls_ebnf(
     cases: list[str] = []
     for i, tool in enumerate(tools):
         prefix = f"arbor_tool_{i}_"
-        body = json_schema_ebnf(tool["parameters"], best_effort, max_whitespace)
+        body = json_schema_ebnf(tool["parameters"], best_effort, layout)
         rules.append(_prefixed_rules(body, prefix))
         head = f"{{{json.dumps('name')}: {json.dumps(tool['name'], ensure_ascii=False)}, "
         head += f"{json.dumps(fmt.arguments_key)}: "
@@ -89,7 +90,7 @@ def tool_calls_ebnf(
     calls = f"{item} ({_sequence(_literal(fmt.separator), item)})*" if parallel else item
     start = f"{ROOT_RULE} ::= {_sequence(opening, calls, closing)}"
     if answer is not None:
-        body = json_schema_ebnf(dict(answer), best_effort, max_whitespace)
+        body = json_schema_ebnf(dict(answer), best_effort, layout)
         rules.append(_prefixed_rules(body, _ANSWER_PREFIX))
         start = f"{ROOT_RULE} ::= ({start.split(' ::= ', 1)[1]}) | {_ANSWER_PREFIX}root"
     call = f"{_CALL_RULE} ::= {' | '.join(cases)}"

@@ -25,6 +25,7 @@ from grammar.backend import (
 )
 from grammar.errors import GrammarError
 from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
+from grammar.json_layout import AlignmentUnavailable
 from grammar.regex import to_backend_regex
 from grammar.spec import GrammarSpec
 from grammar.structural_tag import structural_tag_ebnf
@@ -118,8 +119,15 @@ class XGrammarBackend(GrammarBackend):
         return self.compile_lowered(self.lower(spec))
 
     def lower(self, spec: GrammarSpec) -> LoweredGrammar:
-        """The spec as EBNF text and its start rule (``payload``)."""
-        return LoweredGrammar(spec, self.ebnf(spec))
+        """The spec as EBNF text and its start rule (``payload``). A JSON spec that cannot be
+        aligned is lowered as compact JSON instead (the same schema, never a weaker one), with
+        a note saying so."""
+        try:
+            return LoweredGrammar(spec, self.ebnf(spec))
+        except AlignmentUnavailable as exc:
+            compact = spec.compact()
+            note = f"{exc}; the output is compact JSON"
+            return LoweredGrammar(compact, self.ebnf(compact), notes=(note,))
 
     def compile_lowered(self, lowered: LoweredGrammar) -> XGrammarCompiled:
         ebnf, root = lowered.payload
@@ -146,7 +154,7 @@ class XGrammarBackend(GrammarBackend):
         kind = spec.kind
         if kind in ("json_schema", "json_object"):
             schema = json.loads(spec.spec) if kind == "json_schema" else {"type": "object"}
-            return json_schema_ebnf(schema, options.best_effort, options.max_whitespace), "root"
+            return json_schema_ebnf(schema, options.best_effort, options.json_layout), "root"
         if kind == "regex":
             return printed_ebnf(xgr.Grammar.from_regex(to_backend_regex(spec.spec))), "root"
         if kind == "ebnf":
@@ -162,7 +170,7 @@ class XGrammarBackend(GrammarBackend):
             get_format(payload.get("format", "hermes")),
             payload["parallel"],
             options.best_effort,
-            options.max_whitespace,
+            options.json_layout,
             payload.get("answer"),
         )
 

@@ -6,13 +6,15 @@ imports, an import-linter contract in pyproject.toml holds it to that. Everythin
   use, it imports torch);
 - the choice scoring ``select`` shares with the compiled executor (``program.select_math``);
 - the chat template's role blocks (``role_blocks``) and the cache-salt check
-  (``request_checks``), so the DSL refuses what the server would.
+  (``request_checks``), and the JSON formats a constraint may ask for (``JSON_FORMATS``), so
+  the DSL refuses what the server would.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grammar.options import JSON_FORMATS
 from lazy_exports import lazy_exports
 from runtime.errors import SchedulerDied
 from runtime.program.select_math import (

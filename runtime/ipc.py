@@ -178,6 +178,9 @@ class TokenOutput:
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
     spec: SpeculationStats | None = None  # when the request speculates
+    # With the final output: how the request's constraint was applied (a JSON layout it
+    # asked for and could not get), for the caller's meta_info.
+    grammar_notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -202,6 +205,7 @@ class TextOutput:
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
     spec: SpeculationStats | None = None
+    grammar_notes: tuple[str, ...] = ()
     # The detokenizer failed this request while the scheduler still runs it: the tokenizer
     # manager fails the caller, aborts it, and waits for the scheduler's final output.
     detokenizer_failed: bool = False

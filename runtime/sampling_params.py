@@ -16,10 +16,11 @@ import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, create_model
 
+from grammar.options import MAX_WHITESPACE
 from runtime.request_checks import (
     INT64_MAX,
     INT64_MIN,
@@ -39,7 +40,7 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_STOP_REGEXES = 16
 MAX_STOP_REGEX_LENGTH = 1024
 MAX_CHOICES = 4096
-MAX_GRAMMAR_WHITESPACE = 64
+MAX_GRAMMAR_WHITESPACE = MAX_WHITESPACE
 DEFAULT_MAX_N = 128
 # Temperatures below this sample greedily: dividing logits by less overflows float32.
 GREEDY_TEMPERATURE = 1e-5
@@ -136,8 +137,20 @@ class SamplingParams:
     choice: tuple[str, ...] | None = _sent(None, Choices)
     json_object: bool = False
     grammar_best_effort: bool = False  # compile schema features the backend cannot enforce
-    # 0: compact JSON; N: ", " / ": " and whitespace runs <= N
-    grammar_max_whitespace: int = _sent(0, ge=0, le=MAX_GRAMMAR_WHITESPACE)
+    # JSON constraints' whitespace (grammar.options.GrammarOptions): json_format "aligned"
+    # (None: the default) allows a pretty-printer's layouts, "compact" none; or, as before
+    # json_format, grammar_max_whitespace 0 for compact JSON, N for whitespace runs <= N.
+    json_format: str | None = _sent(
+        None,
+        Literal["aligned", "compact"] | None,
+        description="JSON output: aligned (the default: the whitespace a pretty-printer "
+        "writes, bounded) or compact (none)",
+    )
+    grammar_max_whitespace: int | None = _sent(
+        None,
+        Annotated[int, Field(ge=0, le=MAX_GRAMMAR_WHITESPACE)] | None,
+        description="instead of json_format: 0 compact JSON, N whitespace runs of at most N",
+    )
     # Reasoning models (runtime/scheduler/reasoning_gate.py): the constraint applies to the
     # output after the token that ends the reasoning (e.g. </think>), the thinking is free. With
     # a start token (e.g. <think>) the output may open its reasoning with it, or not reason at
@@ -274,6 +287,12 @@ class SamplingParams:
                 grammars[1], f"only one constraint per request; also got {grammars[0]}"
             )
         self._validate_reasoning_tokens(bool(grammars))
+        if self.json_format is not None and self.grammar_max_whitespace is not None:
+            raise InvalidSamplingParams(
+                "json_format",
+                "give json_format or grammar_max_whitespace, not both (both set the "
+                "whitespace of JSON output)",
+            )
         if self.strict_mode == "validate" and self.json_schema is None:
             raise InvalidSamplingParams("strict_mode", "validate needs a json_schema to check")
         try:

@@ -83,6 +83,7 @@ class RequestOutput:
     output_logprobs: list[LogprobEntry] = field(default_factory=list)
     spec: SpeculationStats | None = None
     validation_attempts: int | None = None
+    grammar_notes: tuple[str, ...] = ()
 
     @property
     def ends_with_stop_token(self) -> bool:
@@ -115,6 +116,8 @@ class RequestOutput:
             meta["output_token_logprobs"], meta["output_top_logprobs"] = self.logprobs()
         if self.validation_attempts is not None:
             meta["validation_attempts"] = self.validation_attempts
+        if self.grammar_notes:
+            meta["grammar_notes"] = list(self.grammar_notes)
         delta = {"delta": self.delta} if with_delta else {}
         return {"text": self.text, **delta, "output_ids": self.output_ids, "meta_info": meta}
 
@@ -145,7 +148,7 @@ class _RequestState:
             self.label, self.text, out.text_delta, list(self.output_ids), out.prompt_tokens,
             out.completion_tokens, out.cached_tokens, out.finished_reason,
             time.monotonic() - self.created, self.input_logprobs,
-            list(self.output_logprobs), out.spec,
+            list(self.output_logprobs), out.spec, grammar_notes=out.grammar_notes,
         )  # fmt: skip
 
 

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_OPTION_FIELDS = ("grammar_best_effort", "grammar_max_whitespace")
+_OPTION_FIELDS = ("grammar_best_effort", "grammar_max_whitespace", "json_format")
 
 # On CPU, masks are filled while the forward runs only when a step's fill takes this long on
 # average (measured, small model at batch 16: a 0.2 ms fill of fixed keys beside the forward
@@ -105,6 +105,7 @@ class ConstraintState:
     pending: PendingConstraint | None = None  # preparing or compiling
     stop_regex: StopRegex | None = None
     stop_text: IncrementalDecoder | None = None  # the output's text the stop regexes read
+    notes: tuple[str, ...] = ()  # how the constraint was applied (LoweredGrammar.notes)
 
     @property
     def mask_source(self) -> tuple[Any, int | None] | None:
@@ -201,6 +202,7 @@ class GrammarManager:
                 )  # fmt: skip
             if prepared.lowered is None:
                 return True
+            state.notes = prepared.lowered.notes
             pending.compile = self.service.submit_lowered(prepared.lowered)
         compiled = self.service.poll(pending.compile)
         if compiled is None:

@@ -130,6 +130,7 @@ class OutputProcessor:
             stop_regex=params.stop_regex,
             no_stop_trim=params.no_stop_trim,
             prompt_tail_ids=req.input_ids[-PROMPT_TAIL:] if cursor.sent_tokens == 0 else None,
+            grammar_notes=req.constraint.notes if req.finished else (),
             output_logprobs=cursor.output_logprobs[cursor.sent_output_logprobs :],
             input_logprobs=list(cursor.input_logprobs) if send_input_logprobs else None,
             spec=(

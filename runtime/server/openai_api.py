@@ -70,6 +70,7 @@ SHARED_SAMPLING_FIELDS = (
     "no_speculation",
     "strict_mode",
     "validation_attempts",
+    "json_format",
 )
 # Completions and chat: request field -> sampling param, copied when set.
 _PASSTHROUGH = {

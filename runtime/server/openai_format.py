@@ -48,14 +48,17 @@ def envelope(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> 
 def finish_fields(output: RequestOutput, called_tools: bool = False) -> dict[str, Any]:
     """``finish_reason`` ("stop", "length", "tool_calls", "abort") and SGLang's
     ``matched_stop`` (the stop string or token that ended the output, if any). An output with
-    tool calls finishes with "tool_calls" even when max tokens cut what followed them."""
+    tool calls finishes with "tool_calls" even when max tokens cut what followed them. An
+    extension, ``grammar_notes``, says how the constraint was applied when that differs from
+    what was asked (a JSON layout that could not be aligned)."""
     reason = output.finish_reason
     if reason is None:
         return {"finish_reason": None}
     kind: str = reason.type
     if kind in ("stop", "length") and called_tools:
         kind = "tool_calls"
-    return {"finish_reason": kind, "matched_stop": reason.matched}
+    notes = {"grammar_notes": list(output.grammar_notes)} if output.grammar_notes else {}
+    return {"finish_reason": kind, "matched_stop": reason.matched} | notes
 
 
 def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: RequestOutput) -> None:

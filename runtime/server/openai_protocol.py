@@ -31,6 +31,7 @@ from runtime.sampling_params import (
 )
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
+JsonFormat = Literal["aligned", "compact"]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 MaxTokens = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # chat_template_kwargs: variables the chat template reads (enable_thinking, ...), bounded.
@@ -103,6 +104,9 @@ class SamplingRequest(OpenAIModel):
     no_speculation: bool | None = None
     strict_mode: Literal["exact", "validate"] | None = None
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
+    # JSON output (response_format, json_schema, tool-call arguments): "aligned" (the default:
+    # the whitespace a pretty-printer writes, bounded) or "compact".
+    json_format: JsonFormat | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
     ebnf: str | None = None

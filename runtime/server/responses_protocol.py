@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
 from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
-from runtime.server.openai_protocol import OpenAIModel, TemplateKwargs
+from runtime.server.openai_protocol import JsonFormat, OpenAIModel, TemplateKwargs
 
 MAX_INPUT_ITEMS = 4096
 
@@ -118,6 +118,8 @@ class ResponsesRequest(OpenAIModel):
     no_speculation: bool | None = None
     strict_mode: Literal["exact", "validate"] | None = None
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
+    # text.format and tool-call arguments: "aligned" (the default) or "compact" JSON.
+    json_format: JsonFormat | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
     # Share cached KV only with requests of the same salt (as in chat completions).

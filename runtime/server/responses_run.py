@@ -137,6 +137,8 @@ class ResponseRun:
                 "total_tokens": prompt + output,
             },
         )
+        if final.grammar_notes:  # extension: the constraint was applied otherwise than asked
+            self.response["grammar_notes"] = list(final.grammar_notes)
 
 
 async def run_response(run: ResponseRun, events: Events) -> None:

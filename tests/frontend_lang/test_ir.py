@@ -102,3 +102,14 @@ def test_function_needs_a_state_and_a_backend():
         fl.set_default_backend(previous)
     with pytest.raises(TypeError, match="program 'prog'"):
         prog.run(topic="x", extra=1)
+
+
+def test_gen_json_format():
+    schema = {"type": "object"}
+    expr = fl.gen("x", json_schema=schema, json_format="compact")
+    assert expr.sampling_params() == {"json_schema": schema, "json_format": "compact"}
+    assert "json_format" not in fl.gen("x", json_schema=schema).sampling_params()
+    with pytest.raises(ValueError, match="json_format must be one of aligned, compact"):
+        fl.gen("x", json_schema=schema, json_format="pretty")
+    with pytest.raises(ValueError, match="json_format needs a json_schema"):
+        fl.gen("x", json_format="compact")

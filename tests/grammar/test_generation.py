@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grammar import GrammarOptions, GrammarService, GrammarSpec
+from grammar.json_layout import INDENT_MAX
 from runtime.server.tool_calls import parse_tool_calls
 from tests.grammar.decoder import ConstrainedDecoder, sample_random
 from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
@@ -103,8 +104,10 @@ def test_json_object_is_an_object(decoder: ConstrainedDecoder, service: GrammarS
     for result in results:
         if result.terminated:
             assert isinstance(json.loads(result.text), dict)
-        else:  # bounded whitespace: a cut-off output is still a JSON prefix without blank runs
-            assert "  " not in result.text
+        # Aligned (the default), bounded: a cut-off output is still a JSON prefix whose
+        # whitespace runs are at most a newline and INDENT_MAX indentation characters.
+        assert not re.search(rf"\s{{{INDENT_MAX + 2}}}", result.text)
+        assert not re.search(r"\n[ \t]*\n", result.text)
 
 
 WEATHER = weather_tool(10, units=("C", "F"), closed=False)
@@ -319,7 +322,8 @@ WHITESPACE_SCHEMA = {
 
 
 def test_compact_json_has_no_whitespace(decoder: ConstrainedDecoder, backend: Any) -> None:
-    compiled = backend.compile(GrammarSpec.for_json_schema(WHITESPACE_SCHEMA))
+    options = GrammarOptions(json_format="compact")  # aligned is the default
+    compiled = backend.compile(GrammarSpec.for_json_schema(WHITESPACE_SCHEMA, options))
     bias = _whitespace_bias(decoder)
     for seed in range(10):
         tokens, done = sample_random(compiled, decoder.vocab_size, seed, 64, bias)
@@ -327,6 +331,25 @@ def test_compact_json_has_no_whitespace(decoder: ConstrainedDecoder, backend: An
         assert not re.search(r"\s", text), text
         if done:
             validate_output(WHITESPACE_SCHEMA, text)
+
+
+def test_aligned_whitespace_is_bounded(decoder: ConstrainedDecoder, backend: Any) -> None:
+    """A model that loves blanks gets a pretty-printer's whitespace at most: one newline and
+    at most INDENT_MAX indentation characters per run, one space after ":", none before "," or
+    ":"; and it still finishes valid documents."""
+    compiled = backend.compile(GrammarSpec.for_json_schema(WHITESPACE_SCHEMA))
+    bias = _whitespace_bias(decoder)
+    saw_newline = finished = False
+    for seed in range(10):
+        tokens, done = sample_random(compiled, decoder.vocab_size, seed, 160, bias)
+        text = decoder.tokenizer.decode(tokens[:-1] if done else tokens)
+        assert not re.search(rf"\s{{{INDENT_MAX + 2}}}", text), text
+        assert not re.search(r"\n[ \t]*\n|\s[,:]|:\s{2}|:\n|^\s", text), text
+        saw_newline |= "\n" in text
+        if done:
+            finished = True
+            validate_output(WHITESPACE_SCHEMA, text)
+    assert saw_newline and finished
 
 
 def test_whitespace_runs_are_capped(decoder: ConstrainedDecoder, backend: Any) -> None:

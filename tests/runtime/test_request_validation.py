@@ -61,6 +61,10 @@ LIMITS = RequestLimits(vocab_size=4096, max_n=8)
         ({"json_schema": {"type": "string", "pattern": "\ud800"}}, "json_schema"),
         ({"regex": "a", "ebnf": "root ::= 'a'"}, "ebnf"),
         ({"colour": "red"}, "colour"),
+        ({"json_schema": {}, "json_format": "pretty"}, "json_format"),
+        ({"json_schema": {}, "json_format": True}, "json_format"),
+        ({"json_schema": {}, "grammar_max_whitespace": 65}, "grammar_max_whitespace"),
+        ({"json_schema": {}, "json_format": "aligned", "grammar_max_whitespace": 0}, "json_format"),
     ],
 )
 def test_bad_sampling_params_name_their_field(params: dict[str, Any], field: str):
@@ -186,3 +190,9 @@ def _wait_idle(engine: Engine) -> None:
         time.sleep(0.05)
     engine.check_invariants()
     assert engine.tokenizer_manager.num_tracked == 0
+
+
+def test_engine_names_a_bad_json_format(engine: Engine):
+    with pytest.raises(InvalidSamplingParams) as caught:
+        engine.generate("x", {"json_schema": {"type": "object"}, "json_format": "pretty"})
+    assert caught.value.field == "json_format"
