@@ -136,7 +136,7 @@ def breakdown(runner: ModelRunner, model_path: str, context: int, steps: int) ->
     }
 
 
-def engine_step(model_path: str, tokens: int) -> dict[str, float]:
+def engine_step(model_path: str, tokens: int, quantization: str = "none") -> dict[str, float]:
     """ms per generated token through ``Engine`` (greedy, EOS ignored): (time of ``tokens`` new
     tokens - time of 1) / (tokens - 1), best of three, each after a cache flush so that both
     prefill the same prompt. With ``--clock cpu`` the time is the process's CPU time (every
@@ -146,7 +146,7 @@ def engine_step(model_path: str, tokens: int) -> dict[str, float]:
 
     prompt = ENGLISH_PASSAGE.read_text()[:600]
     params: dict[str, Any] = {"temperature": 0.0, "ignore_eos": True}
-    with Engine(model_path, quantization="none", max_total_tokens=4096) as engine:
+    with Engine(model_path, quantization=quantization, max_total_tokens=4096) as engine:
 
         def run(n: int) -> float:
             engine.flush_cache()
@@ -174,6 +174,10 @@ def main() -> None:
         "--clock", choices=("wall", "cpu"), default="wall",
         help="cpu: this thread's CPU time, robust to a busy machine (implies --threads 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--quantization", choices=("none", "gguf"), default="none",
+        help="gguf: a GGUF file's blocks in the quantized kernels (none: dequantized float32)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/)")
     args = parser.parse_args()
     if args.clock == "cpu":
@@ -184,7 +188,7 @@ def main() -> None:
     model_path = args.model_path or builtin_model_path()
     runner = ModelRunner(RunnerConfig(
         model_path, kv_slots=args.context + 64, max_requests=2, context_len=args.context + 8,
-        quantization="none",
+        quantization=args.quantization,
     ))  # fmt: skip
     result = breakdown(runner, model_path, args.context, args.steps)
     rows = [[kind, v["ms"], v["calls"], f"{v['ms'] / result['step_ms_timed']:.1%}"]
@@ -200,7 +204,7 @@ def main() -> None:
         "native_kernels": kernels.native_available(), "breakdown": result,
     }  # fmt: skip
     if args.engine:
-        payload["engine"] = engine_step(model_path, args.engine_tokens)
+        payload["engine"] = engine_step(model_path, args.engine_tokens, args.quantization)
         print(
             f"Engine: {payload['engine']['ms_per_token']} ms/token; bare forward "
             f"{result['step_ms_untimed_best']} ms"

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "arbor_cpu_kernels"
 SOURCES = ("module.cpp", "attention.cpp", "elementwise.cpp", "quantized.cpp", "sampling.cpp")
-HEADERS = ("common.h",)
+HEADERS = ("common.h", "spin_pool.h")
 # -march=native: AVX-512 where the building CPU has it, AVX2 or SSE where not. No -ffast-math:
 # the kernels rely on -inf for masked keys; the reductions vectorize through `omp simd`.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DNDEBUG")

@@ -219,7 +219,7 @@ struct Scratch {
 // calling thread's own.
 template <typename Fn>
 void for_each_item(const std::vector<int64_t>& first_item, const Fn& fn) {
-  at::parallel_for(0, first_item.back(), 1, [&](int64_t begin, int64_t end) {
+  arbor_cpu::parallel_for(0, first_item.back(), 1, [&](int64_t begin, int64_t end) {
     SoftmaxState st;
     Scratch sc;
     int64_t b =
@@ -426,7 +426,7 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
       }
     });
     if (most_splits == 1) return;
-    at::parallel_for(0, batch * g.heads, 16, [&](int64_t begin, int64_t end) {
+    arbor_cpu::parallel_for(0, batch * g.heads, 16, [&](int64_t begin, int64_t end) {
       std::vector<float> acc(g.dv);
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / g.heads;
@@ -510,7 +510,7 @@ torch::Tensor decode_self_attention(torch::Tensor qkv, torch::Tensor cos_t, torc
       q_t* q_p = q.data_ptr<q_t>();
       kv_t* k_p = k_buf.data_ptr<kv_t>();
       kv_t* v_p = v_buf.data_ptr<kv_t>();
-      at::parallel_for(0, batch, 16, [&](int64_t begin, int64_t end) {
+      arbor_cpu::parallel_for(0, batch, 16, [&](int64_t begin, int64_t end) {
         std::vector<q_t> normed(dim), rotated(dim);
         for (int64_t b = begin; b < end; ++b) {
           const q_t* row = src + b * width;
@@ -679,7 +679,7 @@ void merge_attention_states(torch::Tensor out_a, torch::Tensor lse_a, torch::Ten
   ARBOR_DISPATCH_FLOAT(out_a.scalar_type(), q_t, [&] {
     q_t* oa = out_a.data_ptr<q_t>();
     const q_t* ob = out_b.data_ptr<q_t>();
-    at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    arbor_cpu::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const float m = std::max(la[i], lb[i]);
         if (m == kNegInf) continue;

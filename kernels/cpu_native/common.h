@@ -11,6 +11,8 @@
 #include <tuple>
 #include <type_traits>
 
+#include "spin_pool.h"
+
 // Runs the lambda with `alias` naming the C++ type of float32, bfloat16 or float16 `type`.
 #define ARBOR_DISPATCH_FLOAT(type, alias, ...)                                     \
   [&] {                                                                            \

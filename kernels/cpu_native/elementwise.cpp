@@ -21,7 +21,7 @@ int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<
 template <typename scalar_t>
 void norm_rows(const scalar_t* x, const scalar_t* res, const scalar_t* w, scalar_t* out,
                scalar_t* sum_out, int64_t rows, int64_t width, float eps) {
-  at::parallel_for(0, rows, row_grain(width), [&](int64_t begin, int64_t end) {
+  arbor_cpu::parallel_for(0, rows, row_grain(width), [&](int64_t begin, int64_t end) {
     std::vector<float> tmp(width);
     for (int64_t r = begin; r < end; ++r) {
       const scalar_t* xr = x + r * width;
@@ -84,7 +84,7 @@ torch::Tensor rotate(const torch::Tensor& x, const float* cos, const float* sin)
   const scalar_t* xp = x.data_ptr<scalar_t>();
   scalar_t* op = out.data_ptr<scalar_t>();
   const int64_t st = x.stride(0), sh = x.stride(1);
-  at::parallel_for(0, tokens, row_grain(heads * dim), [&](int64_t begin, int64_t end) {
+  arbor_cpu::parallel_for(0, tokens, row_grain(heads * dim), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cos + t * dim;
       const float* s = sin + t * dim;
@@ -119,7 +119,7 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   ARBOR_DISPATCH_FLOAT(x.scalar_type(), scalar_t, [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, row_grain(width), [&](int64_t begin, int64_t end) {
+    arbor_cpu::parallel_for(0, rows, row_grain(width), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* g = xp + r * width;
         const scalar_t* u = g + inner;

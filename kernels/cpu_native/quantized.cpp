@@ -64,7 +64,7 @@ template <int BLOCK>
 void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* codes, float* scale,
                           float* offset_factor) {
   const int64_t blocks = k / BLOCK;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
+  arbor_cpu::parallel_for(0, rows, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       for (int64_t b = 0; b < blocks; ++b) {
         const float* xb = x + m * k + b * BLOCK;
@@ -237,7 +237,7 @@ void linear(const Weights& w, const Activations& a, int64_t rows, const float* b
   // About 64K multiply-adds per task at least, so small layers do not pay for threads.
   const int64_t per_group = kRows * a.k * rows;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(per_group, 1));
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+  arbor_cpu::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     float out[kTileRows * kRows];
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* wg = w.data + g * w.blocks * w.stride;
@@ -368,7 +368,7 @@ torch::Tensor quantized_rows(torch::Tensor index, torch::Tensor data, int64_t n,
   float* o = out.data_ptr<float>();
   const uint8_t* d = data.data_ptr<uint8_t>();
   const int64_t stride = data.size(2);
-  at::parallel_for(0, count, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
+  arbor_cpu::parallel_for(0, count, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       dequantize_row(d, ids[t], blocks, stride, bits, block, half_scales, o + t * k);
   });

@@ -62,7 +62,7 @@ void apply_token_bitmask(torch::Tensor logits, torch::Tensor bitmask, torch::Ten
   const int32_t* mask_ptr = mask.data_ptr<int32_t>();
   ARBOR_DISPATCH_FLOAT(logits.scalar_type(), scalar_t, [&] {
     scalar_t* base = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    arbor_cpu::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
         const int64_t r = indexed ? idx_ptr[n] : n;
         ban_row<scalar_t>(base + r * row_stride, mask_ptr + n * words, words, vocab);
@@ -139,7 +139,7 @@ TensorPair row_max_argmax(torch::Tensor logits) {
   int64_t* ix = indices.data_ptr<int64_t>();
   ARBOR_DISPATCH_FLOAT(x.scalar_type(), scalar_t, [&] {
     const scalar_t* base = x.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    arbor_cpu::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) max_argmax_row<scalar_t>(base + r * width, width, v + r, ix + r);
     });
   });
