@@ -278,10 +278,10 @@ def test_what_the_backend_refuses_is_said_in_our_words(
     schema: dict[str, Any], message: str | None
 ) -> None:
     if message is None:
-        json_schema_ebnf(schema, best_effort=False, max_whitespace=0)
+        json_schema_ebnf(schema, best_effort=False, layout=0)
         return
     with pytest.raises(GrammarError, match=message) as caught:
-        json_schema_ebnf(schema, best_effort=False, max_whitespace=0)
+        json_schema_ebnf(schema, best_effort=False, layout=0)
     assert "server log" not in str(caught.value)
 
 
