@@ -56,11 +56,12 @@ SUMMED_KEYS = (
     "spec_accepted_tokens", "spec_verify_steps", "emit_steps", "kv_used_tokens",
     "kv_cached_tokens", "kv_free_tokens", "max_total_tokens", "num_running_reqs",
     "num_waiting_reqs", "num_grammar_queue_reqs", "num_retracted_reqs", "gen_throughput",
+    "prefix_cache_queries_tokens", "prefix_cache_hits_tokens",
 )  # fmt: skip
 # Per-replica facts shown in server_info["replicas"].
 REPLICA_KEYS = (
-    "cache_hit_rate", "kv_usage", "kv_used_tokens", "kv_cached_tokens", "kv_free_tokens",
-    "num_running_reqs", "num_waiting_reqs", "prompt_tokens", "cached_tokens",
+    "cache_hit_rate", "kv_usage", "kv_cache_utilization", "kv_used_tokens", "kv_cached_tokens",
+    "kv_free_tokens", "num_running_reqs", "num_waiting_reqs", "prompt_tokens", "cached_tokens",
     "generated_tokens", "requests_finished", "gen_throughput",
 )  # fmt: skip
 
@@ -414,6 +415,8 @@ class RoutedTokenizerManager(TokenizerManager):
         merged["cache_hit_rate"] = merged.get("cached_tokens", 0) / prompt if prompt else 0.0
         capacity = merged.get("max_total_tokens") or 0
         merged["kv_usage"] = merged.get("kv_used_tokens", 0) / capacity if capacity else 0.0
+        free = merged.get("kv_free_tokens", 0)
+        merged["kv_cache_utilization"] = 1.0 - free / capacity if capacity else 0.0
         rows = []
         for handle in self.replicas.handles:
             reply = by_replica.get(handle.index, {})

@@ -90,6 +90,10 @@ class SchedulerStats:
     spec_accepted_tokens: int = 0
     spec_verify_steps: int = 0
     emit_steps: int = 0  # a request's forward steps that gave it tokens, summed
+    # Prompt tokens looked up in the radix cache at first admission, and those found there
+    # (both 0 with the cache off).
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
 
 
 class Scheduler:
@@ -221,6 +225,9 @@ class Scheduler:
             if req.status is Status.WAITING:  # its first admission
                 self.stats.prompt_tokens += len(req.input_ids)
                 self.stats.cached_tokens += req.kv.cached_tokens
+                if self.kv.tree is not None:
+                    self.stats.prefix_cache_queries_tokens += len(req.input_ids)
+                    self.stats.prefix_cache_hits_tokens += req.kv.cached_tokens
             req.status = Status.RUNNING
         self.programs.make_room(self.waiting, self.running)
         if prefill or decodes:
@@ -550,6 +557,8 @@ class Scheduler:
             "kv_cached_tokens": tree.total_size() if tree else 0,
             "kv_free_tokens": self.kv.allocator.available(),
             "kv_usage": (protected + private) / self.kv.capacity,
+            # What is not free: running requests and the radix cache's slots (evictable too).
+            "kv_cache_utilization": 1.0 - self.kv.allocator.available() / self.kv.capacity,
             "cache_hit_rate": self.stats.cached_tokens / prompt if prompt else 0.0,
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),

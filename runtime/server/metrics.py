@@ -25,6 +25,11 @@ SCHEDULER_GAUGES = (
     ("num_running_reqs", "num_running_reqs", "Requests in the running batch."),
     ("num_waiting_reqs", "num_queue_reqs", "Requests waiting for admission."),
     ("kv_usage", "kv_usage", "Fraction of the KV pool held by running requests."),
+    (
+        "kv_cache_utilization",
+        "kv_cache_utilization",
+        "Fraction of the KV pool in use (running requests and the radix cache): 1 - free/pool.",
+    ),
     ("kv_used_tokens", "kv_used_tokens", "KV slots held by running requests."),
     ("kv_cached_tokens", "kv_cached_tokens", "KV slots held by the radix cache."),
     ("max_total_tokens", "max_total_tokens", "Capacity of the KV pool in tokens."),
@@ -43,12 +48,23 @@ SCHEDULER_COUNTERS = (
     ("spec_verify_steps", "spec_verify_steps_total", "Request steps that verified a draft."),
     ("draft_tokens_proposed", "jump_forward_tokens_total", "Jump-forward tokens proposed."),
     ("draft_tokens_accepted", "jump_forward_accepted_tokens_total", "Jump-forward tokens kept."),
+    (
+        "prefix_cache_queries_tokens",
+        "prefix_cache_queries_tokens_total",
+        "Prompt tokens looked up in the prefix (radix) cache.",
+    ),
+    (
+        "prefix_cache_hits_tokens",
+        "prefix_cache_hits_tokens_total",
+        "Prompt tokens found in the prefix (radix) cache.",
+    ),
 )
 # Per replica of a routed server (``server_info["replicas"]``), labelled by replica index.
 REPLICA_GAUGES = (
     ("alive", "Whether the replica serves (1) or is down (0)."),
     ("cache_hit_rate", "The replica's prompt tokens served from its cache / prompt tokens."),
     ("kv_usage", "Fraction of the replica's KV pool held by running requests."),
+    ("kv_cache_utilization", "Fraction of the replica's KV pool in use (requests and cache)."),
     ("num_running_reqs", "Requests in the replica's running batch."),
     ("num_waiting_reqs", "Requests waiting in the replica's queue."),
     ("in_flight", "Requests the router sent to the replica that have not finished."),
