@@ -112,6 +112,7 @@ def _text_output(out: TokenOutput, text_delta: str, logprobs: bool = True) -> Te
         input_logprobs=out.input_logprobs if logprobs else None,
         spec=out.spec,
         grammar_notes=out.grammar_notes,
+        times=out.times,
     )
 
 

@@ -155,6 +155,26 @@ class SpeculationStats:
         }
 
 
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Where a finished request's time went in the scheduler, in seconds: waiting before its
+    first admission (grammar compilation included), from then to its first output token (its
+    prefill, chunks and retractions included), and from that token to its finish. Phases it
+    never reached are 0."""
+
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+
+    def to_meta(self) -> dict[str, float]:
+        """The ``meta_info`` entries."""
+        return {
+            "queue_time": self.queue_s,
+            "prefill_time": self.prefill_s,
+            "decode_time": self.decode_s,
+        }
+
+
 @dataclass
 class TokenOutput:
     """New tokens of one request since its last TokenOutput, and its state."""
@@ -178,6 +198,7 @@ class TokenOutput:
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
     spec: SpeculationStats | None = None  # when the request speculates
+    times: PhaseTimes | None = None  # on its last output only
     # With the final output: how the request's constraint was applied (a JSON layout it
     # asked for and could not get), for the caller's meta_info.
     grammar_notes: tuple[str, ...] = ()
@@ -206,6 +227,7 @@ class TextOutput:
     input_logprobs: list[tuple[float | None, int, list[tuple[float, int]]]] | None = None
     spec: SpeculationStats | None = None
     grammar_notes: tuple[str, ...] = ()
+    times: PhaseTimes | None = None
     # The detokenizer failed this request while the scheduler still runs it: the tokenizer
     # manager fails the caller, aborts it, and waits for the scheduler's final output.
     detokenizer_failed: bool = False

@@ -34,6 +34,7 @@ from runtime.ipc import (
     ControlRequest,
     FinishReason,
     GenerateRequest,
+    PhaseTimes,
     ProgramRelease,
     ProgramStep,
     SchedulerFailed,
@@ -84,6 +85,7 @@ class RequestOutput:
     spec: SpeculationStats | None = None
     validation_attempts: int | None = None
     grammar_notes: tuple[str, ...] = ()
+    times: PhaseTimes | None = None  # the scheduler's queue/prefill/decode split, at the end
 
     @property
     def ends_with_stop_token(self) -> bool:
@@ -111,6 +113,8 @@ class RequestOutput:
         }
         if self.spec is not None:
             meta.update(self.spec.to_meta(self.completion_tokens))
+        if self.times is not None:
+            meta.update(self.times.to_meta())
         if self.input_logprobs is not None or self.output_logprobs:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = self.logprobs(prompt=True)
             meta["output_token_logprobs"], meta["output_top_logprobs"] = self.logprobs()
@@ -149,6 +153,7 @@ class _RequestState:
             out.completion_tokens, out.cached_tokens, out.finished_reason,
             time.monotonic() - self.created, self.input_logprobs,
             list(self.output_logprobs), out.spec, grammar_notes=out.grammar_notes,
+            times=out.times,
         )  # fmt: skip
 
 

@@ -138,6 +138,7 @@ class OutputProcessor:
                 if req.speculates
                 else None
             ),
+            times=req.phase_times() if req.finished else None,
         )
         cursor.sent_tokens = len(req.output_ids)
         cursor.sent_output_logprobs = len(cursor.output_logprobs)

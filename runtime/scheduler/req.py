@@ -17,7 +17,7 @@ import enum
 import logging
 import time
 
-from runtime.ipc import FinishReason, GenerateRequest, ProgramStep
+from runtime.ipc import FinishReason, GenerateRequest, PhaseTimes, ProgramStep
 from runtime.sampler import PenaltyCounts
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.grammar_manager import ConstraintState
@@ -61,6 +61,10 @@ class Req:
         self.seed = seed
         self.speculates = speculates  # speculative decoding is on for it
         self.arrival = time.monotonic()
+        # When it was first admitted, got its first output token, finished (PhaseTimes).
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
         self.status = Status.WAITING
         self.finished_reason: FinishReason | None = None
         self.token_ids = TokenArray(msg.input_ids)
@@ -112,6 +116,8 @@ class Req:
         return limit
 
     def append_output(self, token: int) -> None:
+        if not self.output_ids:
+            self.first_token_at = time.monotonic()
         self.output_ids.append(token)
         self.token_ids.append(token)
         self.penalties.add(token)
@@ -119,6 +125,18 @@ class Req:
     def finish(self, reason: FinishReason) -> None:
         if self.finished_reason is None:
             self.finished_reason, self.status = reason, Status.FINISHED
+            self.finished_at = time.monotonic()
+
+    def phase_times(self) -> PhaseTimes:
+        """Its queue, prefill and decode times so far (up to now while it runs)."""
+        end = self.finished_at if self.finished_at is not None else time.monotonic()
+        admitted = end if self.admitted_at is None else self.admitted_at
+        first = end if self.first_token_at is None else self.first_token_at
+        return PhaseTimes(
+            queue_s=admitted - self.arrival,
+            prefill_s=max(first - admitted, 0.0),
+            decode_s=max(end - first, 0.0),
+        )
 
     def fail(self, status_code: int, message: str, param: str | None = None) -> None:
         """Finish with an error its caller gets as HTTP ``status_code`` (RequestError), about

@@ -223,6 +223,7 @@ class Scheduler:
             self.waiting.remove(req)
             self.running.append(req)
             if req.status is Status.WAITING:  # its first admission
+                req.admitted_at = time.monotonic()
                 self.stats.prompt_tokens += len(req.input_ids)
                 self.stats.cached_tokens += req.kv.cached_tokens
                 if self.kv.tree is not None:

@@ -43,6 +43,11 @@ def test_single_equals_engine(server: ServerProcess, engine: Engine):
     assert meta["prompt_tokens"] == expected["meta_info"]["prompt_tokens"]
     assert meta["finish_reason"] == {"type": "length", "length": 16}
     assert meta["e2e_latency"] > 0
+    # The scheduler's split of the request's time: 16 tokens took some decoding, and the three
+    # phases (in the scheduler) fit in the whole request (from the server's arrival).
+    phases = [meta["queue_time"], meta["prefill_time"], meta["decode_time"]]
+    assert min(phases) >= 0 and meta["prefill_time"] > 0 and meta["decode_time"] > 0
+    assert sum(phases) <= meta["e2e_latency"]
 
 
 def test_batch_equals_engine(server: ServerProcess, engine: Engine):
@@ -67,6 +72,8 @@ def test_stream_equals_engine(server: ServerProcess, engine: Engine):
     assert chunks[-1]["text"] == expected["text"]
     assert "".join(c["delta"] for c in chunks) == expected["text"]
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert all("decode_time" not in c["meta_info"] for c in chunks[:-1])  # at the end only
+    assert chunks[-1]["meta_info"]["decode_time"] > 0
 
 
 def test_n_samples_and_seed(server: ServerProcess):
