@@ -291,6 +291,11 @@ class ServerArgs:
         "writes, hermes when it gives no hint, generic when it does not render tools)",
         TOOL_CALL_PARSERS,
     )
+    otlp_traces_endpoint: str | None = _flag(
+        None,
+        "export one OpenTelemetry span per API request to this OTLP/HTTP (protobuf) traces "
+        "URL, e.g. http://collector:4318/v1/traces (needs the 'otel' extra; default: off)",
+    )
     # Debugging
     # Scale-out (docs/scale-out.md).
     dp_size: int = _flag(
@@ -353,6 +358,11 @@ class ServerArgs:
             )
         if self.admin_api_key is not None and self.admin_api_key in ("", self.api_key):
             raise ValueError("admin_api_key must be a non-empty key other than api_key")
+        endpoint = self.otlp_traces_endpoint
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise ValueError(
+                f"otlp_traces_endpoint must be an http:// or https:// URL, got {endpoint!r}"
+            )
 
     def _check_tp_size(self) -> None:
         """A tp_size the model's heads split into (read from its config.json when

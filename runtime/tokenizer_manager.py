@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from runtime.channels import Receiver, Sender
 from runtime.errors import RequestError, SchedulerDied
+from runtime.generation_log import current_generation_log
 from runtime.ipc import (
     AbortRequest,
     ControlCommand,
@@ -360,6 +361,8 @@ class TokenizerManager:
                 if reason is not None and reason.status_code is not None:
                     raise RequestError(reason.message or "", reason.status_code, reason.param)
                 state.add(out)
+                if finished and (log := current_generation_log()) is not None:
+                    log.add(out, state.label)
                 if stream or finished:
                     yield state.output(out)
         finally:

@@ -3,7 +3,8 @@
     with ServerProcess(model_path, "--max-total-tokens", "8192") as server:
         httpx.post(f"{server.url}/generate", json={...})
 
-``model_path`` None serves the built-in model. Constructing one starts the server;
+``model_path`` None serves the built-in model; ``cli_module`` is the module run as ``python -m``
+(tests wrap ``runtime.cli`` to install hooks first). Constructing one starts the server;
 ``wait_ready`` (or entering the context) waits until ``/health`` answers 200; ``stop`` (or
 leaving the context, even on an error) sends SIGTERM — the server then stops its own children
 — and SIGKILL if it has not exited in time. The server's output goes to a temporary log file,
@@ -41,6 +42,7 @@ class ServerProcess:
         api_key: str | None = None,
         startup_timeout_s: float = 180.0,
         stop_timeout_s: float = 15.0,
+        cli_module: str = "runtime.cli",
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -48,7 +50,7 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
         command = [
-            sys.executable, "-m", "runtime.cli", "serve",
+            sys.executable, "-m", cli_module, "serve",
             *(["--model-path", str(model_path)] if model_path else []),
             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
             *serve_args,

@@ -132,4 +132,5 @@ async def _serve(
         stopper.send(None)
         await asyncio.to_thread(receiver.join, 5.0)
         stopper.close()
+        state.close()
     return exit_code

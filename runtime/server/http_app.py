@@ -37,6 +37,7 @@ from runtime.server import (
 from runtime.server.errors import ApiError, ClientGone, error_body, error_response
 from runtime.server.openapi import openapi_json
 from runtime.server.state import ADMIN_SCOPE_KEY, ServerState, get_state
+from runtime.server.tracing import TracingMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ def create_app(state: ServerState) -> FastAPI:
         app.add_middleware(
             ApiKeyMiddleware, api_key=state.args.api_key, admin_api_key=state.args.admin_api_key
         )
+    if state.tracing is not None:  # outermost: the span covers the whole exchange
+        app.add_middleware(TracingMiddleware, sink=state.tracing)
     _add_error_handlers(app)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])

@@ -130,7 +130,7 @@ class _Supervisor:
             stopper.send(None)
             await asyncio.to_thread(receiver.join, 5.0)
             stopper.close()
-            self.state.generation.close()
+            self.state.close()
         return self.exit_code
 
     async def _watch(self, server: uvicorn.Server) -> None:

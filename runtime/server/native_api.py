@@ -32,6 +32,7 @@ from runtime.server.streams import (
     primed,
     sse_event,
 )
+from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter()
@@ -51,6 +52,8 @@ async def generate(request: Request) -> Response:
     body = parse_model(GenerateReqInput, await state.read_body(request))
     generate_input = _generate_input(state, body)
     subs = await generate_input.sub_requests(state.tokenizer_manager.tokenize)
+    sampling = subs[0].sampling if subs else None
+    trace_request(request, "text_completion", model=state.args.model_name, sampling=sampling)
     streams = open_streams(state, subs)
     several = generate_input.is_batch or len(subs) > 1
     if body.stream:

@@ -40,6 +40,7 @@ from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, guarded_sse, merge_streams, primed
 from runtime.server.tool_call_formats import GENERIC_FORMAT
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
@@ -111,6 +112,9 @@ async def completions(request: Request) -> Response:
     subs = expand(prompts, [sampling] * len(prompts), logprobs=logprobs, cache_salt=body.cache_salt)
     ctx = _context(state, body, "cmpl", sampling.n)
     ctx.echo_texts = texts if body.echo else []
+    trace_request(
+        request, "text_completion", model=ctx.model, sampling=sampling, response_id=ctx.request_id
+    )
     return await _respond(
         request,
         state,
@@ -158,6 +162,7 @@ async def chat_completions(request: Request) -> Response:
         ctx.tool_call_format = state.tool_call_format
         ctx.tool_calls_constrained = forced is not None
         ctx.generated_turns = state.generated_turns
+    trace_request(request, "chat", model=ctx.model, sampling=sampling, response_id=ctx.request_id)
     return await _respond(
         request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
     )

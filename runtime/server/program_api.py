@@ -18,6 +18,7 @@ from runtime.program.spec import parse_program
 from runtime.server.errors import ApiError
 from runtime.server.state import get_state
 from runtime.server.streams import guarded_sse, sse_event
+from runtime.server.tracing import trace_request
 
 router = APIRouter()
 
@@ -30,6 +31,9 @@ async def run_program(request: Request) -> Response:
     parsed = parse_program(body, state.tokenizer_manager.limits)
     events = state.programs.run(parsed)
     first = await events.__anext__()  # refusals (unknown branch, busy program) raise here
+    trace = trace_request(request, "text_completion", model=state.args.model_name)
+    if trace is not None and isinstance(first, ProgramStarted):
+        trace.program_id = first.program_id
     wants_sse = parsed.stream or "text/event-stream" in request.headers.get("accept", "")
     if wants_sse:
         return StreamingResponse(guarded_sse(_sse(first, events)), media_type="text/event-stream")

@@ -45,6 +45,7 @@ from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
 from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
@@ -114,6 +115,10 @@ async def create_response(request: Request) -> Response:
         run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
     options = LogprobOptions(logprobs, top_logprobs_num=body.top_logprobs or 0)
     sub = SubRequest(prompt.ids, sampling, logprobs=options, cache_salt=body.cache_salt)
+    trace_request(
+        request, "chat", model=state.args.model_name, sampling=sampling,
+        response_id=run.response["id"],
+    )  # fmt: skip
     streams = open_streams(state, [sub])
 
     def store(final: RequestOutput) -> None:

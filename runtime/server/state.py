@@ -25,6 +25,7 @@ from runtime.server.request_body import read_json
 from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
 from runtime.server.tool_call_formats import resolve_format
+from runtime.server.tracing import SpanSink, open_span_sink
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import RequestOutput, TokenizerManager
 from runtime.validate_retry import ValidatedGeneration
@@ -55,7 +56,15 @@ class ServerState:
         self.generated_turns = GeneratedTurns(self.tokenizer)
         self._role_blocks: dict[str, Any] | None = None
         self.generation = ValidatedGeneration(self.tokenizer_manager, self.args)
+        # Where request spans go with --otlp-traces-endpoint (None: tracing is off).
+        self.tracing: SpanSink | None = open_span_sink(self.args.otlp_traces_endpoint)
         self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)
+
+    def close(self) -> None:
+        """At shutdown: stop validate-and-retry's workers and send the spans still queued."""
+        self.generation.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     def role_blocks(self) -> dict[str, Any]:
         """For /get_model_info: the chat template's role blocks, which DSL clients render role
