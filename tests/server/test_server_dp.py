@@ -148,6 +148,18 @@ def test_metrics_report_each_replica_and_the_router(routed: ServerProcess) -> No
         assert f'arbor_replica_alive{{replica="{replica}"}} 1.0' in text
         assert f'arbor_replica_cache_hit_rate{{replica="{replica}"}}' in text
     assert 'arbor_router_decisions_total{decision="cache_hit"}' in text
+    # The gateway gauges and prefix-cache counters are the replicas' sums (earlier tests ran
+    # cached requests on both replicas).
+    info = _info(routed)
+    rows = info["replicas"]
+    assert all(0 <= row["kv_cache_utilization"] <= 1 for row in rows)
+    assert any(row["kv_cache_utilization"] > 0 for row in rows)
+    for key in ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens"):
+        assert info[key] == sum(row[key] for row in rows) > 0
+    free, pool = info["kv_free_tokens"], info["max_total_tokens"]
+    assert info["kv_cache_utilization"] == pytest.approx(1 - free / pool)
+    assert f"arbor_prefix_cache_hits_tokens_total {float(info['prefix_cache_hits_tokens'])}" in text
+    assert 'arbor_replica_kv_cache_utilization{replica="1"}' in text
 
 
 def test_a_killed_replica_is_routed_around_and_comes_back(routed: ServerProcess) -> None:
