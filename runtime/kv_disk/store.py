@@ -1,0 +1,489 @@
+"""``KVDiskStore``: the chunk files of one folder, their LRU index, lock, manifest and writer.
+
+One store owns ``path/subfolder`` for its life (a lock file held with ``flock``), so its index
+is the truth about the folder: ``contains`` asks no disk. Chunks live at ``<key[:2]>/<key>.kv``
+(a fan-out keeps directories small). Threads: any caller thread may call every method; one
+daemon writer thread drains ``put_async``'s queue. Every write goes to a temporary file that
+is renamed into place, so a reader sees a whole file or none; a file torn by a crash or a full
+disk is caught by its checksum on load, which is why nothing is fsynced (a lost chunk is only a
+miss, and fsync would cost each write a disk flush).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from runtime.kv_disk.chunk_file import (
+    FORMAT_VERSION,
+    ChunkMismatch,
+    check_payload,
+    decode_chunk,
+    encode_chunk,
+)
+from runtime.kv_disk.keys import chunk_keys, is_chunk_key
+
+__all__ = ["KVDiskError", "KVDiskStore", "chunk_keys"]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+LOCK_NAME = "lock"
+_CHUNK_SUFFIX = ".kv"
+_TMP_SUFFIX = ".tmp"
+_FAN_OUT = re.compile(r"[0-9a-f]{2}")
+_SUBFOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class KVDiskError(RuntimeError):
+    """The store cannot start: a bad size or folder name, an unwritable folder, or a folder
+    another store (in this or another process) holds."""
+
+
+@dataclass(frozen=True)
+class _QueuedWrite:
+    key: str
+    token_ids: np.ndarray
+    payload: torch.Tensor
+    nbytes: int
+    generation: int  # clear() bumps the store's: a write queued before it is dropped
+
+
+class KVDiskStore:
+    """Chunks of K/V on disk, at most ``max_bytes`` of them (least recently used go first).
+
+    ``manifest`` (a JSON-able dict: what makes stored K/V valid, e.g. model identity, dtypes,
+    page size, tp rank) is compared with the folder's ``manifest.json``: on a mismatch every
+    chunk is deleted, with one warning naming what differs. Raises KVDiskError when the folder
+    cannot be created or written, is held by another store, or a size is not positive.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        max_bytes: int,
+        manifest: dict[str, Any],
+        *,
+        subfolder: str = "replica0",
+        write_queue_bytes: int = 256 << 20,
+    ) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise KVDiskError(
+                f"the KV disk tier's size must be a positive number of bytes, got {max_bytes!r}"
+            )
+        if write_queue_bytes <= 0:
+            raise KVDiskError(f"write_queue_bytes must be positive, got {write_queue_bytes!r}")
+        if _SUBFOLDER.fullmatch(subfolder) is None:
+            raise KVDiskError(
+                f"the KV disk subfolder must be a plain name of letters, digits, "
+                f"'.', '_' and '-', got {subfolder!r}"
+            )
+        self.folder = Path(path) / subfolder
+        self.max_bytes = max_bytes
+        self._write_queue_bytes = write_queue_bytes
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise KVDiskError(f"cannot create the KV disk folder {self.folder}: {e}") from e
+        if not os.access(self.folder, os.W_OK | os.X_OK):
+            raise KVDiskError(f"the KV disk folder {self.folder} is not writable")
+        self._lock_fd = _take_folder_lock(self.folder)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified as queued writes finish
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> file size, oldest first
+        self._used_bytes = 0
+        self._generation = 0
+        self._queued_writes = 0
+        self._queued_bytes = 0
+        self._closing = False
+        self._writes_disabled = False
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "load_bytes",
+                "writes",
+                "write_bytes",
+                "write_errors",
+                "dropped_writes",
+                "evictions",
+                "bad_files",
+            ),
+            0,
+        )
+        self._load_seconds = 0.0
+        try:
+            self._check_manifest(manifest)
+            self._scan()
+        except OSError as e:
+            _release_folder_lock(self._lock_fd)
+            raise KVDiskError(f"cannot use the KV disk folder {self.folder}: {e}") from e
+        except BaseException:
+            _release_folder_lock(self._lock_fd)
+            raise
+        self._queue: queue.SimpleQueue[_QueuedWrite | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
+        self._writer.start()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def contains(self, key: str) -> bool:
+        """Whether a chunk is stored under ``key`` (from the index; no disk access)."""
+        _check_key(key)
+        with self._lock:
+            return key in self._index
+
+    def get(self, key: str, token_ids: np.ndarray) -> torch.Tensor | None:
+        """The payload stored under ``key`` (same dtype and shape as put) if its file holds
+        exactly ``token_ids`` (the chunk's own tokens) and its checksum holds; else None, and
+        a bad file is deleted. A hit makes the chunk the most recently used."""
+        _check_key(key)
+        with self._lock:
+            known = not self._closing and key in self._index
+            if not known:
+                self._counters["misses"] += 1
+                return None
+        path = self._chunk_path(key)
+        start = time.perf_counter()
+        stat: os.stat_result | None = None
+        try:
+            with open(path, "rb", buffering=0) as file:
+                stat = os.fstat(file.fileno())
+                payload = decode_chunk(file, stat.st_size, token_ids)
+        except FileNotFoundError:
+            self._forget_missing(key)
+            return None
+        except (ChunkMismatch, OSError) as e:
+            logger.debug("KV disk chunk %s is unusable (%s); deleting it", path, e)
+            self._delete_bad(key, stat)
+            return None
+        assert stat is not None
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self._counters["hits"] += 1
+            self._counters["load_bytes"] += stat.st_size
+            self._load_seconds += elapsed
+            if key in self._index:
+                self._index.move_to_end(key)
+        try:  # the mtime is the last use a restart's scan orders the LRU by
+            os.utime(path)
+        except OSError:
+            pass
+        return payload
+
+    # -- writes --------------------------------------------------------------------------
+
+    def put(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> None:
+        """Store ``payload`` (a CPU float32/float16/bfloat16 tensor) as the chunk ``key`` of
+        ``token_ids`` now, replacing any chunk of that key, then evict the least recently used
+        chunks beyond max_bytes. A write error disables writes (one warning), never raises."""
+        _check_key(key)
+        check_payload(payload)
+        with self._lock:
+            generation = self._generation
+        self._write(key, token_ids, payload, generation)
+
+    def put_async(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> bool:
+        """Queue ``put`` for the writer thread. ``payload`` must be a CPU copy the caller does
+        not touch again. False (and counted in dropped_writes) when writes are disabled, the
+        store is closing, or the queue would exceed write_queue_bytes."""
+        _check_key(key)
+        check_payload(payload)
+        nbytes = payload.numel() * payload.element_size()
+        with self._lock:
+            if (
+                self._closing
+                or self._writes_disabled
+                or self._queued_bytes + nbytes > self._write_queue_bytes
+            ):
+                self._counters["dropped_writes"] += 1
+                return False
+            self._queued_writes += 1
+            self._queued_bytes += nbytes
+            generation = self._generation
+        self._queue.put(_QueuedWrite(key, np.array(token_ids), payload, nbytes, generation))
+        return True
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued write is done (or ``timeout`` seconds have passed)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._queued_writes == 0, timeout)
+
+    def clear(self) -> None:
+        """Delete every chunk, and drop the writes queued before this call."""
+        with self._lock:
+            self._generation += 1
+            for key in self._index:
+                _unlink_quietly(self._chunk_path(key))
+            self._index.clear()
+            self._used_bytes = 0
+            self._delete_chunk_files(include_temporary=False)
+
+    def close(self) -> None:
+        """Finish the queued writes, stop the writer thread and release the folder's lock.
+        Idempotent; afterwards gets miss and puts are dropped."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        self.flush()
+        self._queue.put(None)
+        self._writer.join()
+        _release_folder_lock(self._lock_fd)
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters since start (hits, misses, load_bytes, load_seconds, writes, write_bytes,
+        write_errors, dropped_writes, evictions, bad_files) and the current used_bytes, chunks,
+        queued_bytes and writes_disabled (0/1)."""
+        with self._lock:
+            return {
+                **self._counters,
+                "load_seconds": self._load_seconds,
+                "used_bytes": self._used_bytes,
+                "chunks": len(self._index),
+                "queued_bytes": self._queued_bytes,
+                "writes_disabled": int(self._writes_disabled),
+            }
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _chunk_path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}{_CHUNK_SUFFIX}"
+
+    def _write_loop(self) -> None:
+        """The writer thread: one queued write at a time until close's None. Nothing raised by
+        a write ends the loop."""
+        while (item := self._queue.get()) is not None:
+            try:
+                self._write(item.key, item.token_ids, item.payload, item.generation)
+            except Exception:
+                logger.exception("KV disk write of chunk %s failed", item.key)
+                with self._lock:
+                    self._counters["write_errors"] += 1
+            finally:
+                with self._idle:
+                    self._queued_writes -= 1
+                    self._queued_bytes -= item.nbytes
+                    self._idle.notify_all()
+
+    def _write(
+        self, key: str, token_ids: np.ndarray, payload: torch.Tensor, generation: int
+    ) -> None:
+        nbytes_estimate = payload.numel() * payload.element_size()
+        with self._lock:
+            if self._writes_disabled or generation != self._generation:
+                self._counters["dropped_writes"] += 1
+                return
+        if nbytes_estimate > self.max_bytes:  # would evict everything and still not fit
+            with self._lock:
+                self._counters["dropped_writes"] += 1
+            return
+        pieces = encode_chunk(token_ids, payload)
+        path = self._chunk_path(key)
+        temporary = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}{_TMP_SUFFIX}")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            size = _write_file(temporary, pieces)
+            with self._lock:
+                if generation != self._generation:  # clear() ran while this was written
+                    self._counters["dropped_writes"] += 1
+                    return
+                os.replace(temporary, path)
+                self._used_bytes += size - self._index.pop(key, 0)
+                self._index[key] = size
+                self._counters["writes"] += 1
+                self._counters["write_bytes"] += size
+                self._evict_locked()
+        except OSError as e:
+            self._disable_writes(e)
+        finally:  # gone after the rename; else a torn or unwanted file
+            _unlink_quietly(temporary)
+
+    def _disable_writes(self, error: OSError) -> None:
+        with self._lock:
+            self._counters["write_errors"] += 1
+            if self._writes_disabled:
+                return
+            self._writes_disabled = True
+        reason = errno.errorcode.get(error.errno or 0, "") if error.errno else ""
+        logger.warning(
+            "KV disk tier: a write to %s failed (%s%s); writes are disabled from "
+            "now on, stored chunks are still read",
+            self.folder,
+            f"{reason}: " if reason else "",
+            error.strerror or error,
+        )
+
+    def _evict_locked(self) -> None:
+        while self._used_bytes > self.max_bytes and self._index:
+            key, size = self._index.popitem(last=False)
+            _unlink_quietly(self._chunk_path(key))
+            self._used_bytes -= size
+            self._counters["evictions"] += 1
+
+    def _forget_missing(self, key: str) -> None:
+        """Drop ``key`` from the index if its file is gone (deleted behind the store's back)."""
+        with self._lock:
+            self._counters["misses"] += 1
+            if key in self._index and not self._chunk_path(key).exists():
+                self._used_bytes -= self._index.pop(key)
+
+    def _delete_bad(self, key: str, read: os.stat_result | None) -> None:
+        """Delete the file of ``key`` that failed to load, unless a write replaced it since
+        (a different inode than the one read)."""
+        path = self._chunk_path(key)
+        with self._lock:
+            self._counters["misses"] += 1
+            self._counters["bad_files"] += 1
+            try:
+                now = os.stat(path)
+                if read is not None and (now.st_ino, now.st_dev) != (read.st_ino, read.st_dev):
+                    return
+                os.unlink(path)
+            except OSError:
+                pass
+            if key in self._index:
+                self._used_bytes -= self._index.pop(key)
+
+    def _check_manifest(self, manifest: dict[str, Any]) -> None:
+        """Keep the chunks if ``manifest`` equals the stored one; else delete them, warn once
+        naming the differences, and store ``manifest``."""
+        try:
+            wanted = json.loads(json.dumps({"kv_disk_format": FORMAT_VERSION, **manifest}))
+        except (TypeError, ValueError) as e:
+            raise KVDiskError(f"the KV disk manifest must be JSON-able: {e}") from e
+        manifest_path = self.folder / MANIFEST_NAME
+        stored: Any
+        try:
+            stored = json.loads(manifest_path.read_text("utf-8"))
+        except FileNotFoundError:
+            stored = None
+        except (OSError, ValueError):
+            stored = "unreadable"
+        if stored == wanted:
+            return
+        deleted = self._delete_chunk_files(include_temporary=True)
+        if stored is not None or deleted:
+            logger.warning(
+                "KV disk tier %s was made for another model or setting (%s); deleted its %d chunks",
+                self.folder,
+                _manifest_difference(stored, wanted),
+                deleted,
+            )
+        temporary = manifest_path.with_name(MANIFEST_NAME + _TMP_SUFFIX)
+        temporary.write_text(json.dumps(wanted, indent=1, sort_keys=True), "utf-8")
+        os.replace(temporary, manifest_path)
+
+    def _scan(self) -> None:
+        """Rebuild the index from the folder: chunk files ordered by mtime (their last use),
+        leftover temporary files deleted, then evict down to max_bytes."""
+        found = []
+        for directory in self._fan_out_dirs():
+            for entry in os.scandir(directory):
+                name = entry.name
+                if name.endswith(_TMP_SUFFIX):  # a write a crash interrupted
+                    _unlink_quietly(Path(entry.path))
+                elif (
+                    name.endswith(_CHUNK_SUFFIX)
+                    and is_chunk_key(key := name[:-3])
+                    and key[:2] == directory.name
+                    and entry.is_file()
+                ):
+                    stat = entry.stat()
+                    found.append((stat.st_mtime_ns, key, stat.st_size))
+        for _, key, size in sorted(found):
+            self._index[key] = size
+            self._used_bytes += size
+        self._evict_locked()
+
+    def _fan_out_dirs(self) -> list[Path]:
+        return [
+            Path(entry.path)
+            for entry in os.scandir(self.folder)
+            if _FAN_OUT.fullmatch(entry.name) and entry.is_dir()
+        ]
+
+    def _delete_chunk_files(self, include_temporary: bool) -> int:
+        """Delete every chunk file in the folder (and temporary files when no writer can be
+        writing them); the number of chunk files deleted."""
+        deleted = 0
+        for directory in self._fan_out_dirs():
+            for entry in os.scandir(directory):
+                if entry.name.endswith(_CHUNK_SUFFIX) or (
+                    include_temporary and entry.name.endswith(_TMP_SUFFIX)
+                ):
+                    deleted += entry.name.endswith(_CHUNK_SUFFIX)
+                    _unlink_quietly(Path(entry.path))
+        return deleted
+
+
+def _write_file(path: Path, pieces: list[bytes | memoryview]) -> int:
+    """Write ``pieces`` to a new file at ``path``; its size."""
+    with open(path, "wb") as file:
+        for piece in pieces:
+            file.write(piece)
+    return sum(piece.nbytes if isinstance(piece, memoryview) else len(piece) for piece in pieces)
+
+
+def _check_key(key: object) -> None:
+    if not is_chunk_key(key):
+        raise ValueError(f"not a KV disk chunk key (64 lowercase hex digits): {key!r:.80}")
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _manifest_difference(stored: Any, wanted: dict[str, Any]) -> str:
+    if not isinstance(stored, dict):
+        return "no readable manifest.json" if stored is not None else "no manifest.json"
+    changed = [
+        f"{name}: {stored.get(name, '<absent>')!r} -> {wanted.get(name, '<absent>')!r}"
+        for name in sorted(stored.keys() | wanted.keys())
+        if stored.get(name) != wanted.get(name)
+    ]
+    return "; ".join(changed)
+
+
+def _take_folder_lock(folder: Path) -> int:
+    """Hold ``folder/lock`` exclusively (flock: released when the process dies, so a crash
+    leaves no stale lock) and write this process's id in it; KVDiskError when held."""
+    lock_path = folder / LOCK_NAME
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise KVDiskError(f"cannot create the lock file {lock_path}: {e}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise KVDiskError(
+            f"the KV disk folder {folder} is in use by another server (process {holder} holds "
+            f"{lock_path}); give each server its own --kv-disk-path"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _release_folder_lock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
