@@ -17,6 +17,7 @@ torn write, a truncated or flipped file, or a key collision is a miss, never wro
 from __future__ import annotations
 
 import io
+import math
 import struct
 import zlib
 
@@ -114,7 +115,7 @@ def decode_chunk(file: io.RawIOBase, size: int, token_ids: np.ndarray) -> torch.
     if payload_start + n_payload + _CRC.size != size:
         raise ChunkMismatch(f"{size} bytes, the header describes {payload_start + n_payload + 4}")
     element_size = torch.empty((), dtype=dtype).element_size()
-    if n_payload != int(np.prod(shape, dtype=np.uint64)) * element_size:
+    if n_payload != math.prod(shape) * element_size:
         raise ChunkMismatch("payload size disagrees with its shape")
     stored = np.frombuffer(data, "<i4" if token_width == 4 else "<i8", n_tokens, token_start)
     expected = np.asarray(token_ids)

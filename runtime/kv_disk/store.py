@@ -109,7 +109,8 @@ class KVDiskStore:
         self._generation = 0
         self._queued_writes = 0
         self._queued_bytes = 0
-        self._closing = False
+        self._closing = False  # close() began: no new puts
+        self._closed = False  # close() ended: the folder is no longer this store's
         self._writes_disabled = False
         self._counters: dict[str, int] = dict.fromkeys(
             (
@@ -171,6 +172,10 @@ class KVDiskStore:
             logger.debug("KV disk chunk %s is unusable (%s); deleting it", path, e)
             self._delete_bad(key, stat)
             return None
+        except Exception:  # a defect in decoding: still a miss, never wrong K/V
+            logger.exception("KV disk chunk %s could not be decoded; deleting it", path)
+            self._delete_bad(key, stat)
+            return None
         assert stat is not None
         elapsed = time.perf_counter() - start
         with self._lock:
@@ -194,6 +199,9 @@ class KVDiskStore:
         _check_key(key)
         check_payload(payload)
         with self._lock:
+            if self._closing:  # the folder may belong to another store by now
+                self._counters["dropped_writes"] += 1
+                return
             generation = self._generation
         self._write(key, token_ids, payload, generation)
 
@@ -224,8 +232,10 @@ class KVDiskStore:
             self._idle.wait_for(lambda: self._queued_writes == 0, timeout)
 
     def clear(self) -> None:
-        """Delete every chunk, and drop the writes queued before this call."""
+        """Delete every chunk, and drop the writes queued before this call (none after close)."""
         with self._lock:
+            if self._closed:
+                return
             self._generation += 1
             for key in self._index:
                 _unlink_quietly(self._chunk_path(key))
@@ -243,6 +253,8 @@ class KVDiskStore:
         self.flush()
         self._queue.put(None)
         self._writer.join()
+        with self._lock:
+            self._closed = True
         _release_folder_lock(self._lock_fd)
 
     def stats(self) -> dict[str, float | int]:
