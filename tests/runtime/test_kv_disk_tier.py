@@ -1,0 +1,189 @@
+"""The KV disk tier (``--kv-disk-path``, issue 40) on the in-process Engine and the tiny test
+model: outputs with the tier equal outputs without it while evictions and loads happen, a
+restarted engine serves from disk, a manifest mismatch or a corrupt chunk is a miss, tenants
+never load each other's chunks, the KV accounting holds, a write error keeps serving, and bad
+flags are refused at start."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import Engine
+from runtime.kv_disk import KVDiskError
+from runtime.kv_disk import store as kv_disk_store
+from runtime.server_args import ServerArgs
+from tests.runtime.helpers import random_prompts
+
+GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+# A pool of 1024 tokens and prompts of ~400: each round of four prompts evicts the last.
+POOL = {"max_total_tokens": 1024, "max_running_requests": 2, "debug_invariants": True}
+TIER = {"kv_disk_load_policy": "always"}
+
+
+def _run(engine: Engine, prompts: list[list[int]], salt: str | None = None) -> list[Any]:
+    """Each prompt alone, in order: (output ids, cached_tokens) per prompt."""
+    results = []
+    for prompt in prompts:
+        out = engine.generate(input_ids=prompt, sampling_params=GREEDY, cache_salt=salt)
+        results.append((out["output_ids"], int(out["meta_info"]["cached_tokens"])))
+    return results
+
+
+def _prompts() -> list[list[int]]:
+    return random_prompts([400, 420, 390, 410], seed=40)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_path: Path) -> list[list[int]]:
+    """The outputs of each prompt without any cache."""
+    with Engine(tiny_model_path, disable_radix_cache=True, **POOL) as engine:
+        return [ids for ids, _ in _run(engine, _prompts())]
+
+
+@pytest.fixture
+def tier_engine(tiny_model_path: Path, tmp_path: Path) -> Iterator[Engine]:
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        yield engine
+
+
+def _info(engine: Engine) -> dict[str, Any]:
+    return engine.get_server_info()
+
+
+def test_evicted_prefixes_load_from_disk_with_identical_outputs(
+    tier_engine: Engine, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    first = _run(tier_engine, prompts)
+    assert [ids for ids, _ in first] == reference
+    assert _info(tier_engine)["kv_disk_loads"] == 0
+    # The pool holds two of the four prompts: the first ones went to disk.
+    second = _run(tier_engine, prompts)
+    assert [ids for ids, _ in second] == reference
+    info = _info(tier_engine)
+    assert info["kv_disk_writes"] > 0 and info["kv_disk_loads"] > 0
+    assert info["kv_disk_hits_tokens"] >= 384  # at least one prompt's six chunks
+    # cached_tokens counts the disk's tokens: whole chunks of every prompt, not recomputed.
+    for prompt, (_, cached) in zip(prompts, second, strict=True):
+        assert cached >= len(prompt) - 1 - 63, (cached, len(prompt))
+    tier_engine.check_invariants()
+
+
+def test_restart_serves_from_disk(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, prompts)
+    # Shutdown saved what the pool still held: every prompt is on disk.
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        again = _run(engine, prompts)
+        info = _info(engine)
+        engine.check_invariants()
+    assert [ids for ids, _ in again] == reference
+    assert info["kv_disk_loads"] >= 4 * 6
+    assert all(cached >= 384 for _, cached in again)
+
+
+def test_other_kv_dtype_invalidates_the_tier(tiny_model_path: Path, tmp_path: Path) -> None:
+    prompts = _prompts()[:2]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        expected = _run(engine, prompts)
+    kv16 = {**POOL, **TIER, "kv_cache_dtype": "bf16"}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **kv16) as engine:
+        out = _run(engine, prompts)
+        assert _info(engine)["kv_disk_loads"] == 0
+    assert all(cached == 0 for _, cached in out)
+    assert len(out) == len(expected)
+
+
+def test_corrupt_chunk_is_recomputed(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, prompts)
+    chunks = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 4096)
+    assert chunks, "no chunk files were written"
+    for path in chunks:  # flip bytes in the middle of every payload
+        data = bytearray(path.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(255 - b for b in data[middle : middle + 64])
+        path.write_bytes(bytes(data))
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        again = _run(engine, prompts)
+        assert _info(engine)["kv_disk_loads"] == 0
+        engine.check_invariants()
+    assert [ids for ids, _ in again] == reference
+
+
+def test_tenants_never_load_each_others_chunks(tier_engine: Engine) -> None:
+    prompts = _prompts()
+    _run(tier_engine, prompts, salt="tenant-a")
+    _run(tier_engine, prompts[2:], salt="tenant-a")  # push tenant-a's first prompts to disk
+    before = _info(tier_engine)["kv_disk_loads"]
+    other = _run(tier_engine, prompts[:2], salt="tenant-b")
+    assert all(cached == 0 for _, cached in other)
+    assert _info(tier_engine)["kv_disk_loads"] == before
+    same = _run(tier_engine, prompts[:2], salt="tenant-a")
+    assert all(cached >= 384 for _, cached in same)
+    assert _info(tier_engine)["kv_disk_loads"] > before
+
+
+def test_flush_cache_with_disk_empties_the_tier(tier_engine: Engine) -> None:
+    prompts = _prompts()
+    _run(tier_engine, prompts)
+    assert tier_engine.flush_cache()
+    after_memory_flush = _run(tier_engine, prompts[:1])
+    assert after_memory_flush[0][1] >= 384  # memory gone, disk still serves
+    assert tier_engine.flush_cache(disk=True)
+    assert _run(tier_engine, prompts[1:2])[0][1] == 0
+
+
+def test_write_error_keeps_serving(
+    tiny_model_path: Path,
+    tmp_path: Path,
+    reference: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def disk_full(path: Path, pieces: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kv_disk_store, "_write_file", disk_full)
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        prompts = _prompts()
+        assert [ids for ids, _ in _run(engine, prompts + prompts)] == reference + reference
+        info = _info(engine)
+        engine.check_invariants()
+    assert info["kv_disk_write_errors"] >= 1 and info["kv_disk_writes"] == 0
+
+
+def test_a_folder_in_use_is_refused(tier_engine: Engine, tiny_model_path: Path) -> None:
+    path = tier_engine.get_server_info()["kv_disk_path"]
+    with pytest.raises(KVDiskError, match="replica0"):
+        Engine(tiny_model_path, kv_disk_path=path, **POOL)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_disk_path": "{tmp}", "disable_radix_cache": True}, "needs the radix cache"),
+        ({"kv_disk_path": "{tmp}", "kv_disk_max_gb": 0.0}, "kv_disk_max_gb"),
+        ({"kv_disk_path": "{tmp}", "kv_disk_max_gb": -1.0}, "kv_disk_max_gb"),
+        ({"kv_disk_path": "{tmp}/file"}, "not a folder"),
+        ({"kv_disk_path": "{tmp}/file/kv"}, "not writable"),
+        ({"kv_disk_path": "{tmp}", "kv_disk_write_policy": "sometimes"}, "write_back"),
+    ],
+)
+def test_bad_flags_are_refused(
+    tiny_model_path: Path, tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "file").write_text("")
+    kwargs = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(model_path=str(tiny_model_path), **kwargs)
