@@ -229,6 +229,7 @@ class Scheduler:
             logger.exception("saving the cache to the disk tier failed")
         finally:
             self.disk.close()
+
     def stop(self) -> None:
         self._stopped = True
 
