@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radix_cache import RadixCache
 from runtime.kv_disk import KVDiskStore, chunk_keys
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
@@ -137,11 +138,27 @@ class KVDiskTier:
     def save_run(
         self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int
     ) -> None:
-        """Hand the store the chunks that end inside ``[start, len(tokens))`` of a root-to-node
-        path (``slots``: their KV, valid now) and that it does not hold yet: the tree's
-        eviction hook, its inserts with write_through, its every node at shutdown."""
+        """Queue for writing the chunks that end inside ``[start, len(tokens))`` of a
+        root-to-node path (``slots``: their KV, valid now) and that the store does not hold
+        yet: the tree's eviction hook, and its inserts with write_through."""
+        self._save(namespace, tokens, slots, start, wait=False)
+
+    def save_tree(self, tree: RadixCache) -> None:
+        """Write every chunk ``tree`` holds that the store does not (a graceful stop), each
+        before the next: the write queue's bound would drop most of a large cache."""
+        tree.report_runs(
+            lambda namespace, tokens, slots, start: self._save(
+                namespace, tokens, slots, start, wait=True
+            )
+        )
+
+    def _save(
+        self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int, wait: bool
+    ) -> None:
         if namespace is not None and not isinstance(namespace, str):
             return  # not a cache salt: KV this tier does not key
+        if self.store.stats()["writes_disabled"]:
+            return  # nothing would be written: spare the copies
         size = self.chunk_tokens
         first, last = start // size, tokens.size // size
         if first >= last:
@@ -153,7 +170,9 @@ class KVDiskTier:
             if key in self._recent or self.store.contains(key):
                 continue
             span = slice(i * size, (i + 1) * size)
-            if self.store.put_async(key, ids[span].copy(), self._gather(slots[span])):
+            if wait:
+                self.store.put(key, ids[span], self._gather(slots[span]))
+            elif self.store.put_async(key, ids[span].copy(), self._gather(slots[span])):
                 self._recent[key] = None
                 if len(self._recent) > _RECENT_KEYS:
                     self._recent.popitem(last=False)

@@ -224,7 +224,7 @@ class Scheduler:
             return
         try:
             if self._stopped and self.kv.tree is not None:
-                self.kv.tree.report_runs(self.disk.save_run)
+                self.disk.save_tree(self.kv.tree)
         except Exception:
             logger.exception("saving the cache to the disk tier failed")
         finally:
