@@ -35,6 +35,10 @@ from benchmarks.suite.workloads.multi_turn import MultiTurn
 from runtime import Engine
 from runtime.model_files import builtin_model_path
 
+# The pool of the sizing run: room for the quick and default workloads' whole working set
+# (SmolLM2's float32 K/V: 46 KB a token, 750 MB).
+SIZING_POOL_TOKENS = 16384
+
 
 def distinct_prefix_tokens(calls: Sequence[Call]) -> int:
     """Tokens of the trie of every call's prompt and output: what an unbounded prefix cache
@@ -58,7 +62,7 @@ def _throughput(run: SystemRun) -> float:
 def bench_workload(model: str, workload: Workload) -> list[dict[str, Any]]:
     """The workload with an unbounded pool (sizing), then at a quarter of its working set
     without and with the tier."""
-    with Engine(model, max_total_tokens=1 << 16) as engine:
+    with Engine(model, max_total_tokens=SIZING_POOL_TOKENS) as engine:
         sizing = workload.run_arbor(engine)
     working_set = distinct_prefix_tokens(sizing.calls)
     longest = max(len(c.prompt_ids) + len(c.output_ids) for c in sizing.calls)
@@ -194,12 +198,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small workloads, short prefix")
     parser.add_argument("--prefix-tokens", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--requests", type=int, help="agent tasks and multi-turn sessions (default: the preset's)"
+    )
     parser.add_argument("--out", help="the JSON result's path")
     args = parser.parse_args()
     model = builtin_model_path()
 
     rows = []
     for workload in (Agent.preset(args.quick), MultiTurn.preset(args.quick)):
+        if args.requests:
+            workload = workload.with_count(args.requests)
         rows += bench_workload(model, workload)
     print_table(
         ["workload", "tier", "working set", "pool", "hit rate", "out tok/s", "disk tokens"],

@@ -7,15 +7,22 @@ flags are refused at start."""
 from __future__ import annotations
 
 import errno
+import json
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from runtime import Engine
 from runtime.kv_disk import KVDiskError
 from runtime.kv_disk import store as kv_disk_store
+from runtime.memory_pool import KVPool
+from runtime.model_identity import model_identity
+from runtime.scheduler.disk_tier import disk_manifest, open_disk_tier
 from runtime.server_args import ServerArgs
 from tests.runtime.helpers import random_prompts
 
@@ -122,6 +129,20 @@ def test_corrupt_chunk_is_recomputed(
     assert [ids for ids, _ in again] == reference
 
 
+def test_write_through_writes_on_insert(tiny_model_path: Path, tmp_path: Path) -> None:
+    (prompt,) = random_prompts([300], seed=7)
+    through = {**POOL, **TIER, "kv_disk_write_policy": "write_through"}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **through) as engine:
+        _run(engine, [prompt])
+        deadline = time.monotonic() + 30
+        while _info(engine)["kv_disk_writes"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the writer thread writes behind the scheduler
+        info = _info(engine)
+        assert info["kv_disk_writes"] == 4  # 303 cached tokens: four whole chunks
+        assert engine.scheduler.kv.tree is not None
+        assert engine.scheduler.kv.tree.stats().evicted_tokens == 0  # nothing was evicted
+
+
 def test_tenants_never_load_each_others_chunks(tier_engine: Engine) -> None:
     prompts = _prompts()
     _run(tier_engine, prompts, salt="tenant-a")
@@ -187,3 +208,37 @@ def test_bad_flags_are_refused(
     kwargs = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()}
     with pytest.raises(ValueError, match=message):
         ServerArgs(model_path=str(tiny_model_path), **kwargs)
+
+
+# ---- pieces, without an engine ------------------------------------------------------------
+
+
+def test_model_identity_follows_config_and_weight_headers(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    same = model_identity(tiny_model_path)
+    assert model_identity(tiny_model_path) == same
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_model_path, copy)
+    assert model_identity(copy) == same  # where it lies does not matter
+    config = json.loads((copy / "config.json").read_text())
+    config["rms_norm_eps"] = config.get("rms_norm_eps", 1e-5) * 2
+    (copy / "config.json").write_text(json.dumps(config))
+    assert model_identity(copy) != same
+
+
+def test_each_replica_and_chunk_size_has_its_own_folder_and_manifest(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    args = ServerArgs(model_path=str(tiny_model_path), kv_disk_path=str(tmp_path), page_size=128)
+    args = args.for_device(False)
+    pool = KVPool(256, 2, 2, 8, torch.float32, torch.device("cpu"))
+    tier = open_disk_tier(args, pool, "none", "cpu", replica=3)
+    try:
+        assert tier.chunk_tokens == 128  # 64 rounded up to whole pages
+        manifest = json.loads((tmp_path / "replica3" / "manifest.json").read_text())
+        wanted = json.loads(json.dumps(disk_manifest(args, "none", 128)))
+        assert wanted.items() <= manifest.items()  # the store adds its own file format
+        assert manifest["kv_cache_dtype"] == "fp32" and manifest["page_size"] == 128
+    finally:
+        tier.close()
