@@ -178,17 +178,16 @@ class KVDiskTier:
                     self._recent.popitem(last=False)
 
     def _gather(self, slots: np.ndarray) -> torch.Tensor:
-        """A CPU copy of the K/V at ``slots``: ``[layers, 2, len(slots), kv_heads, head_dim]``."""
-        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))
+        """A CPU copy of the K/V at ``slots``: ``[layers, 2, len(slots), kv_heads, head_dim]``
+        (gathered on the pool's device, then one copy to the host)."""
         k0 = self.pool.k_buffers[0]
-        index = index.to(k0.device)
-        out = torch.empty(
-            (self.pool.num_layers, 2, index.numel(), *k0.shape[1:]), dtype=k0.dtype, device="cpu"
-        )
+        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(k0.device)
+        shape = (self.pool.num_layers, 2, index.numel(), *k0.shape[1:])
+        out = torch.empty(shape, dtype=k0.dtype, device=k0.device)
         for layer in range(self.pool.num_layers):
-            out[layer, 0] = self.pool.k_buffers[layer].index_select(0, index).cpu()
-            out[layer, 1] = self.pool.v_buffers[layer].index_select(0, index).cpu()
-        return out
+            torch.index_select(self.pool.k_buffers[layer], 0, index, out=out[layer, 0])
+            torch.index_select(self.pool.v_buffers[layer], 0, index, out=out[layer, 1])
+        return out.cpu()
 
     # ---- reading ----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from runtime.kv_disk import KVDiskError
 from runtime.kv_disk import store as kv_disk_store
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
-from runtime.scheduler.disk_tier import disk_manifest, open_disk_tier
+from runtime.scheduler.disk_tier import LoadCost, disk_manifest, open_disk_tier
 from runtime.server_args import ServerArgs
 from tests.runtime.helpers import random_prompts
 
@@ -242,3 +242,18 @@ def test_each_replica_and_chunk_size_has_its_own_folder_and_manifest(
         assert manifest["kv_cache_dtype"] == "fp32" and manifest["page_size"] == 128
     finally:
         tier.close()
+
+
+def test_load_cost_loads_only_what_beats_recomputing() -> None:
+    cost = LoadCost("cpu")
+    per_token = 46 * 1024  # SmolLM2's float32 K/V
+    assert cost.pays(64, 64 * per_token)  # the priors: 200 MB/s against 1 ms a token
+    for _ in range(50):  # a disk at 10 MB/s, a prefill at 0.5 ms a token
+        cost.observe_load(1.0, 10_000_000)
+        cost.observe_prefill(0.5, 1000)
+    assert not cost.pays(64, 64 * per_token)
+    for _ in range(50):  # the page cache: 2 GB/s
+        cost.observe_load(0.5, 1_000_000_000)
+    assert cost.pays(64, 64 * per_token)
+    cost.observe_prefill(0.0, 8)  # a tiny forward tells nothing per token
+    assert cost.recompute_s_per_token == pytest.approx(5e-4, rel=1e-3)
