@@ -21,9 +21,10 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from runtime.kv_disk.chunk_file import (
     ChunkMismatch,
     check_payload,
     decode_chunk,
+    decode_chunk_into,
     encode_chunk,
 )
 from runtime.kv_disk.keys import chunk_keys, is_chunk_key
@@ -40,6 +42,7 @@ from runtime.kv_disk.keys import chunk_keys, is_chunk_key
 __all__ = ["KVDiskError", "KVDiskStore", "chunk_keys"]
 
 logger = logging.getLogger(__name__)
+_Loaded = TypeVar("_Loaded")
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "lock"
@@ -152,19 +155,37 @@ class KVDiskStore:
         """The payload stored under ``key`` (same dtype and shape as put) if its file holds
         exactly ``token_ids`` (the chunk's own tokens) and its checksum holds; else None, and
         a bad file is deleted. A hit makes the chunk the most recently used."""
+        return self._load(key, lambda fd, size: decode_chunk(fd, size, token_ids))
+
+    def get_into(self, key: str, token_ids: np.ndarray, out: torch.Tensor) -> bool:
+        """``get`` that reads the payload's elements (C order) straight into ``out``: a
+        contiguous CPU tensor of the stored dtype and element count, e.g. a staging buffer
+        reused across loads, which saves faulting in fresh memory. True on a hit; on a miss
+        (False) ``out`` holds garbage."""
+        check_payload(out)
+        if not out.is_contiguous():
+            raise ValueError("get_into needs a contiguous tensor to read into")
+        loaded = self._load(key, lambda fd, size: decode_chunk_into(fd, size, token_ids, out))
+        return loaded is not None
+
+    def _load(self, key: str, decode: Callable[[int, int], _Loaded]) -> _Loaded | None:
+        """``decode(fd, size)`` of the chunk file of ``key``, counted as a hit and made the
+        most recently used; None on a miss, deleting a file ``decode`` rejects."""
         _check_key(key)
         with self._lock:
-            known = not self._closing and key in self._index
-            if not known:
+            if self._closing or key not in self._index:
                 self._counters["misses"] += 1
                 return None
         path = self._chunk_path(key)
         start = time.perf_counter()
         stat: os.stat_result | None = None
         try:
-            with open(path, "rb", buffering=0) as file:
-                stat = os.fstat(file.fileno())
-                payload = decode_chunk(file, stat.st_size, token_ids)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                stat = os.fstat(fd)
+                loaded = decode(fd, stat.st_size)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             self._forget_missing(key)
             return None
@@ -176,7 +197,6 @@ class KVDiskStore:
             logger.exception("KV disk chunk %s could not be decoded; deleting it", path)
             self._delete_bad(key, stat)
             return None
-        assert stat is not None
         elapsed = time.perf_counter() - start
         with self._lock:
             self._counters["hits"] += 1
@@ -188,7 +208,7 @@ class KVDiskStore:
             os.utime(path)
         except OSError:
             pass
-        return payload
+        return loaded
 
     # -- writes --------------------------------------------------------------------------
 

@@ -103,6 +103,24 @@ def test_a_chunk_round_trips_with_its_dtype_and_shape(store: KVDiskStore, dtype:
     assert stats["load_bytes"] == stats["used_bytes"] and stats["load_seconds"] > 0
 
 
+@pytest.mark.parametrize("n_tokens", [CHUNK, 700])  # 700 int64 ids: a head over 4 KiB
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_get_into_reads_into_a_reused_buffer(store: KVDiskStore, n_tokens: int, dtype) -> None:
+    tokens = _tokens(2 * n_tokens) + np.int64(1 << 40)  # ids beyond int32 are kept exactly
+    keys = chunk_keys(tokens, n_tokens, None)
+    payloads = [torch.randn(3, n_tokens, 5).to(dtype) for _ in keys]
+    for i, key in enumerate(keys):
+        store.put(key, tokens[i * n_tokens : (i + 1) * n_tokens], payloads[i])
+    staging = torch.empty(3 * n_tokens * 5, dtype=dtype)  # another shape, same elements
+    for i, key in enumerate(keys):
+        assert store.get_into(key, tokens[i * n_tokens : (i + 1) * n_tokens], staging)
+        assert torch.equal(staging.view(payloads[i].shape), payloads[i])
+    assert not store.get_into(keys[0], tokens[:n_tokens], torch.empty(7, dtype=dtype))
+    assert store.stats()["hits"] == 2
+    with pytest.raises(ValueError, match="contiguous"):
+        store.get_into(keys[1], tokens[n_tokens:], staging.view(3, -1).t())
+
+
 def _flip_a_payload_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
@@ -124,27 +142,38 @@ def _append(path: Path) -> None:
         file.write(b"\0")
 
 
+def _get(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
+    return store.get(key, tokens)
+
+
+def _get_into(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
+    out = torch.empty_like(_payload())
+    return out if store.get_into(key, tokens, out) else None
+
+
+@pytest.mark.parametrize("load", [_get, _get_into])
 @pytest.mark.parametrize("damage", [_flip_a_payload_byte, _truncate, _bad_magic, _append])
-def test_a_damaged_file_is_a_miss_and_deleted(store: KVDiskStore, damage) -> None:
+def test_a_damaged_file_is_a_miss_and_deleted(store: KVDiskStore, damage, load) -> None:
     tokens = _tokens(CHUNK)
     key = chunk_keys(tokens, CHUNK, None)[0]
     store.put(key, tokens, _payload())
     damage(_chunk_file(store, key))
-    assert store.get(key, tokens) is None
+    assert load(store, key, tokens) is None
     assert not _chunk_file(store, key).exists()
     assert not store.contains(key)
     stats = store.stats()
     assert (stats["bad_files"], stats["hits"], stats["chunks"], stats["used_bytes"]) == (1, 0, 0, 0)
 
 
-def test_other_token_ids_under_a_key_are_a_miss(store: KVDiskStore) -> None:
+@pytest.mark.parametrize("load", [_get, _get_into])
+def test_other_token_ids_under_a_key_are_a_miss(store: KVDiskStore, load) -> None:
     """A key collision: the file's own token ids are compared, so it never returns other K/V."""
     tokens = _tokens(CHUNK)
     key = chunk_keys(tokens, CHUNK, None)[0]
     store.put(key, tokens, _payload())
     other = tokens.copy()
     other[-1] += 1
-    assert store.get(key, other) is None
+    assert load(store, key, other) is None
     assert not _chunk_file(store, key).exists() and not store.contains(key)
 
 
