@@ -276,7 +276,7 @@ def test_a_restart_keeps_the_chunks_and_drops_torn_writes(tmp_path: Path) -> Non
 def test_a_manifest_mismatch_empties_the_tier_with_one_warning(tmp_path: Path, caplog) -> None:
     tokens = _tokens(CHUNK)
     key = chunk_keys(tokens, CHUNK, None)[0]
-    caplog.set_level(logging.WARNING, logger="runtime.kv_disk.store")
+    caplog.set_level(logging.WARNING, logger="runtime.kv_disk")
     store = _store(tmp_path)  # a fresh folder: nothing to warn about
     store.put(key, tokens, _payload())
     store.close()
@@ -390,7 +390,7 @@ def test_a_write_error_disables_writes_once_and_the_thread_survives(
         raise RuntimeError("a defect, not a disk error")
 
     monkeypatch.setattr(store_module, "_write_file", broken)
-    caplog.set_level(logging.WARNING, logger="runtime.kv_disk.store")
+    caplog.set_level(logging.WARNING, logger="runtime.kv_disk")
     assert store.put_async(keys[1], chunks[1], _payload(1))
     store.flush(timeout=30)
     assert store.stats()["write_errors"] == 1 and not store.stats()["writes_disabled"]
