@@ -201,18 +201,17 @@ class KVDiskStore:
             self._load_seconds += elapsed
             if key in self._index:
                 self._index.move_to_end(key)
-        try:  # the mtime is the last use a restart's scan orders the LRU by
-            os.utime(path)
-        except OSError:
-            pass
+        _touch(path)
         return loaded
 
     # -- writes --------------------------------------------------------------------------
 
     def put(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> None:
         """Store ``payload`` (a CPU float32/float16/bfloat16 tensor) as the chunk ``key`` of
-        ``token_ids`` now, replacing any chunk of that key, then evict the least recently used
-        chunks beyond max_bytes. A write error disables writes (one warning), never raises."""
+        ``token_ids`` now, then evict the least recently used chunks beyond max_bytes. A key
+        already stored is not written again (a key names its whole prefix, so its K/V is the
+        same), only made the most recently used. A write error disables writes (one warning),
+        never raises."""
         _check_key(key)
         check_payload(payload)
         with self._lock:
@@ -220,14 +219,18 @@ class KVDiskStore:
                 self._counters["dropped_writes"] += 1
                 return
             generation = self._generation
-        self._write(key, token_ids, payload, generation)
+        if not self._touch_if_stored(key):
+            self._write(key, token_ids, payload, generation)
 
     def put_async(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> bool:
         """Queue ``put`` for the writer thread. ``payload`` must be a CPU copy the caller does
-        not touch again. False (and counted in dropped_writes) when writes are disabled, the
-        store is closing, or the queue would exceed write_queue_bytes."""
+        not touch again. True when queued or already stored (see ``put``); False (and counted in
+        dropped_writes) when writes are disabled, the store is closing, or the queue would
+        exceed write_queue_bytes."""
         _check_key(key)
         check_payload(payload)
+        if self._touch_if_stored(key):
+            return True
         nbytes = payload.numel() * payload.element_size()
         with self._lock:
             if (
@@ -290,6 +293,15 @@ class KVDiskStore:
 
     def _chunk_path(self, key: str) -> Path:
         return chunk_path(self.folder, key)
+
+    def _touch_if_stored(self, key: str) -> bool:
+        """Make ``key`` the most recently used if it is stored; whether it is."""
+        with self._lock:
+            if key not in self._index:
+                return False
+            self._index.move_to_end(key)
+        _touch(self._chunk_path(key))
+        return True
 
     def _write_loop(self) -> None:
         """The writer thread: one queued write at a time until close's None. Nothing raised by
@@ -393,6 +405,14 @@ def _write_file(path: Path, pieces: list[bytes | memoryview]) -> int:
         for piece in pieces:
             file.write(piece)
     return sum(piece.nbytes if isinstance(piece, memoryview) else len(piece) for piece in pieces)
+
+
+def _touch(path: Path) -> None:
+    """Set the mtime of ``path`` to now: the last use a restart's scan orders the LRU by."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _check_key(key: object) -> None:

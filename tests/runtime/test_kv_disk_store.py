@@ -244,6 +244,26 @@ def test_a_restart_orders_the_lru_by_file_mtime(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_stored_key_is_not_written_again_but_made_recent(tmp_path: Path) -> None:
+    tokens = _tokens(3 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(3)]
+    store = _store(tmp_path)
+    store.put(keys[0], chunks[0], _payload(0))
+    size = store.stats()["used_bytes"]
+    store.close()
+    store = _store(tmp_path, max_bytes=2 * size + 1)
+    store.put(keys[1], chunks[1], _payload(1))
+    inode = _chunk_file(store, keys[0]).stat().st_ino
+    assert store.put_async(keys[0], chunks[0], _payload(0))  # stored: made the newest
+    store.put(keys[0], chunks[0], _payload(0))
+    store.flush(timeout=30)
+    assert store.stats()["writes"] == 1 and _chunk_file(store, keys[0]).stat().st_ino == inode
+    store.put(keys[2], chunks[2], _payload(2))
+    assert [store.contains(k) for k in keys] == [True, False, True]
+    store.close()
+
+
 def test_a_chunk_larger_than_the_tier_is_not_stored(tmp_path: Path) -> None:
     store = _store(tmp_path, max_bytes=1000)
     tokens = _tokens(CHUNK)
