@@ -463,3 +463,59 @@ def test_clear_deletes_every_chunk_and_queued_writes(tmp_path: Path, monkeypatch
     store.close()
     assert not store.put_async(keys[0], chunks[0], _payload())  # closed
     assert store.get(keys[0], chunks[0]) is None
+
+
+def test_concurrent_loads_writes_evictions_and_clears_never_give_wrong_kv(
+    tmp_path: Path,
+) -> None:
+    tokens = _tokens(8 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(8)]
+    payloads = [_payload(i) for i in range(8)]
+    probe = _store(tmp_path / "probe")
+    probe.put(keys[0], chunks[0], payloads[0])
+    size = probe.stats()["used_bytes"]
+    probe.close()
+    store = _store(tmp_path, max_bytes=3 * size)  # 3 of 8: constant eviction
+    staging = torch.empty_like(payloads[0])
+    stop = threading.Event()
+    wrong: list[int] = []
+    hits = [0]
+
+    def read(use_staging: bool) -> None:
+        rng = np.random.default_rng(int(use_staging))
+        while not stop.is_set():
+            i = int(rng.integers(8))
+            if use_staging:
+                loaded = staging if store.get_into(keys[i], chunks[i], staging) else None
+            else:
+                loaded = store.get(keys[i], chunks[i])
+            if loaded is not None:
+                hits[0] += 1
+                if not torch.equal(loaded, payloads[i]):
+                    wrong.append(i)
+
+    readers = [threading.Thread(target=read, args=(flag,)) for flag in (False, True)]
+    for reader in readers:
+        reader.start()
+    rng = np.random.default_rng(2)
+    for step in range(300):
+        i = int(rng.integers(8))
+        if step % 3:
+            store.put_async(keys[i], chunks[i], payloads[i])
+        else:
+            store.put(keys[i], chunks[i], payloads[i])
+        if step % 97 == 96:
+            store.clear()
+    store.flush(timeout=30)
+    stop.set()
+    for reader in readers:
+        reader.join(30)
+    assert wrong == [] and hits[0] > 0
+    stats = store.stats()
+    files = list(store.folder.rglob("*.kv"))
+    assert stats["chunks"] == len(files) and stats["used_bytes"] == sum(
+        f.stat().st_size for f in files
+    )
+    assert stats["used_bytes"] <= store.max_bytes and stats["bad_files"] == 0
+    store.close()
