@@ -124,7 +124,7 @@ def scan_chunks(folder: Path) -> list[tuple[str, int]]:
                 name.endswith(CHUNK_SUFFIX)
                 and is_chunk_key(key := name[: -len(CHUNK_SUFFIX)])
                 and key[:2] == directory.name
-                and entry.is_file()
+                and entry.is_file(follow_symlinks=False)
             ):
                 stat = entry.stat()
                 found.append((stat.st_mtime_ns, key, stat.st_size))

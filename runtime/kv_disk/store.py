@@ -177,7 +177,7 @@ class KVDiskStore:
         start = time.perf_counter()
         stat: os.stat_result | None = None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)  # a link: a miss
             try:
                 stat = os.fstat(fd)
                 loaded = decode(fd, stat.st_size)

@@ -121,6 +121,26 @@ def test_get_into_reads_into_a_reused_buffer(store: KVDiskStore, n_tokens: int, 
         store.get_into(keys[1], tokens[n_tokens:], staging.view(3, -1).t())
 
 
+def test_a_strided_payload_is_stored_in_c_order(store: KVDiskStore) -> None:
+    tokens = _tokens(CHUNK)
+    key = chunk_keys(tokens, CHUNK, None)[0]
+    payload = _payload(3, torch.float16).transpose(0, 2)
+    store.put(key, tokens, payload)
+    loaded = store.get(key, tokens)
+    assert loaded is not None and loaded.shape == payload.shape and torch.equal(loaded, payload)
+
+
+def test_a_linked_chunk_file_is_not_followed(store: KVDiskStore, tmp_path: Path) -> None:
+    tokens = _tokens(CHUNK)
+    key = chunk_keys(tokens, CHUNK, None)[0]
+    store.put(key, tokens, _payload())
+    outside = tmp_path / "outside.kv"
+    _chunk_file(store, key).rename(outside)
+    _chunk_file(store, key).symlink_to(outside)
+    assert store.get(key, tokens) is None
+    assert outside.exists() and not _chunk_file(store, key).is_symlink()
+
+
 def _flip_a_payload_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
