@@ -50,6 +50,12 @@ class ChunkMismatch(ValueError):
     """The file is not a valid chunk for the token ids asked for (the message says why)."""
 
 
+class RequestMismatch(ChunkMismatch):
+    """The file may be intact, but the load asked for something else: a different number of
+    token ids, or an ``out`` tensor of another dtype or size (a caller's mistake, not the
+    file's)."""
+
+
 def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
@@ -148,7 +154,7 @@ def decode_chunk_into(fd: int, size: int, token_ids: np.ndarray, out: torch.Tens
         head += rest
     _check_tokens(memoryview(head), layout, token_ids)
     if out.dtype != layout.dtype or out.numel() * out.element_size() != layout.n_payload:
-        raise ChunkMismatch(
+        raise RequestMismatch(
             f"stored {layout.dtype} {list(layout.shape)} does not fit {out.dtype} {list(out.shape)}"
         )
     target = out.reshape(-1).view(torch.uint8).numpy().data
@@ -195,7 +201,9 @@ def _parse_header(data: memoryview, size: int) -> _Layout:
 def _check_tokens(data: memoryview, layout: _Layout, token_ids: np.ndarray) -> None:
     stored = np.frombuffer(data, layout.token_dtype, layout.n_tokens, layout.token_start)
     expected = np.asarray(token_ids)
-    if stored.shape != expected.shape or not np.array_equal(stored, expected):
+    if stored.shape != expected.shape:
+        raise RequestMismatch(f"{layout.n_tokens} token ids stored, {expected.shape} asked for")
+    if not np.array_equal(stored, expected):
         raise ChunkMismatch("stored token ids differ from the ones asked for")
 
 

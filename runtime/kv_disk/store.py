@@ -28,6 +28,7 @@ import torch
 
 from runtime.kv_disk.chunk_file import (
     ChunkMismatch,
+    RequestMismatch,
     check_payload,
     decode_chunk,
     decode_chunk_into,
@@ -150,15 +151,18 @@ class KVDiskStore:
 
     def get(self, key: str, token_ids: np.ndarray) -> torch.Tensor | None:
         """The payload stored under ``key`` (same dtype and shape as put) if its file holds
-        exactly ``token_ids`` (the chunk's own tokens) and its checksum holds; else None, and
-        a bad file is deleted. A hit makes the chunk the most recently used."""
+        exactly ``token_ids`` (the chunk's own tokens, as put) and its checksum holds; else
+        None, and a bad file (damaged, or other token ids: a key collision) is deleted. Asking
+        with another number of token ids is a miss that keeps the file and logs a warning.
+        A hit makes the chunk the most recently used."""
         return self._load(key, lambda fd, size: decode_chunk(fd, size, token_ids))
 
     def get_into(self, key: str, token_ids: np.ndarray, out: torch.Tensor) -> bool:
         """``get`` that reads the payload's elements (C order) straight into ``out``: a
         contiguous CPU tensor of the stored dtype and element count, e.g. a staging buffer
-        reused across loads, which saves faulting in fresh memory. True on a hit; on a miss
-        (False) ``out`` holds garbage."""
+        reused across loads, which saves faulting in fresh memory (an ``out`` of another dtype
+        or size is a miss like ``get``'s wrong token count). True on a hit; on a miss (False)
+        ``out`` holds garbage."""
         check_payload(out)
         if not out.is_contiguous():
             raise ValueError("get_into needs a contiguous tensor to read into")
@@ -185,6 +189,11 @@ class KVDiskStore:
                 os.close(fd)
         except FileNotFoundError:
             self._forget_missing(key)
+            return None
+        except RequestMismatch as e:  # the file is kept: the load was wrong, not the file
+            with self._lock:
+                self._counters["misses"] += 1
+            logger.warning("KV disk load of %s asked for something else: %s", path, e)
             return None
         except (ChunkMismatch, OSError) as e:
             logger.debug("KV disk chunk %s is unusable (%s); deleting it", path, e)

@@ -115,8 +115,13 @@ def test_get_into_reads_into_a_reused_buffer(store: KVDiskStore, n_tokens: int, 
     for i, key in enumerate(keys):
         assert store.get_into(key, tokens[i * n_tokens : (i + 1) * n_tokens], staging)
         assert torch.equal(staging.view(payloads[i].shape), payloads[i])
+    # a caller's mistake (another size, dtype or token count) is a miss that keeps the file
     assert not store.get_into(keys[0], tokens[:n_tokens], torch.empty(7, dtype=dtype))
-    assert store.stats()["hits"] == 2
+    assert not store.get_into(keys[0], tokens[:n_tokens], staging.to(torch.float16))
+    assert store.get(keys[0], tokens[: n_tokens - 1]) is None
+    assert store.get(keys[0], tokens[:n_tokens]) is not None
+    stats = store.stats()
+    assert (stats["hits"], stats["misses"], stats["bad_files"]) == (3, 3, 0)
     with pytest.raises(ValueError, match="contiguous"):
         store.get_into(keys[1], tokens[n_tokens:], staging.view(3, -1).t())
 
