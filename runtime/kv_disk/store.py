@@ -284,6 +284,11 @@ class KVDiskStore:
             self._closed = True
         release_folder_lock(self._lock_fd)
 
+    @property
+    def writes_disabled(self) -> bool:
+        """Whether a write error has disabled writes (puts are dropped; loads go on)."""
+        return self._writes_disabled
+
     def stats(self) -> dict[str, float | int]:
         """Counters since start (hits, misses, load_bytes, load_seconds, writes, write_bytes,
         write_errors, dropped_writes, evictions, bad_files) and the current used_bytes, chunks,
