@@ -3,7 +3,7 @@
 Layout of ``path/subfolder``: ``lock`` (held with flock by the one store using the folder),
 ``manifest.json`` (what the K/V stored here is valid for) and ``<key[:2]>/<key>.kv`` chunk
 files (a two-hex-digit fan-out keeps each directory small), with ``*.tmp`` files beside them
-while they are written.
+while they are written. This module imports neither torch nor numpy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from runtime.kv_disk.chunk_file import FORMAT_VERSION
 from runtime.kv_disk.keys import is_chunk_key
 
 logger = logging.getLogger(__name__)
@@ -69,11 +68,11 @@ def release_folder_lock(fd: int) -> None:
 
 
 def check_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """Keep the folder's chunks if ``manifest`` (plus the chunk format version) equals its
-    ``manifest.json``; else delete them, warn once naming what differs (no warning for a new,
-    empty folder), and store ``manifest``. KVDiskError when it is not JSON-able."""
+    """Keep the folder's chunks if ``manifest`` equals its ``manifest.json``; else delete them,
+    warn once naming what differs (no warning for a new, empty folder), and store ``manifest``.
+    KVDiskError when it is not JSON-able."""
     try:
-        wanted = json.loads(json.dumps({"kv_disk_format": FORMAT_VERSION, **manifest}))
+        wanted = json.loads(json.dumps(manifest))
     except (TypeError, ValueError) as e:
         raise KVDiskError(f"the KV disk manifest must be JSON-able: {e}") from e
     manifest_path = folder / MANIFEST_NAME

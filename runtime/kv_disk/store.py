@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from runtime.kv_disk.chunk_file import (
+    FORMAT_VERSION,
     ChunkMismatch,
     RequestMismatch,
     check_payload,
@@ -126,7 +127,8 @@ class KVDiskStore:
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._load_seconds = 0.0
         try:
-            check_manifest(self.folder, manifest)
+            # a new chunk format invalidates the old files like a new model does
+            check_manifest(self.folder, {"kv_disk_format": FORMAT_VERSION, **manifest})
             for key, size in scan_chunks(self.folder):  # oldest first
                 self._index[key] = size
                 self._used_bytes += size
