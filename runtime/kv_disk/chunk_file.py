@@ -7,7 +7,7 @@ viewed in place as its dtype::
              dtype name (16 bytes, NUL padded), token count u64, payload bytes u64,
              shape (ndim x u64), zero padding
     tokens   token count x int32 or int64, zero padding
-    payload  the tensor's bytes (float32, float16 or bfloat16, C order)
+    payload  the tensor's bytes (float32, float16 or bfloat16, C order, native = little-endian)
     crc32    u32 over every byte before it
 
 A file whose size, header, token ids or checksum disagree is rejected (``ChunkMismatch``), so a
