@@ -7,7 +7,7 @@ viewed in place as its dtype::
              dtype name (16 bytes, NUL padded), token count u64, payload bytes u64,
              shape (ndim x u64), zero padding
     tokens   token count x int32 or int64, zero padding
-    payload  the tensor's bytes (float32, float16 or bfloat16, C order)
+    payload  the tensor's bytes (float32, float16 or bfloat16, C order, native = little-endian)
     crc32    u32 over every byte before it
 
 A file whose size, header, token ids or checksum disagree is rejected (``ChunkMismatch``), so a
@@ -16,10 +16,11 @@ torn write, a truncated or flipped file, or a key collision is a miss, never wro
 
 from __future__ import annotations
 
-import io
 import math
+import os
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +31,11 @@ _HEADER = struct.Struct("<4sHBB16sQQ")
 _DIM = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _ALIGN = 64
+# What get_into reads before the payload: the header and, for chunks up to 500 int64 token
+# ids, the token ids (a longer head takes one more read).
+_HEAD_READ = 4096
+# Loads read and checksum this much at a time: a block stays in a core's L2 cache.
+_READ_BLOCK = 256 << 10
 # numpy has no bfloat16, so payloads travel as their bytes and are viewed back as the dtype.
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -42,6 +48,12 @@ _INT32 = np.iinfo(np.int32)
 
 class ChunkMismatch(ValueError):
     """The file is not a valid chunk for the token ids asked for (the message says why)."""
+
+
+class RequestMismatch(ChunkMismatch):
+    """The file may be intact, but the load asked for something else: a different number of
+    token ids, or an ``out`` tensor of another dtype or size (a caller's mistake, not the
+    file's)."""
 
 
 def _aligned(n: int) -> int:
@@ -91,15 +103,73 @@ def encode_chunk(token_ids: np.ndarray, payload: torch.Tensor) -> list[bytes | m
     return [*pieces, _CRC.pack(crc)]
 
 
-def decode_chunk(file: io.RawIOBase, size: int, token_ids: np.ndarray) -> torch.Tensor:
-    """The payload stored in ``file`` (opened unbuffered, ``size`` bytes long), read with one
-    read into a fresh buffer the returned tensor views. Raises ChunkMismatch when the file is
-    not a whole, intact chunk of exactly ``token_ids``; OSError when reading fails."""
+@dataclass(frozen=True)
+class _Layout:
+    """Where a file's sections are, from its header."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    token_dtype: str  # "<i4" or "<i8"
+    n_tokens: int
+    token_start: int
+    payload_start: int
+    n_payload: int
+
+    @property
+    def size(self) -> int:
+        return self.payload_start + self.n_payload + _CRC.size
+
+
+def decode_chunk(fd: int, size: int, token_ids: np.ndarray) -> torch.Tensor:
+    """The payload stored in the file open as ``fd`` (``size`` bytes long), read with one read
+    into a fresh buffer the returned tensor views. Raises ChunkMismatch when the file is not a
+    whole, intact chunk of exactly ``token_ids``; OSError when reading fails."""
     if size < _HEADER.size + _CRC.size:
         raise ChunkMismatch(f"{size} bytes is shorter than a header")
     buffer = torch.empty(size, dtype=torch.uint8)
     data = buffer.numpy().data  # a writable memoryview of the buffer
-    _read_exactly(file, data)
+    crc = _read_summed(fd, data[: size - _CRC.size], 0, 0)
+    _read_exactly(fd, data[size - _CRC.size :], size - _CRC.size)
+    layout = _parse_header(data, size)
+    _check_tokens(data, layout, token_ids)
+    if crc != _CRC.unpack_from(data, size - _CRC.size)[0]:
+        raise ChunkMismatch("checksum mismatch")
+    payload = buffer[layout.payload_start : layout.payload_start + layout.n_payload]
+    return payload.view(layout.dtype).reshape(layout.shape)
+
+
+def decode_chunk_into(fd: int, size: int, token_ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+    """Like ``decode_chunk``, but the payload's elements (C order) are read straight into
+    ``out`` (a contiguous CPU tensor of the stored dtype and element count, e.g. a reused
+    staging buffer: no fresh memory to fault in); returns ``out``. When this raises, ``out``
+    holds garbage."""
+    head = bytearray(min(size, _HEAD_READ))
+    _read_exactly(fd, memoryview(head), 0)
+    if size < _HEADER.size + _CRC.size:
+        raise ChunkMismatch(f"{size} bytes is shorter than a header")
+    layout = _parse_header(memoryview(head), size)
+    if layout.payload_start > len(head):  # many token ids: read the rest of the head
+        rest = bytearray(layout.payload_start - len(head))
+        _read_exactly(fd, memoryview(rest), len(head))
+        head += rest
+    _check_tokens(memoryview(head), layout, token_ids)
+    if out.dtype != layout.dtype or out.numel() * out.element_size() != layout.n_payload:
+        raise RequestMismatch(
+            f"stored {layout.dtype} {list(layout.shape)} does not fit {out.dtype} {list(out.shape)}"
+        )
+    target = out.reshape(-1).view(torch.uint8).numpy().data
+    crc = zlib.crc32(memoryview(head)[: layout.payload_start])
+    crc = _read_summed(fd, target, layout.payload_start, crc)
+    trailer = bytearray(_CRC.size)
+    _read_exactly(fd, memoryview(trailer), size - _CRC.size)
+    if crc != _CRC.unpack(trailer)[0]:
+        raise ChunkMismatch("checksum mismatch")
+    return out
+
+
+def _parse_header(data: memoryview, size: int) -> _Layout:
+    """The layout the header at the start of ``data`` describes, checked against the file's
+    ``size``; ChunkMismatch when it is not a plausible header."""
     magic, version, token_width, ndim, raw_name, n_tokens, n_payload = _HEADER.unpack_from(data)
     if magic != MAGIC or version != FORMAT_VERSION:
         raise ChunkMismatch(f"not a version {FORMAT_VERSION} chunk file")
@@ -107,32 +177,53 @@ def decode_chunk(file: io.RawIOBase, size: int, token_ids: np.ndarray) -> torch.
     if dtype is None or token_width not in (4, 8):
         raise ChunkMismatch("unknown payload dtype or token id width")
     shape_end = _HEADER.size + ndim * _DIM.size
-    if shape_end > size:
+    if shape_end > min(size, len(data)):
         raise ChunkMismatch("truncated header")
-    shape = [_DIM.unpack_from(data, _HEADER.size + i * _DIM.size)[0] for i in range(ndim)]
+    shape = tuple(_DIM.unpack_from(data, _HEADER.size + i * _DIM.size)[0] for i in range(ndim))
     token_start = _aligned(shape_end)
-    payload_start = token_start + _aligned(n_tokens * token_width)
-    if payload_start + n_payload + _CRC.size != size:
-        raise ChunkMismatch(f"{size} bytes, the header describes {payload_start + n_payload + 4}")
+    layout = _Layout(
+        dtype=dtype,
+        shape=shape,
+        token_dtype="<i4" if token_width == 4 else "<i8",
+        n_tokens=n_tokens,
+        token_start=token_start,
+        payload_start=token_start + _aligned(n_tokens * token_width),
+        n_payload=n_payload,
+    )
+    if layout.size != size:
+        raise ChunkMismatch(f"{size} bytes, the header describes {layout.size}")
     element_size = torch.empty((), dtype=dtype).element_size()
     if n_payload != math.prod(shape) * element_size:
         raise ChunkMismatch("payload size disagrees with its shape")
-    stored = np.frombuffer(data, "<i4" if token_width == 4 else "<i8", n_tokens, token_start)
+    return layout
+
+
+def _check_tokens(data: memoryview, layout: _Layout, token_ids: np.ndarray) -> None:
+    stored = np.frombuffer(data, layout.token_dtype, layout.n_tokens, layout.token_start)
     expected = np.asarray(token_ids)
-    if stored.shape != expected.shape or not np.array_equal(stored, expected):
+    if stored.shape != expected.shape:
+        raise RequestMismatch(f"{layout.n_tokens} token ids stored, {expected.shape} asked for")
+    if not np.array_equal(stored, expected):
         raise ChunkMismatch("stored token ids differ from the ones asked for")
-    (crc,) = _CRC.unpack_from(data, size - _CRC.size)
-    if zlib.crc32(data[: size - _CRC.size]) != crc:
-        raise ChunkMismatch("checksum mismatch")
-    payload = buffer[payload_start : payload_start + n_payload]
-    return payload.view(dtype).reshape(shape)
 
 
-def _read_exactly(file: io.RawIOBase, target: memoryview) -> None:
-    """Fill ``target`` from ``file``; a file that ends early (it shrank) is a ChunkMismatch."""
+def _read_summed(fd: int, target: memoryview, offset: int, crc: int) -> int:
+    """Fill ``target`` from ``fd`` at ``offset`` and return ``crc`` folded over it, a block at
+    a time: each block is summed while it is still in the CPU's cache (about 1.5x faster than
+    reading everything, then summing it from memory)."""
+    for start in range(0, len(target), _READ_BLOCK):
+        block = target[start : start + _READ_BLOCK]
+        _read_exactly(fd, block, offset + start)
+        crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _read_exactly(fd: int, target: memoryview, offset: int) -> None:
+    """Fill ``target`` from ``fd`` at ``offset``; a file that ends early (it shrank) is a
+    ChunkMismatch."""
     done = 0
     while done < len(target):
-        n = file.readinto(target[done:])
+        n = os.preadv(fd, [target[done:]], offset + done)
         if not n:
             raise ChunkMismatch(f"file ended after {done} of {len(target)} bytes")
         done += n

@@ -1,19 +1,16 @@
-"""``KVDiskStore``: the chunk files of one folder, their LRU index, lock, manifest and writer.
+"""``KVDiskStore``: the chunk files of one folder, their LRU index and their writer thread.
 
-One store owns ``path/subfolder`` for its life (a lock file held with ``flock``), so its index
-is the truth about the folder: ``contains`` asks no disk. Chunks live at ``<key[:2]>/<key>.kv``
-(a fan-out keeps directories small). Threads: any caller thread may call every method; one
-daemon writer thread drains ``put_async``'s queue. Every write goes to a temporary file that
-is renamed into place, so a reader sees a whole file or none; a file torn by a crash or a full
-disk is caught by its checksum on load, which is why nothing is fsynced (a lost chunk is only a
-miss, and fsync would cost each write a disk flush).
+One store owns ``path/subfolder`` for its life (its lock file, ``folder.py``), so its index is
+the truth about the folder: ``contains`` asks no disk. Threads: any caller thread may call
+every method; one daemon writer thread drains ``put_async``'s queue. Every write goes to a
+temporary file that is renamed into place, so a reader sees a whole file or none. Nothing is
+fsynced: a file torn by a crash or a full disk fails its checksum on load, so a lost chunk is
+only a miss, and fsync would cost each write a flush to the device.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import logging
 import os
 import queue
@@ -21,9 +18,10 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,27 +29,41 @@ import torch
 from runtime.kv_disk.chunk_file import (
     FORMAT_VERSION,
     ChunkMismatch,
+    RequestMismatch,
     check_payload,
     decode_chunk,
+    decode_chunk_into,
     encode_chunk,
+)
+from runtime.kv_disk.folder import (
+    TMP_SUFFIX,
+    KVDiskError,
+    check_manifest,
+    chunk_path,
+    delete_chunk_files,
+    release_folder_lock,
+    scan_chunks,
+    take_folder_lock,
+    unlink_quietly,
 )
 from runtime.kv_disk.keys import chunk_keys, is_chunk_key
 
 __all__ = ["KVDiskError", "KVDiskStore", "chunk_keys"]
 
 logger = logging.getLogger(__name__)
-
-MANIFEST_NAME = "manifest.json"
-LOCK_NAME = "lock"
-_CHUNK_SUFFIX = ".kv"
-_TMP_SUFFIX = ".tmp"
-_FAN_OUT = re.compile(r"[0-9a-f]{2}")
+_Loaded = TypeVar("_Loaded")
 _SUBFOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-class KVDiskError(RuntimeError):
-    """The store cannot start: a bad size or folder name, an unwritable folder, or a folder
-    another store (in this or another process) holds."""
+_COUNTERS = (
+    "hits",
+    "misses",
+    "load_bytes",
+    "writes",
+    "write_bytes",
+    "write_errors",
+    "dropped_writes",
+    "evictions",
+    "bad_files",
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,7 @@ class KVDiskStore:
             raise KVDiskError(f"cannot create the KV disk folder {self.folder}: {e}") from e
         if not os.access(self.folder, os.W_OK | os.X_OK):
             raise KVDiskError(f"the KV disk folder {self.folder} is not writable")
-        self._lock_fd = _take_folder_lock(self.folder)
+        self._lock_fd = take_folder_lock(self.folder)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified as queued writes finish
         self._index: OrderedDict[str, int] = OrderedDict()  # key -> file size, oldest first
@@ -112,30 +124,21 @@ class KVDiskStore:
         self._closing = False  # close() began: no new puts
         self._closed = False  # close() ended: the folder is no longer this store's
         self._writes_disabled = False
-        self._counters: dict[str, int] = dict.fromkeys(
-            (
-                "hits",
-                "misses",
-                "load_bytes",
-                "writes",
-                "write_bytes",
-                "write_errors",
-                "dropped_writes",
-                "evictions",
-                "bad_files",
-            ),
-            0,
-        )
+        self._counters = dict.fromkeys(_COUNTERS, 0)
         self._load_seconds = 0.0
         try:
-            self._check_manifest(manifest)
-            self._scan()
+            # a new chunk format invalidates the old files like a new model does
+            check_manifest(self.folder, {"kv_disk_format": FORMAT_VERSION, **manifest})
+            for key, size in scan_chunks(self.folder):  # oldest first
+                self._index[key] = size
+                self._used_bytes += size
         except OSError as e:
-            _release_folder_lock(self._lock_fd)
+            release_folder_lock(self._lock_fd)
             raise KVDiskError(f"cannot use the KV disk folder {self.folder}: {e}") from e
         except BaseException:
-            _release_folder_lock(self._lock_fd)
+            release_folder_lock(self._lock_fd)
             raise
+        self._evict_locked()  # max_bytes may be smaller than at the last run
         self._queue: queue.SimpleQueue[_QueuedWrite | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
         self._writer.start()
@@ -150,23 +153,49 @@ class KVDiskStore:
 
     def get(self, key: str, token_ids: np.ndarray) -> torch.Tensor | None:
         """The payload stored under ``key`` (same dtype and shape as put) if its file holds
-        exactly ``token_ids`` (the chunk's own tokens) and its checksum holds; else None, and
-        a bad file is deleted. A hit makes the chunk the most recently used."""
+        exactly ``token_ids`` (the chunk's own tokens, as put) and its checksum holds; else
+        None, and a bad file (damaged, or other token ids: a key collision) is deleted. Asking
+        with another number of token ids is a miss that keeps the file and logs a warning.
+        A hit makes the chunk the most recently used."""
+        return self._load(key, lambda fd, size: decode_chunk(fd, size, token_ids))
+
+    def get_into(self, key: str, token_ids: np.ndarray, out: torch.Tensor) -> bool:
+        """``get`` that reads the payload's elements (C order) straight into ``out``: a
+        contiguous CPU tensor of the stored dtype and element count, e.g. a staging buffer
+        reused across loads, which saves faulting in fresh memory (an ``out`` of another dtype
+        or size is a miss like ``get``'s wrong token count). True on a hit; on a miss (False)
+        ``out`` holds garbage."""
+        check_payload(out)
+        if not out.is_contiguous():
+            raise ValueError("get_into needs a contiguous tensor to read into")
+        loaded = self._load(key, lambda fd, size: decode_chunk_into(fd, size, token_ids, out))
+        return loaded is not None
+
+    def _load(self, key: str, decode: Callable[[int, int], _Loaded]) -> _Loaded | None:
+        """``decode(fd, size)`` of the chunk file of ``key``, counted as a hit and made the
+        most recently used; None on a miss, deleting a file ``decode`` rejects."""
         _check_key(key)
         with self._lock:
-            known = not self._closing and key in self._index
-            if not known:
+            if self._closing or key not in self._index:
                 self._counters["misses"] += 1
                 return None
         path = self._chunk_path(key)
         start = time.perf_counter()
         stat: os.stat_result | None = None
         try:
-            with open(path, "rb", buffering=0) as file:
-                stat = os.fstat(file.fileno())
-                payload = decode_chunk(file, stat.st_size, token_ids)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)  # a link: a miss
+            try:
+                stat = os.fstat(fd)
+                loaded = decode(fd, stat.st_size)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             self._forget_missing(key)
+            return None
+        except RequestMismatch as e:  # the file is kept: the load was wrong, not the file
+            with self._lock:
+                self._counters["misses"] += 1
+            logger.warning("KV disk load of %s asked for something else: %s", path, e)
             return None
         except (ChunkMismatch, OSError) as e:
             logger.debug("KV disk chunk %s is unusable (%s); deleting it", path, e)
@@ -176,7 +205,6 @@ class KVDiskStore:
             logger.exception("KV disk chunk %s could not be decoded; deleting it", path)
             self._delete_bad(key, stat)
             return None
-        assert stat is not None
         elapsed = time.perf_counter() - start
         with self._lock:
             self._counters["hits"] += 1
@@ -184,18 +212,17 @@ class KVDiskStore:
             self._load_seconds += elapsed
             if key in self._index:
                 self._index.move_to_end(key)
-        try:  # the mtime is the last use a restart's scan orders the LRU by
-            os.utime(path)
-        except OSError:
-            pass
-        return payload
+        _touch(path)
+        return loaded
 
     # -- writes --------------------------------------------------------------------------
 
     def put(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> None:
         """Store ``payload`` (a CPU float32/float16/bfloat16 tensor) as the chunk ``key`` of
-        ``token_ids`` now, replacing any chunk of that key, then evict the least recently used
-        chunks beyond max_bytes. A write error disables writes (one warning), never raises."""
+        ``token_ids`` now, then evict the least recently used chunks beyond max_bytes. A key
+        already stored is not written again (a key names its whole prefix, so its K/V is the
+        same), only made the most recently used. A write error disables writes (one warning),
+        never raises."""
         _check_key(key)
         check_payload(payload)
         with self._lock:
@@ -203,14 +230,18 @@ class KVDiskStore:
                 self._counters["dropped_writes"] += 1
                 return
             generation = self._generation
-        self._write(key, token_ids, payload, generation)
+        if not self._touch_if_stored(key):
+            self._write(key, token_ids, payload, generation)
 
     def put_async(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> bool:
         """Queue ``put`` for the writer thread. ``payload`` must be a CPU copy the caller does
-        not touch again. False (and counted in dropped_writes) when writes are disabled, the
-        store is closing, or the queue would exceed write_queue_bytes."""
+        not touch again. True when queued or already stored (see ``put``); False (and counted in
+        dropped_writes) when writes are disabled, the store is closing, or the queue would
+        exceed write_queue_bytes."""
         _check_key(key)
         check_payload(payload)
+        if self._touch_if_stored(key):
+            return True
         nbytes = payload.numel() * payload.element_size()
         with self._lock:
             if (
@@ -237,11 +268,9 @@ class KVDiskStore:
             if self._closed:
                 return
             self._generation += 1
-            for key in self._index:
-                _unlink_quietly(self._chunk_path(key))
             self._index.clear()
             self._used_bytes = 0
-            self._delete_chunk_files(include_temporary=False)
+            delete_chunk_files(self.folder, include_temporary=False)
 
     def close(self) -> None:
         """Finish the queued writes, stop the writer thread and release the folder's lock.
@@ -255,7 +284,12 @@ class KVDiskStore:
         self._writer.join()
         with self._lock:
             self._closed = True
-        _release_folder_lock(self._lock_fd)
+        release_folder_lock(self._lock_fd)
+
+    @property
+    def writes_disabled(self) -> bool:
+        """Whether a write error has disabled writes (puts are dropped; loads go on)."""
+        return self._writes_disabled
 
     def stats(self) -> dict[str, float | int]:
         """Counters since start (hits, misses, load_bytes, load_seconds, writes, write_bytes,
@@ -274,7 +308,16 @@ class KVDiskStore:
     # -- internals -----------------------------------------------------------------------
 
     def _chunk_path(self, key: str) -> Path:
-        return self.folder / key[:2] / f"{key}{_CHUNK_SUFFIX}"
+        return chunk_path(self.folder, key)
+
+    def _touch_if_stored(self, key: str) -> bool:
+        """Make ``key`` the most recently used if it is stored; whether it is."""
+        with self._lock:
+            if key not in self._index:
+                return False
+            self._index.move_to_end(key)
+        _touch(self._chunk_path(key))
+        return True
 
     def _write_loop(self) -> None:
         """The writer thread: one queued write at a time until close's None. Nothing raised by
@@ -306,7 +349,7 @@ class KVDiskStore:
             return
         pieces = encode_chunk(token_ids, payload)
         path = self._chunk_path(key)
-        temporary = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}{_TMP_SUFFIX}")
+        temporary = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}")
         try:
             path.parent.mkdir(exist_ok=True)
             size = _write_file(temporary, pieces)
@@ -323,7 +366,7 @@ class KVDiskStore:
         except OSError as e:
             self._disable_writes(e)
         finally:  # gone after the rename; else a torn or unwanted file
-            _unlink_quietly(temporary)
+            unlink_quietly(temporary)
 
     def _disable_writes(self, error: OSError) -> None:
         with self._lock:
@@ -343,7 +386,7 @@ class KVDiskStore:
     def _evict_locked(self) -> None:
         while self._used_bytes > self.max_bytes and self._index:
             key, size = self._index.popitem(last=False)
-            _unlink_quietly(self._chunk_path(key))
+            unlink_quietly(self._chunk_path(key))
             self._used_bytes -= size
             self._counters["evictions"] += 1
 
@@ -371,77 +414,6 @@ class KVDiskStore:
             if key in self._index:
                 self._used_bytes -= self._index.pop(key)
 
-    def _check_manifest(self, manifest: dict[str, Any]) -> None:
-        """Keep the chunks if ``manifest`` equals the stored one; else delete them, warn once
-        naming the differences, and store ``manifest``."""
-        try:
-            wanted = json.loads(json.dumps({"kv_disk_format": FORMAT_VERSION, **manifest}))
-        except (TypeError, ValueError) as e:
-            raise KVDiskError(f"the KV disk manifest must be JSON-able: {e}") from e
-        manifest_path = self.folder / MANIFEST_NAME
-        stored: Any
-        try:
-            stored = json.loads(manifest_path.read_text("utf-8"))
-        except FileNotFoundError:
-            stored = None
-        except (OSError, ValueError):
-            stored = "unreadable"
-        if stored == wanted:
-            return
-        deleted = self._delete_chunk_files(include_temporary=True)
-        if stored is not None or deleted:
-            logger.warning(
-                "KV disk tier %s was made for another model or setting (%s); deleted its %d chunks",
-                self.folder,
-                _manifest_difference(stored, wanted),
-                deleted,
-            )
-        temporary = manifest_path.with_name(MANIFEST_NAME + _TMP_SUFFIX)
-        temporary.write_text(json.dumps(wanted, indent=1, sort_keys=True), "utf-8")
-        os.replace(temporary, manifest_path)
-
-    def _scan(self) -> None:
-        """Rebuild the index from the folder: chunk files ordered by mtime (their last use),
-        leftover temporary files deleted, then evict down to max_bytes."""
-        found = []
-        for directory in self._fan_out_dirs():
-            for entry in os.scandir(directory):
-                name = entry.name
-                if name.endswith(_TMP_SUFFIX):  # a write a crash interrupted
-                    _unlink_quietly(Path(entry.path))
-                elif (
-                    name.endswith(_CHUNK_SUFFIX)
-                    and is_chunk_key(key := name[:-3])
-                    and key[:2] == directory.name
-                    and entry.is_file()
-                ):
-                    stat = entry.stat()
-                    found.append((stat.st_mtime_ns, key, stat.st_size))
-        for _, key, size in sorted(found):
-            self._index[key] = size
-            self._used_bytes += size
-        self._evict_locked()
-
-    def _fan_out_dirs(self) -> list[Path]:
-        return [
-            Path(entry.path)
-            for entry in os.scandir(self.folder)
-            if _FAN_OUT.fullmatch(entry.name) and entry.is_dir()
-        ]
-
-    def _delete_chunk_files(self, include_temporary: bool) -> int:
-        """Delete every chunk file in the folder (and temporary files when no writer can be
-        writing them); the number of chunk files deleted."""
-        deleted = 0
-        for directory in self._fan_out_dirs():
-            for entry in os.scandir(directory):
-                if entry.name.endswith(_CHUNK_SUFFIX) or (
-                    include_temporary and entry.name.endswith(_TMP_SUFFIX)
-                ):
-                    deleted += entry.name.endswith(_CHUNK_SUFFIX)
-                    _unlink_quietly(Path(entry.path))
-        return deleted
-
 
 def _write_file(path: Path, pieces: list[bytes | memoryview]) -> int:
     """Write ``pieces`` to a new file at ``path``; its size."""
@@ -451,51 +423,14 @@ def _write_file(path: Path, pieces: list[bytes | memoryview]) -> int:
     return sum(piece.nbytes if isinstance(piece, memoryview) else len(piece) for piece in pieces)
 
 
-def _check_key(key: object) -> None:
-    if not is_chunk_key(key):
-        raise ValueError(f"not a KV disk chunk key (64 lowercase hex digits): {key!r:.80}")
-
-
-def _unlink_quietly(path: Path) -> None:
+def _touch(path: Path) -> None:
+    """Set the mtime of ``path`` to now: the last use a restart's scan orders the LRU by."""
     try:
-        os.unlink(path)
+        os.utime(path)
     except OSError:
         pass
 
 
-def _manifest_difference(stored: Any, wanted: dict[str, Any]) -> str:
-    if not isinstance(stored, dict):
-        return "no readable manifest.json" if stored is not None else "no manifest.json"
-    changed = [
-        f"{name}: {stored.get(name, '<absent>')!r} -> {wanted.get(name, '<absent>')!r}"
-        for name in sorted(stored.keys() | wanted.keys())
-        if stored.get(name) != wanted.get(name)
-    ]
-    return "; ".join(changed)
-
-
-def _take_folder_lock(folder: Path) -> int:
-    """Hold ``folder/lock`` exclusively (flock: released when the process dies, so a crash
-    leaves no stale lock) and write this process's id in it; KVDiskError when held."""
-    lock_path = folder / LOCK_NAME
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise KVDiskError(f"cannot create the lock file {lock_path}: {e}") from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise KVDiskError(
-            f"the KV disk folder {folder} is in use by another server (process {holder} holds "
-            f"{lock_path}); give each server its own --kv-disk-path"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _release_folder_lock(fd: int) -> None:
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+def _check_key(key: object) -> None:
+    if not is_chunk_key(key):
+        raise ValueError(f"not a KV disk chunk key (64 lowercase hex digits): {key!r:.80}")

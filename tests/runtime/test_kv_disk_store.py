@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -103,6 +104,49 @@ def test_a_chunk_round_trips_with_its_dtype_and_shape(store: KVDiskStore, dtype:
     assert stats["load_bytes"] == stats["used_bytes"] and stats["load_seconds"] > 0
 
 
+@pytest.mark.parametrize("n_tokens", [CHUNK, 700])  # 700 int64 ids: a head over 4 KiB
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_get_into_reads_into_a_reused_buffer(store: KVDiskStore, n_tokens: int, dtype) -> None:
+    tokens = _tokens(2 * n_tokens) + np.int64(1 << 40)  # ids beyond int32 are kept exactly
+    keys = chunk_keys(tokens, n_tokens, None)
+    payloads = [torch.randn(3, n_tokens, 5).to(dtype) for _ in keys]
+    for i, key in enumerate(keys):
+        store.put(key, tokens[i * n_tokens : (i + 1) * n_tokens], payloads[i])
+    staging = torch.empty(3 * n_tokens * 5, dtype=dtype)  # another shape, same elements
+    for i, key in enumerate(keys):
+        assert store.get_into(key, tokens[i * n_tokens : (i + 1) * n_tokens], staging)
+        assert torch.equal(staging.view(payloads[i].shape), payloads[i])
+    # a caller's mistake (another size, dtype or token count) is a miss that keeps the file
+    assert not store.get_into(keys[0], tokens[:n_tokens], torch.empty(7, dtype=dtype))
+    assert not store.get_into(keys[0], tokens[:n_tokens], staging.to(torch.float16))
+    assert store.get(keys[0], tokens[: n_tokens - 1]) is None
+    assert store.get(keys[0], tokens[:n_tokens]) is not None
+    stats = store.stats()
+    assert (stats["hits"], stats["misses"], stats["bad_files"]) == (3, 3, 0)
+    with pytest.raises(ValueError, match="contiguous"):
+        store.get_into(keys[1], tokens[n_tokens:], staging.view(3, -1).t())
+
+
+def test_a_strided_payload_is_stored_in_c_order(store: KVDiskStore) -> None:
+    tokens = _tokens(CHUNK)
+    key = chunk_keys(tokens, CHUNK, None)[0]
+    payload = _payload(3, torch.float16).transpose(0, 2)
+    store.put(key, tokens, payload)
+    loaded = store.get(key, tokens)
+    assert loaded is not None and loaded.shape == payload.shape and torch.equal(loaded, payload)
+
+
+def test_a_linked_chunk_file_is_not_followed(store: KVDiskStore, tmp_path: Path) -> None:
+    tokens = _tokens(CHUNK)
+    key = chunk_keys(tokens, CHUNK, None)[0]
+    store.put(key, tokens, _payload())
+    outside = tmp_path / "outside.kv"
+    _chunk_file(store, key).rename(outside)
+    _chunk_file(store, key).symlink_to(outside)
+    assert store.get(key, tokens) is None
+    assert outside.exists() and not _chunk_file(store, key).is_symlink()
+
+
 def _flip_a_payload_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
@@ -124,27 +168,38 @@ def _append(path: Path) -> None:
         file.write(b"\0")
 
 
+def _get(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
+    return store.get(key, tokens)
+
+
+def _get_into(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
+    out = torch.empty_like(_payload())
+    return out if store.get_into(key, tokens, out) else None
+
+
+@pytest.mark.parametrize("load", [_get, _get_into])
 @pytest.mark.parametrize("damage", [_flip_a_payload_byte, _truncate, _bad_magic, _append])
-def test_a_damaged_file_is_a_miss_and_deleted(store: KVDiskStore, damage) -> None:
+def test_a_damaged_file_is_a_miss_and_deleted(store: KVDiskStore, damage, load) -> None:
     tokens = _tokens(CHUNK)
     key = chunk_keys(tokens, CHUNK, None)[0]
     store.put(key, tokens, _payload())
     damage(_chunk_file(store, key))
-    assert store.get(key, tokens) is None
+    assert load(store, key, tokens) is None
     assert not _chunk_file(store, key).exists()
     assert not store.contains(key)
     stats = store.stats()
     assert (stats["bad_files"], stats["hits"], stats["chunks"], stats["used_bytes"]) == (1, 0, 0, 0)
 
 
-def test_other_token_ids_under_a_key_are_a_miss(store: KVDiskStore) -> None:
+@pytest.mark.parametrize("load", [_get, _get_into])
+def test_other_token_ids_under_a_key_are_a_miss(store: KVDiskStore, load) -> None:
     """A key collision: the file's own token ids are compared, so it never returns other K/V."""
     tokens = _tokens(CHUNK)
     key = chunk_keys(tokens, CHUNK, None)[0]
     store.put(key, tokens, _payload())
     other = tokens.copy()
     other[-1] += 1
-    assert store.get(key, other) is None
+    assert load(store, key, other) is None
     assert not _chunk_file(store, key).exists() and not store.contains(key)
 
 
@@ -215,6 +270,26 @@ def test_a_restart_orders_the_lru_by_file_mtime(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_stored_key_is_not_written_again_but_made_recent(tmp_path: Path) -> None:
+    tokens = _tokens(3 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(3)]
+    store = _store(tmp_path)
+    store.put(keys[0], chunks[0], _payload(0))
+    size = store.stats()["used_bytes"]
+    store.close()
+    store = _store(tmp_path, max_bytes=2 * size + 1)
+    store.put(keys[1], chunks[1], _payload(1))
+    inode = _chunk_file(store, keys[0]).stat().st_ino
+    assert store.put_async(keys[0], chunks[0], _payload(0))  # stored: made the newest
+    store.put(keys[0], chunks[0], _payload(0))
+    store.flush(timeout=30)
+    assert store.stats()["writes"] == 1 and _chunk_file(store, keys[0]).stat().st_ino == inode
+    store.put(keys[2], chunks[2], _payload(2))
+    assert [store.contains(k) for k in keys] == [True, False, True]
+    store.close()
+
+
 def test_a_chunk_larger_than_the_tier_is_not_stored(tmp_path: Path) -> None:
     store = _store(tmp_path, max_bytes=1000)
     tokens = _tokens(CHUNK)
@@ -247,7 +322,7 @@ def test_a_restart_keeps_the_chunks_and_drops_torn_writes(tmp_path: Path) -> Non
 def test_a_manifest_mismatch_empties_the_tier_with_one_warning(tmp_path: Path, caplog) -> None:
     tokens = _tokens(CHUNK)
     key = chunk_keys(tokens, CHUNK, None)[0]
-    caplog.set_level(logging.WARNING, logger="runtime.kv_disk.store")
+    caplog.set_level(logging.WARNING, logger="runtime.kv_disk")
     store = _store(tmp_path)  # a fresh folder: nothing to warn about
     store.put(key, tokens, _payload())
     store.close()
@@ -273,27 +348,37 @@ def test_a_second_store_on_a_folder_is_refused(tmp_path: Path) -> None:
         _store(tmp_path)
     other = _store(tmp_path, subfolder="replica1")  # each --dp replica has its own subfolder
     other.close()
-
-    code = (
-        "import sys; from runtime.kv_disk import KVDiskStore, KVDiskError\n"
-        "try: KVDiskStore(sys.argv[1], 1 << 20, {})\n"
-        "except KVDiskError as e: print('refused:', e)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
-    assert child.returncode == 0, child.stderr
-    assert child.stdout.startswith("refused:") and str(store.folder) in child.stdout
-    assert f"process {os.getpid()}" in child.stdout
     store.close()
     store.close()  # idempotent
     _store(tmp_path).close()  # released
+
+
+def test_a_folder_another_process_holds_is_refused_until_it_dies(tmp_path: Path) -> None:
+    """Another server's process holds the folder (through the lock KVDiskStore takes; the
+    child skips importing torch). When it dies, even by SIGKILL, the folder is free again."""
+    folder = tmp_path / "replica0"
+    folder.mkdir()
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from runtime.kv_disk.folder import take_folder_lock\n"
+        "take_folder_lock(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "locked\n"
+        with pytest.raises(KVDiskError, match=f"{re.escape(str(folder))}.*process {child.pid}"):
+            _store(tmp_path)
+    finally:
+        child.kill()
+        child.wait(30)
+    _store(tmp_path).close()
 
 
 def test_bad_sizes_and_folders_stop_start_up(tmp_path: Path) -> None:
@@ -361,10 +446,10 @@ def test_a_write_error_disables_writes_once_and_the_thread_survives(
         raise RuntimeError("a defect, not a disk error")
 
     monkeypatch.setattr(store_module, "_write_file", broken)
-    caplog.set_level(logging.WARNING, logger="runtime.kv_disk.store")
+    caplog.set_level(logging.WARNING, logger="runtime.kv_disk")
     assert store.put_async(keys[1], chunks[1], _payload(1))
     store.flush(timeout=30)
-    assert store.stats()["write_errors"] == 1 and not store.stats()["writes_disabled"]
+    assert store.stats()["write_errors"] == 1 and not store.writes_disabled
 
     def full_disk(path: Path, pieces: list) -> int:
         real_write(path, pieces[:1])  # a torn temporary file, which must not stay
@@ -380,7 +465,7 @@ def test_a_write_error_disables_writes_once_and_the_thread_survives(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "ENOSPC" in warnings[0].getMessage()
     stats = store.stats()
-    assert stats["writes_disabled"] == 1 and stats["write_errors"] == 2
+    assert stats["writes_disabled"] == 1 and store.writes_disabled and stats["write_errors"] == 2
     assert stats["dropped_writes"] == 2 and stats["chunks"] == 1
     assert store._writer.is_alive()
     assert list(store.folder.rglob("*.tmp")) == []
@@ -414,3 +499,59 @@ def test_clear_deletes_every_chunk_and_queued_writes(tmp_path: Path, monkeypatch
     store.close()
     assert not store.put_async(keys[0], chunks[0], _payload())  # closed
     assert store.get(keys[0], chunks[0]) is None
+
+
+def test_concurrent_loads_writes_evictions_and_clears_never_give_wrong_kv(
+    tmp_path: Path,
+) -> None:
+    tokens = _tokens(8 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(8)]
+    payloads = [_payload(i) for i in range(8)]
+    probe = _store(tmp_path / "probe")
+    probe.put(keys[0], chunks[0], payloads[0])
+    size = probe.stats()["used_bytes"]
+    probe.close()
+    store = _store(tmp_path, max_bytes=3 * size)  # 3 of 8: constant eviction
+    staging = torch.empty_like(payloads[0])
+    stop = threading.Event()
+    wrong: list[int] = []
+    hits = [0]
+
+    def read(use_staging: bool) -> None:
+        rng = np.random.default_rng(int(use_staging))
+        while not stop.is_set():
+            i = int(rng.integers(8))
+            if use_staging:
+                loaded = staging if store.get_into(keys[i], chunks[i], staging) else None
+            else:
+                loaded = store.get(keys[i], chunks[i])
+            if loaded is not None:
+                hits[0] += 1
+                if not torch.equal(loaded, payloads[i]):
+                    wrong.append(i)
+
+    readers = [threading.Thread(target=read, args=(flag,)) for flag in (False, True)]
+    for reader in readers:
+        reader.start()
+    rng = np.random.default_rng(2)
+    for step in range(300):
+        i = int(rng.integers(8))
+        if step % 3:
+            store.put_async(keys[i], chunks[i], payloads[i])
+        else:
+            store.put(keys[i], chunks[i], payloads[i])
+        if step % 97 == 96:
+            store.clear()
+    store.flush(timeout=30)
+    stop.set()
+    for reader in readers:
+        reader.join(30)
+    assert wrong == [] and hits[0] > 0
+    stats = store.stats()
+    files = list(store.folder.rglob("*.kv"))
+    assert stats["chunks"] == len(files) and stats["used_bytes"] == sum(
+        f.stat().st_size for f in files
+    )
+    assert stats["used_bytes"] <= store.max_bytes and stats["bad_files"] == 0
+    store.close()
