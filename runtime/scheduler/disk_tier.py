@@ -157,7 +157,7 @@ class KVDiskTier:
     ) -> None:
         if namespace is not None and not isinstance(namespace, str):
             return  # not a cache salt: KV this tier does not key
-        if self.store.stats()["writes_disabled"]:
+        if self.store.writes_disabled:
             return  # nothing would be written: spare the copies
         size = self.chunk_tokens
         first, last = start // size, tokens.size // size
