@@ -38,6 +38,7 @@ from runtime.model_files import builtin_model_path
 # The pool of the sizing run: room for the quick and default workloads' whole working set
 # (SmolLM2's float32 K/V: 46 KB a token, 750 MB).
 SIZING_POOL_TOKENS = 16384
+SECTIONS = ("workloads", "restart", "write-path")
 
 
 def distinct_prefix_tokens(calls: Sequence[Call]) -> int:
@@ -120,12 +121,13 @@ def bench_restart(model: str, prefix_tokens: int) -> dict[str, Any]:
     """TTFT of a long cached prefix: cold, then after a restart (page cache warm, dropped)."""
     warm = [10, 11, 12, 13] * 40
     with tempfile.TemporaryDirectory(prefix="kv-tier-bench-") as folder:
-        with Engine(model, kv_disk_path=folder) as engine:
+        pool = {"max_total_tokens": prefix_tokens + 1024}
+        with Engine(model, kv_disk_path=folder, **pool) as engine:
             _ttft(engine, warm)
             prefix = _prefix(engine, prefix_tokens)
             cold = _ttft(engine, prefix + [42])
         # Shutdown saved the prefix's chunks; a new server on the folder serves them.
-        with Engine(model, kv_disk_path=folder) as engine:
+        with Engine(model, kv_disk_path=folder, **pool) as engine:
             _ttft(engine, warm)
             before = engine.get_server_info()["kv_disk_hits_tokens"]
             page_cache_warm = _ttft(engine, prefix + [43])
@@ -195,20 +197,37 @@ def bench_write_path(model: str, batch: int, prompt_len: int, output_len: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small workloads, short prefix")
+    parser.add_argument("--quick", action="store_true", help="small workloads and write-path requests")
     parser.add_argument("--prefix-tokens", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument(
         "--requests", type=int, help="agent tasks and multi-turn sessions (default: the preset's)"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        help="run this section (repeatable; default: all three)",
+    )
     parser.add_argument("--out", help="the JSON result's path")
     args = parser.parse_args()
     model = builtin_model_path()
+    sections = args.only or SECTIONS
+    result: dict[str, Any] = {"quick": args.quick}
+    if "workloads" in sections:
+        result["workloads"] = _workloads(model, args.quick, args.requests)
+    if "restart" in sections:
+        result["restart"] = _restart(model, args.prefix_tokens)
+    if "write-path" in sections:
+        result["write_path"] = _write_path(model, args.batch, args.quick)
+    write_json("kv_tier_bench", result, args.out)
 
+
+def _workloads(model: str, quick: bool, requests: int | None) -> list[dict[str, Any]]:
     rows = []
-    for workload in (Agent.preset(args.quick), MultiTurn.preset(args.quick)):
-        if args.requests:
-            workload = workload.with_count(args.requests)
+    for workload in (Agent.preset(quick), MultiTurn.preset(quick)):
+        if requests:
+            workload = workload.with_count(requests)
         rows += bench_workload(model, workload)
     print_table(
         ["workload", "tier", "working set", "pool", "hit rate", "out tok/s", "disk tokens"],
@@ -225,8 +244,12 @@ def main() -> None:
             for r in rows
         ],
     )
-    restart = bench_restart(model, args.prefix_tokens)
     print()
+    return rows
+
+
+def _restart(model: str, prefix_tokens: int) -> dict[str, Any]:
+    restart = bench_restart(model, prefix_tokens)
     print_table(
         ["prefix", "cold TTFT s", "restart, page cache warm", "restart, dropped", "speedups"],
         [
@@ -239,9 +262,13 @@ def main() -> None:
             ]
         ],
     )
-    prompt_len, output_len = (128, 16) if args.quick else (256, 64)
-    write = bench_write_path(model, args.batch, prompt_len, output_len)
     print()
+    return restart
+
+
+def _write_path(model: str, batch: int, quick: bool) -> dict[str, Any]:
+    prompt_len, output_len = (128, 16) if quick else (256, 64)
+    write = bench_write_path(model, batch, prompt_len, output_len)
     print_table(
         ["batch", "step ms (off)", "step ms (on)", "hook ms/step", "hook share", "chunks written"],
         [
@@ -255,11 +282,7 @@ def main() -> None:
             ]
         ],
     )
-    write_json(
-        "kv_tier_bench",
-        {"quick": args.quick, "workloads": rows, "restart": restart, "write_path": write},
-        args.out,
-    )
+    return write
 
 
 if __name__ == "__main__":
