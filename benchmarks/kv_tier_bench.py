@@ -197,7 +197,9 @@ def bench_write_path(model: str, batch: int, prompt_len: int, output_len: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small workloads and write-path requests")
+    parser.add_argument(
+        "--quick", action="store_true", help="small workloads and write-path requests"
+    )
     parser.add_argument("--prefix-tokens", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument(
