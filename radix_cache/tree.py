@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,13 @@ class MatchResult:
     slots: torch.Tensor
     length: int
     node: TreeNode
+
+
+# evict_hook(namespace, path_tokens, path_slots, start): a node's run is about to leave the
+# tree. ``path_tokens``/``path_slots`` (int64 arrays of equal length) cover the whole path from
+# its namespace's root to the node's end; the node's own run is ``[start:]``. Every slot on the
+# path still holds its KV when the hook runs.
+EvictHook = Callable[[Hashable, np.ndarray, np.ndarray, int], None]
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,9 @@ class RadixCache:
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.policy = make_eviction_policy(policy) if isinstance(policy, str) else policy
+        # Told of every node ``evict`` drops, before its slots are freed (a lower tier keeps
+        # them); None: nobody is.
+        self.evict_hook: EvictHook | None = None
         self._init_state()
 
     def _init_state(self) -> None:
@@ -263,12 +273,17 @@ class RadixCache:
         # Tokens gone from below each surviving node, subtracted from its path once at the end
         # (a chain evicted leaf by leaf would otherwise climb to the root once per node).
         gone_below: dict[TreeNode, int] = {}
+        namespaces: dict[int, Hashable] | None = None
         while freed < num_tokens:
             leaf = self._queue.pop()
             if leaf is None:
                 break
             parent = leaf.parent
             assert parent is not None
+            if self.evict_hook is not None:
+                if namespaces is None:
+                    namespaces = {id(root): ns for ns, root in self._roots.items()}
+                self._report_run(leaf, namespaces, self.evict_hook)
             del parent.children[child_key(leaf.key, self.page_size)]
             leaf.parent, leaf.evicted = None, True
             freed_slots.append(leaf.slots)
@@ -289,6 +304,31 @@ class RadixCache:
         self._evictable -= freed
         self._evicted_tokens += freed
         return freed
+
+    def report_runs(self, hook: EvictHook) -> None:
+        """Call ``hook`` as ``evict_hook`` is called, once for every cached node (parents
+        before their children), evicting nothing: what a lower tier saves at shutdown."""
+        for namespace, root in list(self._roots.items()):
+            stack = [(child, root.key, root.slots) for child in root.children.values()]
+            while stack:
+                node, tokens, slots = stack.pop()
+                tokens = np.concatenate([tokens, node.key])
+                slots = np.concatenate([slots, node.slots]).astype(np.int64)
+                hook(namespace, tokens, slots, tokens.size - node.key.size)
+                stack += [(child, tokens, slots) for child in node.children.values()]
+
+    def _report_run(self, node: TreeNode, namespaces: dict[int, Hashable], hook: EvictHook) -> None:
+        """``hook`` about ``node`` (still in the tree), its path read off its ancestors."""
+        path: list[TreeNode] = []
+        cursor: TreeNode | None = node
+        while cursor is not None and cursor.parent is not None:
+            path.append(cursor)
+            cursor = cursor.parent
+        assert cursor is not None
+        path.reverse()
+        tokens = np.concatenate([step.key for step in path])
+        slots = np.concatenate([step.slots for step in path]).astype(np.int64)
+        hook(namespaces.get(id(cursor)), tokens, slots, tokens.size - node.key.size)
 
     def evictable_size(self) -> int:
         """Cached tokens in unlocked nodes (what ``evict`` can free)."""

@@ -63,8 +63,9 @@ class Components:
         return threads
 
 
-def build_components(args: ServerArgs, channels: Channels) -> Components:
-    """Build the components whose inbox ``channels`` holds, wired to the senders it holds.
+def build_components(args: ServerArgs, channels: Channels, replica: int = 0) -> Components:
+    """Build the components whose inbox ``channels`` holds, wired to the senders it holds
+    (``replica``: a ``--dp`` replica's index, which its scheduler's disk tier is kept under).
 
     The scheduler comes first: a model that cannot be loaded raises ModelLoadError before the
     others exist. Raises AssertionError if a built component's sender is missing.
@@ -75,7 +76,11 @@ def build_components(args: ServerArgs, channels: Channels) -> Components:
 
         assert channels.to_detokenizer is not None and channels.to_tokenizer is not None
         scheduler = Scheduler(
-            args, channels.scheduler_inbox, channels.to_detokenizer, channels.to_tokenizer
+            args,
+            channels.scheduler_inbox,
+            channels.to_detokenizer,
+            channels.to_tokenizer,
+            replica,
         )
     if channels.detokenizer_inbox is not None or channels.tokenizer_inbox is not None:
         tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)

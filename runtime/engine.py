@@ -207,11 +207,11 @@ class Engine:
 
     # ---- control ------------------------------------------------------------------------
 
-    def flush_cache(self) -> bool:
-        """Drop all cached prefixes; False while requests are running."""
-        return bool(
-            self._call(self.tokenizer_manager.control(ControlCommand.FLUSH_CACHE))["success"]
-        )
+    def flush_cache(self, disk: bool = False) -> bool:
+        """Drop all cached prefixes, with ``disk`` also the disk tier's (``--kv-disk-path``);
+        False while requests are running."""
+        control = self.tokenizer_manager.control(ControlCommand.FLUSH_CACHE, args={"disk": disk})
+        return bool(self._call(control)["success"])
 
     def role_blocks(self) -> RoleBlocks:
         """The chat template's per-role headers and footers (``runtime/role_blocks.py``), which

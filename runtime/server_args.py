@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,11 @@ REASONING_PARSERS = ("qwen3", "deepseek-r1")
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 # runtime.speculative.policy's: adaptive drafts what pays, always the most every step.
 SPECULATIVE_POLICIES = ("adaptive", "always")
+# The KV disk tier (runtime/scheduler/disk_tier.py): when chunks are written (write_back: as
+# the tree evicts them; write_through: as it inserts them) and when they are read (auto: when
+# the measured load time beats recomputing; always: whenever they are on disk).
+KV_DISK_WRITE_POLICIES = ("write_back", "write_through")
+KV_DISK_LOAD_POLICIES = ("auto", "always")
 # Levels both logging and uvicorn know.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # The largest decode batch replayed from a CUDA graph when cuda_graph_max_bs is not given.
@@ -167,6 +174,25 @@ class ServerArgs:
     disable_radix_cache: bool = _flag(False, "do not reuse the KV of shared prompt prefixes")
     eviction_policy: str = _flag(
         "lru", "which cached prefixes are evicted first when KV runs out", EVICTION_POLICIES
+    )
+    kv_disk_path: str | None = _flag(
+        None,
+        "a folder for a disk tier under the radix cache: evicted prefixes are kept there and "
+        "loaded back instead of recomputed, also after a restart (docs/kv_disk_tier.md); "
+        "default: no tier",
+    )
+    kv_disk_max_gb: float = _flag(10.0, "--kv-disk-path: the most gigabytes the tier keeps")
+    kv_disk_write_policy: str = _flag(
+        "write_back",
+        "--kv-disk-path: write_back writes prefixes as the cache evicts them (off the step's "
+        "critical path), write_through as the cache takes them",
+        KV_DISK_WRITE_POLICIES,
+    )
+    kv_disk_load_policy: str = _flag(
+        "auto",
+        "--kv-disk-path: auto loads a prefix from disk when the measured load time beats "
+        "recomputing it; always loads whatever is on disk",
+        KV_DISK_LOAD_POLICIES,
     )
     # Sampling
     random_seed: int = _flag(0, "seeds the seed drawn for each request that gives none")
@@ -363,6 +389,7 @@ class ServerArgs:
             raise ValueError(
                 f"otlp_traces_endpoint must be an http:// or https:// URL, got {endpoint!r}"
             )
+        self._check_kv_disk()
 
     def _check_tp_size(self) -> None:
         """A tp_size the model's heads split into (read from its config.json when
@@ -376,6 +403,29 @@ class ServerArgs:
             return  # not a model this runtime loads: ModelConfig says why
         kv_heads = raw.get("num_key_value_heads") or heads
         check_tp_size(self.tp_size, heads, kv_heads, raw.get("intermediate_size", 0))
+
+    def _check_kv_disk(self) -> None:
+        """The disk tier's flags: a size > 0, a folder this process may create and write, a
+        radix cache to sit under, one rank (each tp rank would need its own shards)."""
+        if not math.isfinite(self.kv_disk_max_gb) or self.kv_disk_max_gb <= 0:
+            raise ValueError(f"kv_disk_max_gb must be a number > 0, got {self.kv_disk_max_gb}")
+        if self.kv_disk_path is None:
+            return
+        if self.disable_radix_cache:
+            raise ValueError(
+                "kv_disk_path needs the radix cache: the disk tier keeps what the cache evicts "
+                "(drop disable_radix_cache or kv_disk_path)"
+            )
+        if self.tp_size > 1:
+            raise ValueError("kv_disk_path does not support tp_size > 1 yet")
+        folder = Path(self.kv_disk_path).expanduser()
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing == folder and not folder.is_dir():
+            raise ValueError(f"kv_disk_path {folder} is not a folder")
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"kv_disk_path {folder}: {existing} is not writable by this process")
 
     def _check_speculative(self) -> None:
         if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:

@@ -57,6 +57,8 @@ SUMMED_KEYS = (
     "kv_cached_tokens", "kv_free_tokens", "max_total_tokens", "num_running_reqs",
     "num_waiting_reqs", "num_grammar_queue_reqs", "num_retracted_reqs", "gen_throughput",
     "prefix_cache_queries_tokens", "prefix_cache_hits_tokens",
+    "kv_disk_hits_tokens", "kv_disk_loads", "kv_disk_load_bytes", "kv_disk_load_seconds",
+    "kv_disk_writes", "kv_disk_write_bytes", "kv_disk_write_errors", "kv_disk_used_bytes",
 )  # fmt: skip
 # Per-replica facts shown in server_info["replicas"].
 REPLICA_KEYS = (

@@ -97,6 +97,7 @@ class Replica:
         parts = build_components(
             args,
             Channels(self._inbox, to_detokenizer, None, None, to_detokenizer, to_front),
+            replica,
         )
         assert parts.scheduler is not None
         self._scheduler = parts.scheduler

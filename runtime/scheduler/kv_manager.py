@@ -22,6 +22,7 @@ from runtime.memory_pool import ReqToTokenPool
 from runtime.scheduler.program_pins import ProgramPins
 
 if TYPE_CHECKING:
+    from runtime.scheduler.disk_tier import KVDiskTier
     from runtime.scheduler.req import Req
 
 
@@ -40,6 +41,7 @@ class KVPlacement:
     cached_len: int = 0
     last_node: TreeNode | None = None
     cached_tokens: int = 0  # prompt tokens served from the cache, for the client
+    disk_tokens: int = 0  # of the cached prefix, those its last admission loaded from disk
     # A loan in this step (KVCacheManager.lend): the cached length the request had before it
     # borrowed a step-mate's slots (None: no loan), and whether it lent its own.
     loan_start: int | None = None
@@ -65,6 +67,9 @@ class KVAccounting:
         self.tree = tree
         self.req_to_token_pool = req_to_token_pool
         self.page_size = allocator.page_size
+        # Told of each insert as insert_hook(salt, key, slots, start) before duplicates are
+        # freed: ``slots`` hold ``key``'s KV, new to the tree from position ``start`` on.
+        self.insert_hook: Callable[[str | None, np.ndarray, np.ndarray, int], None] | None = None
 
     @property
     def capacity(self) -> int:
@@ -158,6 +163,9 @@ class KVAccounting:
         assert self.tree is not None and kv.row is not None
         slots = self.req_to_token_pool.host[kv.row, : len(key)]
         already = self.tree.insert(key, slots, salt)
+        if self.insert_hook is not None:
+            aligned = len(key) - len(key) % self.page_size
+            self.insert_hook(salt, key[:aligned], slots[:aligned].numpy(), kv.cached_len)
         if already > kv.cached_len:
             self.allocator.free(slots[kv.cached_len : already])
 
@@ -215,6 +223,17 @@ class KVCacheManager(KVAccounting):
         self.pins = ProgramPins(tree, program_pin_ttl_s)
         # Lenders and borrowers of this step's loans, in the order the loans were made.
         self._loans: list[Req] = []
+        # The disk tier under the tree (attach_disk_tier), or None.
+        self.disk: KVDiskTier | None = None
+
+    def attach_disk_tier(self, disk: KVDiskTier) -> None:
+        """Keep what the tree evicts (or, write_through, what it takes) on ``disk`` and load
+        prefixes from it at admission. Precondition: there is a tree."""
+        assert self.tree is not None, "the disk tier sits under the radix tree"
+        self.disk = disk
+        self.tree.evict_hook = disk.save_run
+        if disk.write_through:
+            self.insert_hook = disk.save_run
 
     def available_tokens(self) -> int:
         """Slots a new allocation can get: free now, or freed by evicting unlocked cache."""
@@ -246,9 +265,29 @@ class KVCacheManager(KVAccounting):
         if not self._place(req, lambda: self.cached_prefix(req)):
             return False
         kv.loan_start, kv.lends = None, False
+        kv.disk_tokens = self._load_from_disk(req) if self.disk is not None else 0
         if not req.output_ids:  # a retracted request already reported its first match
             kv.cached_tokens = kv.cached_len
         return True
+
+    def _load_from_disk(self, req: Req) -> int:
+        """Extend ``req``'s cached prefix (just placed) with the chunks the disk tier holds
+        after it, when loading them pays: into fresh slots, then into the tree under its salt
+        and locked like a match. A chunk that fails to load ends the run (the rest is
+        recomputed). Returns the tokens loaded."""
+        assert self.disk is not None and self.tree is not None and req.kv.row is not None
+        kv, salt = req.kv, req.cache_salt
+        ids = req.token_ids.prefix(req.match_limit)
+        start = kv.cached_len
+        run = self.disk.plan(ids, start, salt)
+        if run is None or not self.alloc_extend(req, run.end - start):
+            return 0
+        slots = self.req_to_token_pool.host[kv.row, start : run.end]
+        end = self.disk.load(run, ids, start, slots)
+        self.truncate(req, end)
+        if end > start:
+            self._cache(req, ids[:end], salt)
+        return end - start
 
     def lend(self, lender: Req, borrower: Req, end: int) -> None:
         """Let ``borrower`` (just admitted: nothing past its cached prefix) read ``lender``'s

@@ -62,6 +62,7 @@ class PrefillAdmission:
                 break
             if not self.kv.admit(req):
                 break
+            kv_budget -= req.kv.disk_tokens  # loaded into slots the budget counted as free
             if not self._share_in_step(req, admitted, admitted_ids):
                 self.kv.release(req, keep_in_cache=False)
                 continue

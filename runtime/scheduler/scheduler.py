@@ -57,6 +57,7 @@ from runtime.sampler import SampleOutput, Sampler, take_rows
 from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.cache_view import CacheView
 from runtime.scheduler.decode_manager import DecodeManager
+from runtime.scheduler.disk_tier import NO_TIER_INFO, KVDiskTier, open_disk_tier
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
@@ -98,9 +99,17 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(
-        self, args: ServerArgs, inbox: Receiver, to_detokenizer: Sender, to_tokenizer: Sender
+        self,
+        args: ServerArgs,
+        inbox: Receiver,
+        to_detokenizer: Sender,
+        to_tokenizer: Sender,
+        replica: int = 0,
     ) -> None:
+        """``replica``: this scheduler's index among a ``--dp`` server's replicas (its disk
+        tier's subfolder)."""
         self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
+        self.replica = replica
         # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
         stored = stored_dtype(locate_model(args.model_path).config())
         args = args.for_device(torch.cuda.is_available(), stored, cpu_flags())
@@ -109,6 +118,9 @@ class Scheduler:
         try:
             self._set_up(args)
         except BaseException:
+            disk = getattr(self, "disk", None)
+            if disk is not None:
+                disk.close()
             self.runner.shutdown()
             raise
 
@@ -124,6 +136,16 @@ class Scheduler:
         self.kv = KVCacheManager(
             allocator, tree, self.runner.req_to_token_pool, args.program_pin_timeout_s
         )
+        self.disk: KVDiskTier | None = None
+        if args.kv_disk_path is not None:
+            self.disk = open_disk_tier(
+                args,
+                self.runner.kv_pool,
+                self.runner.quantization,
+                self.runner.device.type,
+                self.replica,
+            )
+            self.kv.attach_disk_tier(self.disk)
         # What observers (/cache_tree, the dashboard) see: snapshots and recent activity.
         self.cache_view = CacheView(tree)
         self.activity = ActivityLog()
@@ -194,8 +216,23 @@ class Scheduler:
             self._flush_outputs()
             if self._forward_thread is not None:
                 self._forward_thread.shutdown(wait=True)
+            self._close_disk_tier()
             self.grammar.shutdown()
             self.runner.shutdown()
+
+    def _close_disk_tier(self) -> None:
+        """On a graceful stop, hand the disk tier what the tree still holds, then wait for the
+        writes and release its folder (after a crash only the latter: the pool may be
+        inconsistent)."""
+        if self.disk is None:
+            return
+        try:
+            if self._stopped and self.kv.tree is not None:
+                self.disk.save_tree(self.kv.tree)
+        except Exception:
+            logger.exception("saving the cache to the disk tier failed")
+        finally:
+            self.disk.close()
 
     def stop(self) -> None:
         self._stopped = True
@@ -275,6 +312,7 @@ class Scheduler:
         if self.drafts.speculation is not None:
             if all(n == 1 or req.draft.tokens for req, n in step.work):
                 decode_rows = step.num_tokens
+        started = time.perf_counter()
         if self._forward_thread is None:
             logits = self._timed_forward(batch, decode_rows)
         else:
@@ -285,6 +323,8 @@ class Scheduler:
             finally:
                 self._in_forward = False
                 logits = forward.result()
+        if self.disk is not None and step.num_tokens > 2 * len(step.work):  # mostly prefill
+            self.disk.cost.observe_prefill(time.perf_counter() - started, step.num_tokens)
         # Slots lent between requests of this step are computed now: the tree takes them
         # before sampling can finish (and release) a lender.
         self.kv.settle_loans()
@@ -517,7 +557,11 @@ class Scheduler:
         return handler(self, message.args)
 
     def _flush_cache(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"success": not self.running and self.kv.flush() and self.drafts.flush()}
+        """Drop the cache in memory, and with ``disk`` the disk tier's chunks too."""
+        success = not self.running and self.kv.flush() and self.drafts.flush()
+        if success and args.get("disk") and self.disk is not None:
+            self.disk.clear()
+        return {"success": success}
 
     def _cache_tree(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.cache_view.snapshot(int(args["max_nodes"]), self.activity.requests())
@@ -577,6 +621,7 @@ class Scheduler:
             "gc_frozen_objects": gc.get_freeze_count(),
             **dataclasses.asdict(self.stats),
             **self.drafts.info(),
+            **(self.disk.info() if self.disk is not None else NO_TIER_INFO),
         }
 
 

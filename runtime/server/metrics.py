@@ -40,6 +40,7 @@ SCHEDULER_GAUGES = (
         "spec_accept_len",
         "Mean tokens a request gets from one forward (1.0 without drafts).",
     ),
+    ("kv_disk_used_bytes", "kv_disk_used_bytes", "Bytes of KV chunks the disk tier holds."),
 )
 # Scheduler counters exported from ``server_info``: (key, metric name, help).
 SCHEDULER_COUNTERS = (
@@ -57,6 +58,25 @@ SCHEDULER_COUNTERS = (
         "prefix_cache_hits_tokens",
         "prefix_cache_hits_tokens_total",
         "Prompt tokens found in the prefix (radix) cache.",
+    ),
+    (
+        "kv_disk_hits_tokens",
+        "kv_disk_hits_tokens_total",
+        "Prompt tokens loaded from the KV disk tier instead of recomputed.",
+    ),
+    ("kv_disk_loads", "kv_disk_loads_total", "KV chunks loaded from the disk tier."),
+    ("kv_disk_load_bytes", "kv_disk_load_bytes_total", "Bytes loaded from the KV disk tier."),
+    (
+        "kv_disk_load_seconds",
+        "kv_disk_load_seconds_total",
+        "Seconds spent loading KV chunks from the disk tier.",
+    ),
+    ("kv_disk_writes", "kv_disk_writes_total", "KV chunks written to the disk tier."),
+    ("kv_disk_write_bytes", "kv_disk_write_bytes_total", "Bytes written to the KV disk tier."),
+    (
+        "kv_disk_write_errors",
+        "kv_disk_write_errors_total",
+        "Failed writes to the KV disk tier (the first disables writing).",
     ),
 )
 # Per replica of a routed server (``server_info["replicas"]``), labelled by replica index.

@@ -142,8 +142,10 @@ async def get_server_info(request: Request) -> Response:
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request) -> Response:
-    """Drop every cached prefix; 400 while requests are running (their KV is in use)."""
-    reply = await _control(get_state(request), ControlCommand.FLUSH_CACHE)
+    """Drop every cached prefix, with ``?disk=true`` also the disk tier's; 400 while requests
+    are running (their KV is in use)."""
+    disk = request.query_params.get("disk", "false").lower() in ("1", "true", "yes")
+    reply = await _control(get_state(request), ControlCommand.FLUSH_CACHE, {"disk": disk})
     if not reply.get("success"):
         raise ApiError(400, "the cache cannot be flushed while requests are running")
     return JSONResponse({"success": True, "message": "Cache flushed."})
@@ -157,8 +159,10 @@ async def abort_request(request: Request) -> Response:
     return JSONResponse({"success": True})
 
 
-async def _control(state: ServerState, command: ControlCommand) -> dict[str, Any]:
+async def _control(
+    state: ServerState, command: ControlCommand, args: dict[str, Any] | None = None
+) -> dict[str, Any]:
     try:
-        return await state.tokenizer_manager.control(command, timeout=10.0)
+        return await state.tokenizer_manager.control(command, timeout=10.0, args=args)
     except asyncio.TimeoutError:
         raise ApiError(503, f"the scheduler did not answer {command!r} in time") from None

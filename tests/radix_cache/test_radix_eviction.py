@@ -159,3 +159,42 @@ def test_a_registered_custom_policy_drives_eviction() -> None:
     cache.match_prefix(A)
     cache.evict(1)
     assert [cached(cache, ids) for ids in (A, B, C)] == [False, True, True]
+
+
+# ---- the eviction hook (a lower tier keeps what the tree drops) -----------------------------
+
+
+def test_evict_hook_sees_each_dropped_run_with_its_whole_path_before_its_slots_are_freed():
+    cache = make_cache(page_size=2)
+    trunk, a, b = [1, 2, 3, 4], [5, 6], [7, 8, 9, 10]
+    slots_of: dict[tuple[int, ...], list[int]] = {}
+    for ids in (trunk + a, trunk + b):
+        slots = cache.allocator.alloc(len(ids))
+        assert slots is not None
+        already = cache.insert(ids, slots, "salt")
+        cache.allocator.free(slots[:already])
+        slots_of[tuple(ids)] = slots.tolist()
+    seen: list[tuple[object, list[int], list[int], int]] = []
+
+    def hook(namespace: object, tokens: np.ndarray, slots: np.ndarray, start: int) -> None:
+        assert not cache.allocator.any_free(slots)  # the KV is still there to copy
+        seen.append((namespace, tokens.tolist(), slots.tolist(), start))
+
+    cache.evict_hook = hook
+    assert cache.evict(100) == 10
+    trunk_slots = slots_of[tuple(trunk + a)][:4]  # the first insert's
+    assert sorted(seen, key=lambda s: (len(s[1]), s[1])) == [
+        ("salt", trunk, trunk_slots, 0),
+        ("salt", trunk + a, slots_of[tuple(trunk + a)], 4),
+        ("salt", trunk + b, trunk_slots + slots_of[tuple(trunk + b)][4:], 4),
+    ]
+
+
+def test_report_runs_visits_every_node_and_evicts_nothing():
+    cache = make_cache()
+    insert_fresh(cache, [1, 2, 3, 4])
+    insert_fresh(cache, [1, 2, 9])
+    runs: list[tuple[list[int], int]] = []
+    cache.report_runs(lambda ns, tokens, slots, start: runs.append((tokens.tolist(), start)))
+    assert sorted(runs) == [([1, 2], 0), ([1, 2, 3, 4], 2), ([1, 2, 9], 2)]
+    assert cache.total_size() == 5

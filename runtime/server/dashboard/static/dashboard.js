@@ -77,6 +77,10 @@ function renderCache(update, rates) {
   setText("kv-evictable", fmtInt(evictable));
   setText("kv-free", fmtInt(info.kv_free_tokens));
   setText("evictions", rates ? fmtInt(rates.evictedPerS) : "–");
+  setText(
+    "kv-disk",
+    info.kv_disk_path ? `${fmtInt(info.kv_disk_hits_tokens)}, ${fmtInt(info.kv_disk_writes)}` : "off",
+  );
   push(view.history.hit, rates ? rates.hitRate : null);
   push(view.history.kv, [
     info.kv_used_tokens / capacity,

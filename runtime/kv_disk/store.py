@@ -1,0 +1,436 @@
+"""``KVDiskStore``: the chunk files of one folder, their LRU index and their writer thread.
+
+One store owns ``path/subfolder`` for its life (its lock file, ``folder.py``), so its index is
+the truth about the folder: ``contains`` asks no disk. Threads: any caller thread may call
+every method; one daemon writer thread drains ``put_async``'s queue. Every write goes to a
+temporary file that is renamed into place, so a reader sees a whole file or none. Nothing is
+fsynced: a file torn by a crash or a full disk fails its checksum on load, so a lost chunk is
+only a miss, and fsync would cost each write a flush to the device.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from runtime.kv_disk.chunk_file import (
+    FORMAT_VERSION,
+    ChunkMismatch,
+    RequestMismatch,
+    check_payload,
+    decode_chunk,
+    decode_chunk_into,
+    encode_chunk,
+)
+from runtime.kv_disk.folder import (
+    TMP_SUFFIX,
+    KVDiskError,
+    check_manifest,
+    chunk_path,
+    delete_chunk_files,
+    release_folder_lock,
+    scan_chunks,
+    take_folder_lock,
+    unlink_quietly,
+)
+from runtime.kv_disk.keys import chunk_keys, is_chunk_key
+
+__all__ = ["KVDiskError", "KVDiskStore", "chunk_keys"]
+
+logger = logging.getLogger(__name__)
+_Loaded = TypeVar("_Loaded")
+_SUBFOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_COUNTERS = (
+    "hits",
+    "misses",
+    "load_bytes",
+    "writes",
+    "write_bytes",
+    "write_errors",
+    "dropped_writes",
+    "evictions",
+    "bad_files",
+)
+
+
+@dataclass(frozen=True)
+class _QueuedWrite:
+    key: str
+    token_ids: np.ndarray
+    payload: torch.Tensor
+    nbytes: int
+    generation: int  # clear() bumps the store's: a write queued before it is dropped
+
+
+class KVDiskStore:
+    """Chunks of K/V on disk, at most ``max_bytes`` of them (least recently used go first).
+
+    ``manifest`` (a JSON-able dict: what makes stored K/V valid, e.g. model identity, dtypes,
+    page size, tp rank) is compared with the folder's ``manifest.json``: on a mismatch every
+    chunk is deleted, with one warning naming what differs. Raises KVDiskError when the folder
+    cannot be created or written, is held by another store, or a size is not positive.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        max_bytes: int,
+        manifest: dict[str, Any],
+        *,
+        subfolder: str = "replica0",
+        write_queue_bytes: int = 256 << 20,
+    ) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise KVDiskError(
+                f"the KV disk tier's size must be a positive number of bytes, got {max_bytes!r}"
+            )
+        if write_queue_bytes <= 0:
+            raise KVDiskError(f"write_queue_bytes must be positive, got {write_queue_bytes!r}")
+        if _SUBFOLDER.fullmatch(subfolder) is None:
+            raise KVDiskError(
+                f"the KV disk subfolder must be a plain name of letters, digits, "
+                f"'.', '_' and '-', got {subfolder!r}"
+            )
+        self.folder = Path(path) / subfolder
+        self.max_bytes = max_bytes
+        self._write_queue_bytes = write_queue_bytes
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise KVDiskError(f"cannot create the KV disk folder {self.folder}: {e}") from e
+        if not os.access(self.folder, os.W_OK | os.X_OK):
+            raise KVDiskError(f"the KV disk folder {self.folder} is not writable")
+        self._lock_fd = take_folder_lock(self.folder)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified as queued writes finish
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> file size, oldest first
+        self._used_bytes = 0
+        self._generation = 0
+        self._queued_writes = 0
+        self._queued_bytes = 0
+        self._closing = False  # close() began: no new puts
+        self._closed = False  # close() ended: the folder is no longer this store's
+        self._writes_disabled = False
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._load_seconds = 0.0
+        try:
+            # a new chunk format invalidates the old files like a new model does
+            check_manifest(self.folder, {"kv_disk_format": FORMAT_VERSION, **manifest})
+            for key, size in scan_chunks(self.folder):  # oldest first
+                self._index[key] = size
+                self._used_bytes += size
+        except OSError as e:
+            release_folder_lock(self._lock_fd)
+            raise KVDiskError(f"cannot use the KV disk folder {self.folder}: {e}") from e
+        except BaseException:
+            release_folder_lock(self._lock_fd)
+            raise
+        self._evict_locked()  # max_bytes may be smaller than at the last run
+        self._queue: queue.SimpleQueue[_QueuedWrite | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
+        self._writer.start()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def contains(self, key: str) -> bool:
+        """Whether a chunk is stored under ``key`` (from the index; no disk access)."""
+        _check_key(key)
+        with self._lock:
+            return key in self._index
+
+    def get(self, key: str, token_ids: np.ndarray) -> torch.Tensor | None:
+        """The payload stored under ``key`` (same dtype and shape as put) if its file holds
+        exactly ``token_ids`` (the chunk's own tokens, as put) and its checksum holds; else
+        None, and a bad file (damaged, or other token ids: a key collision) is deleted. Asking
+        with another number of token ids is a miss that keeps the file and logs a warning.
+        A hit makes the chunk the most recently used."""
+        return self._load(key, lambda fd, size: decode_chunk(fd, size, token_ids))
+
+    def get_into(self, key: str, token_ids: np.ndarray, out: torch.Tensor) -> bool:
+        """``get`` that reads the payload's elements (C order) straight into ``out``: a
+        contiguous CPU tensor of the stored dtype and element count, e.g. a staging buffer
+        reused across loads, which saves faulting in fresh memory (an ``out`` of another dtype
+        or size is a miss like ``get``'s wrong token count). True on a hit; on a miss (False)
+        ``out`` holds garbage."""
+        check_payload(out)
+        if not out.is_contiguous():
+            raise ValueError("get_into needs a contiguous tensor to read into")
+        loaded = self._load(key, lambda fd, size: decode_chunk_into(fd, size, token_ids, out))
+        return loaded is not None
+
+    def _load(self, key: str, decode: Callable[[int, int], _Loaded]) -> _Loaded | None:
+        """``decode(fd, size)`` of the chunk file of ``key``, counted as a hit and made the
+        most recently used; None on a miss, deleting a file ``decode`` rejects."""
+        _check_key(key)
+        with self._lock:
+            if self._closing or key not in self._index:
+                self._counters["misses"] += 1
+                return None
+        path = self._chunk_path(key)
+        start = time.perf_counter()
+        stat: os.stat_result | None = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)  # a link: a miss
+            try:
+                stat = os.fstat(fd)
+                loaded = decode(fd, stat.st_size)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            self._forget_missing(key)
+            return None
+        except RequestMismatch as e:  # the file is kept: the load was wrong, not the file
+            with self._lock:
+                self._counters["misses"] += 1
+            logger.warning("KV disk load of %s asked for something else: %s", path, e)
+            return None
+        except (ChunkMismatch, OSError) as e:
+            logger.debug("KV disk chunk %s is unusable (%s); deleting it", path, e)
+            self._delete_bad(key, stat)
+            return None
+        except Exception:  # a defect in decoding: still a miss, never wrong K/V
+            logger.exception("KV disk chunk %s could not be decoded; deleting it", path)
+            self._delete_bad(key, stat)
+            return None
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self._counters["hits"] += 1
+            self._counters["load_bytes"] += stat.st_size
+            self._load_seconds += elapsed
+            if key in self._index:
+                self._index.move_to_end(key)
+        _touch(path)
+        return loaded
+
+    # -- writes --------------------------------------------------------------------------
+
+    def put(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> None:
+        """Store ``payload`` (a CPU float32/float16/bfloat16 tensor) as the chunk ``key`` of
+        ``token_ids`` now, then evict the least recently used chunks beyond max_bytes. A key
+        already stored is not written again (a key names its whole prefix, so its K/V is the
+        same), only made the most recently used. A write error disables writes (one warning),
+        never raises."""
+        _check_key(key)
+        check_payload(payload)
+        with self._lock:
+            if self._closing:  # the folder may belong to another store by now
+                self._counters["dropped_writes"] += 1
+                return
+            generation = self._generation
+        if not self._touch_if_stored(key):
+            self._write(key, token_ids, payload, generation)
+
+    def put_async(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> bool:
+        """Queue ``put`` for the writer thread. ``payload`` must be a CPU copy the caller does
+        not touch again. True when queued or already stored (see ``put``); False (and counted in
+        dropped_writes) when writes are disabled, the store is closing, or the queue would
+        exceed write_queue_bytes."""
+        _check_key(key)
+        check_payload(payload)
+        if self._touch_if_stored(key):
+            return True
+        nbytes = payload.numel() * payload.element_size()
+        with self._lock:
+            if (
+                self._closing
+                or self._writes_disabled
+                or self._queued_bytes + nbytes > self._write_queue_bytes
+            ):
+                self._counters["dropped_writes"] += 1
+                return False
+            self._queued_writes += 1
+            self._queued_bytes += nbytes
+            generation = self._generation
+        self._queue.put(_QueuedWrite(key, np.array(token_ids), payload, nbytes, generation))
+        return True
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued write is done (or ``timeout`` seconds have passed)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._queued_writes == 0, timeout)
+
+    def clear(self) -> None:
+        """Delete every chunk, and drop the writes queued before this call (none after close)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._generation += 1
+            self._index.clear()
+            self._used_bytes = 0
+            delete_chunk_files(self.folder, include_temporary=False)
+
+    def close(self) -> None:
+        """Finish the queued writes, stop the writer thread and release the folder's lock.
+        Idempotent; afterwards gets miss and puts are dropped."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        self.flush()
+        self._queue.put(None)
+        self._writer.join()
+        with self._lock:
+            self._closed = True
+        release_folder_lock(self._lock_fd)
+
+    @property
+    def writes_disabled(self) -> bool:
+        """Whether a write error has disabled writes (puts are dropped; loads go on)."""
+        return self._writes_disabled
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters since start (hits, misses, load_bytes, load_seconds, writes, write_bytes,
+        write_errors, dropped_writes, evictions, bad_files) and the current used_bytes, chunks,
+        queued_bytes and writes_disabled (0/1)."""
+        with self._lock:
+            return {
+                **self._counters,
+                "load_seconds": self._load_seconds,
+                "used_bytes": self._used_bytes,
+                "chunks": len(self._index),
+                "queued_bytes": self._queued_bytes,
+                "writes_disabled": int(self._writes_disabled),
+            }
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _chunk_path(self, key: str) -> Path:
+        return chunk_path(self.folder, key)
+
+    def _touch_if_stored(self, key: str) -> bool:
+        """Make ``key`` the most recently used if it is stored; whether it is."""
+        with self._lock:
+            if key not in self._index:
+                return False
+            self._index.move_to_end(key)
+        _touch(self._chunk_path(key))
+        return True
+
+    def _write_loop(self) -> None:
+        """The writer thread: one queued write at a time until close's None. Nothing raised by
+        a write ends the loop."""
+        while (item := self._queue.get()) is not None:
+            try:
+                self._write(item.key, item.token_ids, item.payload, item.generation)
+            except Exception:
+                logger.exception("KV disk write of chunk %s failed", item.key)
+                with self._lock:
+                    self._counters["write_errors"] += 1
+            finally:
+                with self._idle:
+                    self._queued_writes -= 1
+                    self._queued_bytes -= item.nbytes
+                    self._idle.notify_all()
+
+    def _write(
+        self, key: str, token_ids: np.ndarray, payload: torch.Tensor, generation: int
+    ) -> None:
+        nbytes_estimate = payload.numel() * payload.element_size()
+        with self._lock:
+            if self._writes_disabled or generation != self._generation:
+                self._counters["dropped_writes"] += 1
+                return
+        if nbytes_estimate > self.max_bytes:  # would evict everything and still not fit
+            with self._lock:
+                self._counters["dropped_writes"] += 1
+            return
+        pieces = encode_chunk(token_ids, payload)
+        path = self._chunk_path(key)
+        temporary = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            size = _write_file(temporary, pieces)
+            with self._lock:
+                if generation != self._generation:  # clear() ran while this was written
+                    self._counters["dropped_writes"] += 1
+                    return
+                os.replace(temporary, path)
+                self._used_bytes += size - self._index.pop(key, 0)
+                self._index[key] = size
+                self._counters["writes"] += 1
+                self._counters["write_bytes"] += size
+                self._evict_locked()
+        except OSError as e:
+            self._disable_writes(e)
+        finally:  # gone after the rename; else a torn or unwanted file
+            unlink_quietly(temporary)
+
+    def _disable_writes(self, error: OSError) -> None:
+        with self._lock:
+            self._counters["write_errors"] += 1
+            if self._writes_disabled:
+                return
+            self._writes_disabled = True
+        reason = errno.errorcode.get(error.errno or 0, "") if error.errno else ""
+        logger.warning(
+            "KV disk tier: a write to %s failed (%s%s); writes are disabled from "
+            "now on, stored chunks are still read",
+            self.folder,
+            f"{reason}: " if reason else "",
+            error.strerror or error,
+        )
+
+    def _evict_locked(self) -> None:
+        while self._used_bytes > self.max_bytes and self._index:
+            key, size = self._index.popitem(last=False)
+            unlink_quietly(self._chunk_path(key))
+            self._used_bytes -= size
+            self._counters["evictions"] += 1
+
+    def _forget_missing(self, key: str) -> None:
+        """Drop ``key`` from the index if its file is gone (deleted behind the store's back)."""
+        with self._lock:
+            self._counters["misses"] += 1
+            if key in self._index and not self._chunk_path(key).exists():
+                self._used_bytes -= self._index.pop(key)
+
+    def _delete_bad(self, key: str, read: os.stat_result | None) -> None:
+        """Delete the file of ``key`` that failed to load, unless a write replaced it since
+        (a different inode than the one read)."""
+        path = self._chunk_path(key)
+        with self._lock:
+            self._counters["misses"] += 1
+            self._counters["bad_files"] += 1
+            try:
+                now = os.stat(path)
+                if read is not None and (now.st_ino, now.st_dev) != (read.st_ino, read.st_dev):
+                    return
+                os.unlink(path)
+            except OSError:
+                pass
+            if key in self._index:
+                self._used_bytes -= self._index.pop(key)
+
+
+def _write_file(path: Path, pieces: list[bytes | memoryview]) -> int:
+    """Write ``pieces`` to a new file at ``path``; its size."""
+    with open(path, "wb") as file:
+        for piece in pieces:
+            file.write(piece)
+    return sum(piece.nbytes if isinstance(piece, memoryview) else len(piece) for piece in pieces)
+
+
+def _touch(path: Path) -> None:
+    """Set the mtime of ``path`` to now: the last use a restart's scan orders the LRU by."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _check_key(key: object) -> None:
+    if not is_chunk_key(key):
+        raise ValueError(f"not a KV disk chunk key (64 lowercase hex digits): {key!r:.80}")

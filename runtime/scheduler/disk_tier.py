@@ -1,0 +1,334 @@
+"""The KV disk tier under the radix tree: what the pool loses is kept on disk and read back.
+
+The tree's prefixes are cut into chunks of ``chunk_tokens`` (a multiple of the page size, so a
+chunk is whole pages however nodes split or merge), chunk ``i`` holding positions
+``[i * chunk_tokens, (i + 1) * chunk_tokens)`` and keyed by the hash of the whole prefix up to
+its end in its cache salt's namespace (``runtime.kv_disk.chunk_keys``). A chunk's payload is the
+K and V of every layer at its slots, in the pool's dtype: ``[layers, 2, chunk_tokens, kv_heads,
+head_dim]``. The store (``runtime.kv_disk``) writes and checks the files; this module decides
+what to write (``save_run``: the tree's eviction hook, or its inserts with write_through) and
+what to read (``plan``, ``load``: the KV manager loads a planned run into fresh slots at
+admission), and whether reading pays (``LoadCost``).
+
+Threads: everything here runs on the scheduler's thread, between forwards (the pool is read
+and written only then); the store's writer thread gets CPU copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from radix_cache import RadixCache
+from runtime.kv_disk import KVDiskStore, chunk_keys
+from runtime.memory_pool import KVPool
+from runtime.model_identity import model_identity
+from runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Tokens per chunk, rounded up to a multiple of the page size. 64 tokens of SmolLM2-135M's
+# float32 K/V are 2.9 MB: a file large enough that reading it runs at the disk's streaming
+# speed and its per-file costs (open, rename, checksum setup) stay small, small enough that a
+# prefix loses at most 63 tokens at its end to recomputation.
+CHUNK_TOKENS = 64
+# Keys handed to the writer recently: not written yet, so ``contains`` cannot tell.
+_RECENT_KEYS = 4096
+
+
+def chunk_tokens_for(page_size: int) -> int:
+    """The chunk size: CHUNK_TOKENS rounded up to whole pages."""
+    return -(-CHUNK_TOKENS // page_size) * page_size
+
+
+class LoadCost:
+    """Whether loading a run from disk beats recomputing it, from measured speeds.
+
+    Loading costs ``bytes * load_s_per_byte`` (its prior a slow disk, 200 MB/s, then the mean of
+    this tier's loads); recomputing costs ``tokens * recompute_s_per_token`` (its prior 1 ms a
+    token on CPU, a small model on a few cores, 20 us on GPU; then measured from this
+    scheduler's prefill forwards). Both means are exponentially weighted, so they follow a
+    disk whose page cache warms up or a machine whose load changes.
+    """
+
+    PRIOR_LOAD_S_PER_BYTE = 1 / 200e6
+    PRIOR_RECOMPUTE_S_PER_TOKEN = {"cpu": 1e-3, "cuda": 2e-5}
+    WEIGHT = 0.2  # of a new measurement in the mean
+    MIN_PREFILL_TOKENS = 32  # smaller forwards are mostly fixed costs, not per-token ones
+
+    def __init__(self, device_type: str) -> None:
+        self.load_s_per_byte = self.PRIOR_LOAD_S_PER_BYTE
+        self.recompute_s_per_token = self.PRIOR_RECOMPUTE_S_PER_TOKEN.get(device_type, 1e-3)
+
+    def pays(self, tokens: int, nbytes: int) -> bool:
+        return nbytes * self.load_s_per_byte < tokens * self.recompute_s_per_token
+
+    def observe_load(self, seconds: float, nbytes: int) -> None:
+        if nbytes > 0:
+            self.load_s_per_byte = self._mean(self.load_s_per_byte, seconds / nbytes)
+
+    def observe_prefill(self, seconds: float, tokens: int) -> None:
+        """A forward of ``tokens`` rows, mostly prefill, took ``seconds``."""
+        if tokens >= self.MIN_PREFILL_TOKENS:
+            self.recompute_s_per_token = self._mean(self.recompute_s_per_token, seconds / tokens)
+
+    def _mean(self, old: float, new: float) -> float:
+        return (1 - self.WEIGHT) * old + self.WEIGHT * new
+
+
+@dataclass(frozen=True)
+class DiskRun:
+    """Chunks on disk that continue a cached prefix: chunk ``first`` onward, ``keys`` in
+    order; they cover positions up to ``end``."""
+
+    first: int
+    keys: list[str]
+    chunk_tokens: int
+
+    @property
+    def end(self) -> int:
+        return (self.first + len(self.keys)) * self.chunk_tokens
+
+
+@dataclass
+class DiskTierStats:
+    hits_tokens: int = 0  # prompt tokens loaded from disk instead of recomputed
+    loads: int = 0  # chunks loaded
+    load_bytes: int = 0
+    load_seconds: float = 0.0
+    skipped_runs: int = 0  # runs on disk that recomputing was expected to beat
+
+
+class KVDiskTier:
+    """Chunks of one pool's KV on disk. ``always_load``: load whatever is on disk (tests);
+    else only what ``cost`` says pays."""
+
+    def __init__(
+        self,
+        store: KVDiskStore,
+        pool: KVPool,
+        chunk_tokens: int,
+        *,
+        write_through: bool,
+        always_load: bool,
+        device_type: str,
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.chunk_tokens = chunk_tokens
+        self.write_through = write_through
+        self.always_load = always_load
+        self.cost = LoadCost(device_type)
+        self.stats = DiskTierStats()
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        k = pool.k_buffers[0]  # [slots, kv_heads, head_dim]
+        self.chunk_shape = (pool.num_layers, 2, chunk_tokens, *k.shape[1:])
+        self.chunk_bytes = int(np.prod(self.chunk_shape)) * k.element_size()
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def save_run(
+        self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int
+    ) -> None:
+        """Queue for writing the chunks that end inside ``[start, len(tokens))`` of a
+        root-to-node path (``slots``: their KV, valid now) and that the store does not hold
+        yet: the tree's eviction hook, and its inserts with write_through."""
+        self._save(namespace, tokens, slots, start, wait=False)
+
+    def save_tree(self, tree: RadixCache) -> None:
+        """Write every chunk ``tree`` holds that the store does not (a graceful stop), each
+        before the next: the write queue's bound would drop most of a large cache."""
+        tree.report_runs(
+            lambda namespace, tokens, slots, start: self._save(
+                namespace, tokens, slots, start, wait=True
+            )
+        )
+
+    def _save(
+        self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int, wait: bool
+    ) -> None:
+        if namespace is not None and not isinstance(namespace, str):
+            return  # not a cache salt: KV this tier does not key
+        if self.store.writes_disabled:
+            return  # nothing would be written: spare the copies
+        size = self.chunk_tokens
+        first, last = start // size, tokens.size // size
+        if first >= last:
+            return
+        ids = np.asarray(tokens[: last * size], dtype=np.int64)
+        keys = chunk_keys(ids, size, namespace)
+        for i in range(first, last):
+            key = keys[i]
+            if key in self._recent or self.store.contains(key):
+                continue
+            span = slice(i * size, (i + 1) * size)
+            if wait:
+                self.store.put(key, ids[span], self._gather(slots[span]))
+            elif self.store.put_async(key, ids[span].copy(), self._gather(slots[span])):
+                self._recent[key] = None
+                if len(self._recent) > _RECENT_KEYS:
+                    self._recent.popitem(last=False)
+
+    def _gather(self, slots: np.ndarray) -> torch.Tensor:
+        """A CPU copy of the K/V at ``slots``: ``[layers, 2, len(slots), kv_heads, head_dim]``
+        (gathered on the pool's device, then one copy to the host)."""
+        k0 = self.pool.k_buffers[0]
+        index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(k0.device)
+        shape = (self.pool.num_layers, 2, index.numel(), *k0.shape[1:])
+        out = torch.empty(shape, dtype=k0.dtype, device=k0.device)
+        for layer in range(self.pool.num_layers):
+            torch.index_select(self.pool.k_buffers[layer], 0, index, out=out[layer, 0])
+            torch.index_select(self.pool.v_buffers[layer], 0, index, out=out[layer, 1])
+        return out.cpu()
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def plan(self, token_ids: np.ndarray, cached_len: int, salt: str | None) -> DiskRun | None:
+        """The chunks on disk that continue the ``cached_len`` tokens of ``token_ids`` in memory
+        (up to the last whole chunk of ``token_ids``), if loading them pays; else None."""
+        size = self.chunk_tokens
+        last = token_ids.size // size
+        first = cached_len // size
+        if first >= last:
+            return None
+        keys = chunk_keys(np.asarray(token_ids[: last * size], dtype=np.int64), size, salt)
+        run: list[str] = []
+        for key in keys[first:]:
+            if not self.store.contains(key):
+                break
+            run.append(key)
+        if not run:
+            return None
+        tokens = (first + len(run)) * size - cached_len
+        if not self.always_load and not self.cost.pays(tokens, len(run) * self.chunk_bytes):
+            self.stats.skipped_runs += 1
+            return None
+        return DiskRun(first, run, size)
+
+    def load(self, run: DiskRun, token_ids: np.ndarray, start: int, slots: torch.Tensor) -> int:
+        """Read ``run``'s chunks into the pool at ``slots`` (positions ``[start, run.end)``),
+        in order, until one is missing, corrupt or not what the pool holds. Returns the
+        position loaded up to (``start`` when nothing was)."""
+        size = self.chunk_tokens
+        position = start
+        for i, key in enumerate(run.keys):
+            chunk_start = (run.first + i) * size
+            ids = np.asarray(token_ids[chunk_start : chunk_start + size], dtype=np.int64)
+            began = time.perf_counter()
+            payload = self.store.get(key, ids)
+            if payload is None or payload.shape != self.chunk_shape:
+                break
+            if payload.dtype != self.pool.dtype:
+                break
+            # The first chunk may begin inside the prefix already in memory: its tail only.
+            offset = position - chunk_start
+            self._scatter(
+                payload[:, :, offset:], slots[position - start : position - start + size - offset]
+            )
+            seconds = time.perf_counter() - began
+            self.cost.observe_load(seconds, self.chunk_bytes)
+            self.stats.loads += 1
+            self.stats.load_bytes += self.chunk_bytes
+            self.stats.load_seconds += seconds
+            self.stats.hits_tokens += chunk_start + size - position
+            position = chunk_start + size
+        return position
+
+    def _scatter(self, payload: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write ``payload`` (``[layers, 2, n, kv_heads, head_dim]``, CPU) at ``slots`` (n)."""
+        k0 = self.pool.k_buffers[0]
+        payload = payload.to(k0.device)
+        slots = slots.to(k0.device)
+        for layer in range(self.pool.num_layers):
+            self.pool.k_buffers[layer][slots] = payload[layer, 0]
+            self.pool.v_buffers[layer][slots] = payload[layer, 1]
+
+    # ---- upkeep -----------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Delete every chunk (``flush_cache`` with disk)."""
+        self.store.flush()
+        self.store.clear()
+        self._recent.clear()
+
+    def close(self) -> None:
+        """Wait for queued writes, stop the writer, release the folder."""
+        self.store.close()
+
+    def info(self) -> dict[str, Any]:
+        """The tier's counters under the names server_info and /metrics use."""
+        store = self.store.stats()
+        return {
+            "kv_disk_hits_tokens": self.stats.hits_tokens,
+            "kv_disk_loads": self.stats.loads,
+            "kv_disk_load_bytes": self.stats.load_bytes,
+            "kv_disk_load_seconds": self.stats.load_seconds,
+            "kv_disk_writes": int(store.get("writes", 0)),
+            "kv_disk_write_bytes": int(store.get("write_bytes", 0)),
+            "kv_disk_write_errors": int(store.get("write_errors", 0)),
+            "kv_disk_used_bytes": int(store.get("used_bytes", 0)),
+            "kv_disk_chunks": int(store.get("chunks", 0)),
+            "kv_disk_dropped_writes": int(store.get("dropped_writes", 0)),
+            "kv_disk_writes_disabled": int(store.get("writes_disabled", 0)),
+            "kv_disk_skipped_runs": self.stats.skipped_runs,
+            "kv_disk_load_s_per_mb": self.cost.load_s_per_byte * 1e6,
+            "kv_disk_recompute_s_per_token": self.cost.recompute_s_per_token,
+        }
+
+
+# server_info's tier counters when there is no tier (so /metrics always has them).
+NO_TIER_INFO = {
+    "kv_disk_hits_tokens": 0,
+    "kv_disk_loads": 0,
+    "kv_disk_load_bytes": 0,
+    "kv_disk_load_seconds": 0.0,
+    "kv_disk_writes": 0,
+    "kv_disk_write_bytes": 0,
+    "kv_disk_write_errors": 0,
+    "kv_disk_used_bytes": 0,
+}
+
+
+def disk_manifest(args: ServerArgs, quantization: str, chunk_tokens: int) -> dict[str, Any]:
+    """What makes stored KV valid for this server (``args`` with device defaults filled in)."""
+    return {
+        "model": model_identity(args.model_path),
+        "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "quantization": quantization,
+        "page_size": args.page_size,
+        "chunk_tokens": chunk_tokens,
+        "tp_size": args.tp_size,
+        "tp_rank": 0,
+    }
+
+
+def open_disk_tier(
+    args: ServerArgs, pool: KVPool, quantization: str, device_type: str, replica: int = 0
+) -> KVDiskTier:
+    """The tier ``args`` ask for (``kv_disk_path`` set), on the folder's ``replica{replica}``
+    subfolder. Raises KVDiskError when the folder is locked by another server or unusable."""
+    assert args.kv_disk_path is not None
+    chunk = chunk_tokens_for(args.page_size)
+    store = KVDiskStore(
+        Path(args.kv_disk_path).expanduser(),
+        int(args.kv_disk_max_gb * (1 << 30)),
+        disk_manifest(args, quantization, chunk),
+        subfolder=f"replica{replica}",
+    )
+    return KVDiskTier(
+        store,
+        pool,
+        chunk,
+        write_through=args.kv_disk_write_policy == "write_through",
+        always_load=args.kv_disk_load_policy == "always",
+        device_type=device_type,
+    )

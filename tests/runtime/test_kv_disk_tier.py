@@ -1,0 +1,259 @@
+"""The KV disk tier (``--kv-disk-path``, issue 40) on the in-process Engine and the tiny test
+model: outputs with the tier equal outputs without it while evictions and loads happen, a
+restarted engine serves from disk, a manifest mismatch or a corrupt chunk is a miss, tenants
+never load each other's chunks, the KV accounting holds, a write error keeps serving, and bad
+flags are refused at start."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.kv_disk import KVDiskError
+from runtime.kv_disk import store as kv_disk_store
+from runtime.memory_pool import KVPool
+from runtime.model_identity import model_identity
+from runtime.scheduler.disk_tier import LoadCost, disk_manifest, open_disk_tier
+from runtime.server_args import ServerArgs
+from tests.runtime.helpers import random_prompts
+
+GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+# A pool of 1024 tokens and prompts of ~400: each round of four prompts evicts the last.
+POOL = {"max_total_tokens": 1024, "max_running_requests": 2, "debug_invariants": True}
+TIER = {"kv_disk_load_policy": "always"}
+
+
+def _run(engine: Engine, prompts: list[list[int]], salt: str | None = None) -> list[Any]:
+    """Each prompt alone, in order: (output ids, cached_tokens) per prompt."""
+    results = []
+    for prompt in prompts:
+        out = engine.generate(input_ids=prompt, sampling_params=GREEDY, cache_salt=salt)
+        results.append((out["output_ids"], int(out["meta_info"]["cached_tokens"])))
+    return results
+
+
+def _prompts() -> list[list[int]]:
+    return random_prompts([400, 420, 390, 410], seed=40)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_path: Path) -> list[list[int]]:
+    """The outputs of each prompt without any cache."""
+    with Engine(tiny_model_path, disable_radix_cache=True, **POOL) as engine:
+        return [ids for ids, _ in _run(engine, _prompts())]
+
+
+@pytest.fixture
+def tier_engine(tiny_model_path: Path, tmp_path: Path) -> Iterator[Engine]:
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        yield engine
+
+
+def _info(engine: Engine) -> dict[str, Any]:
+    return engine.get_server_info()
+
+
+def test_evicted_prefixes_load_from_disk_with_identical_outputs(
+    tier_engine: Engine, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    first = _run(tier_engine, prompts)
+    assert [ids for ids, _ in first] == reference
+    assert _info(tier_engine)["kv_disk_loads"] == 0
+    # The pool holds two of the four prompts: the first ones went to disk.
+    second = _run(tier_engine, prompts)
+    assert [ids for ids, _ in second] == reference
+    info = _info(tier_engine)
+    assert info["kv_disk_writes"] > 0 and info["kv_disk_loads"] > 0
+    assert info["kv_disk_hits_tokens"] >= 384  # at least one prompt's six chunks
+    # cached_tokens counts the disk's tokens: whole chunks of every prompt, not recomputed.
+    for prompt, (_, cached) in zip(prompts, second, strict=True):
+        assert cached >= len(prompt) - 1 - 63, (cached, len(prompt))
+    tier_engine.check_invariants()
+
+
+def test_restart_serves_from_disk(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, prompts)
+    # Shutdown saved what the pool still held: every prompt is on disk.
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        again = _run(engine, prompts)
+        info = _info(engine)
+        engine.check_invariants()
+    assert [ids for ids, _ in again] == reference
+    assert info["kv_disk_loads"] >= 4 * 6
+    assert all(cached >= 384 for _, cached in again)
+
+
+def test_other_kv_dtype_invalidates_the_tier(tiny_model_path: Path, tmp_path: Path) -> None:
+    prompts = _prompts()[:2]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        expected = _run(engine, prompts)
+    kv16 = {**POOL, **TIER, "kv_cache_dtype": "bf16"}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **kv16) as engine:
+        out = _run(engine, prompts)
+        assert _info(engine)["kv_disk_loads"] == 0
+    assert all(cached == 0 for _, cached in out)
+    assert len(out) == len(expected)
+
+
+def test_corrupt_chunk_is_recomputed(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, prompts)
+    chunks = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 4096)
+    assert chunks, "no chunk files were written"
+    for path in chunks:  # flip bytes in the middle of every payload
+        data = bytearray(path.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(255 - b for b in data[middle : middle + 64])
+        path.write_bytes(bytes(data))
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        again = _run(engine, prompts)
+        assert _info(engine)["kv_disk_loads"] == 0
+        engine.check_invariants()
+    assert [ids for ids, _ in again] == reference
+
+
+def test_write_through_writes_on_insert(tiny_model_path: Path, tmp_path: Path) -> None:
+    (prompt,) = random_prompts([300], seed=7)
+    through = {**POOL, **TIER, "kv_disk_write_policy": "write_through"}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **through) as engine:
+        _run(engine, [prompt])
+        deadline = time.monotonic() + 30
+        while _info(engine)["kv_disk_writes"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the writer thread writes behind the scheduler
+        info = _info(engine)
+        assert info["kv_disk_writes"] == 4  # 303 cached tokens: four whole chunks
+        assert engine.scheduler.kv.tree is not None
+        assert engine.scheduler.kv.tree.stats().evicted_tokens == 0  # nothing was evicted
+
+
+def test_tenants_never_load_each_others_chunks(tier_engine: Engine) -> None:
+    prompts = _prompts()
+    _run(tier_engine, prompts, salt="tenant-a")
+    _run(tier_engine, prompts[2:], salt="tenant-a")  # push tenant-a's first prompts to disk
+    before = _info(tier_engine)["kv_disk_loads"]
+    other = _run(tier_engine, prompts[:2], salt="tenant-b")
+    assert all(cached == 0 for _, cached in other)
+    assert _info(tier_engine)["kv_disk_loads"] == before
+    same = _run(tier_engine, prompts[:2], salt="tenant-a")
+    assert all(cached >= 384 for _, cached in same)
+    assert _info(tier_engine)["kv_disk_loads"] > before
+
+
+def test_flush_cache_with_disk_empties_the_tier(tier_engine: Engine) -> None:
+    prompts = _prompts()
+    _run(tier_engine, prompts)
+    assert tier_engine.flush_cache()
+    after_memory_flush = _run(tier_engine, prompts[:1])
+    assert after_memory_flush[0][1] >= 384  # memory gone, disk still serves
+    assert tier_engine.flush_cache(disk=True)
+    assert _run(tier_engine, prompts[1:2])[0][1] == 0
+
+
+def test_write_error_keeps_serving(
+    tiny_model_path: Path,
+    tmp_path: Path,
+    reference: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def disk_full(path: Path, pieces: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kv_disk_store, "_write_file", disk_full)
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        prompts = _prompts()
+        assert [ids for ids, _ in _run(engine, prompts + prompts)] == reference + reference
+        info = _info(engine)
+        engine.check_invariants()
+    assert info["kv_disk_write_errors"] >= 1 and info["kv_disk_writes"] == 0
+
+
+def test_a_folder_in_use_is_refused(tier_engine: Engine, tiny_model_path: Path) -> None:
+    path = tier_engine.get_server_info()["kv_disk_path"]
+    with pytest.raises(KVDiskError, match="replica0"):
+        Engine(tiny_model_path, kv_disk_path=path, **POOL)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_disk_path": "{tmp}", "disable_radix_cache": True}, "needs the radix cache"),
+        ({"kv_disk_path": "{tmp}", "kv_disk_max_gb": 0.0}, "kv_disk_max_gb"),
+        ({"kv_disk_path": "{tmp}", "kv_disk_max_gb": -1.0}, "kv_disk_max_gb"),
+        ({"kv_disk_path": "{tmp}/file"}, "not a folder"),
+        ({"kv_disk_path": "{tmp}/file/kv"}, "not writable"),
+        ({"kv_disk_path": "{tmp}", "kv_disk_write_policy": "sometimes"}, "write_back"),
+    ],
+)
+def test_bad_flags_are_refused(
+    tiny_model_path: Path, tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "file").write_text("")
+    kwargs = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(model_path=str(tiny_model_path), **kwargs)
+
+
+# ---- pieces, without an engine ------------------------------------------------------------
+
+
+def test_model_identity_follows_config_and_weight_headers(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    same = model_identity(tiny_model_path)
+    assert model_identity(tiny_model_path) == same
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_model_path, copy)
+    assert model_identity(copy) == same  # where it lies does not matter
+    config = json.loads((copy / "config.json").read_text())
+    config["rms_norm_eps"] = config.get("rms_norm_eps", 1e-5) * 2
+    (copy / "config.json").write_text(json.dumps(config))
+    assert model_identity(copy) != same
+
+
+def test_each_replica_and_chunk_size_has_its_own_folder_and_manifest(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    args = ServerArgs(model_path=str(tiny_model_path), kv_disk_path=str(tmp_path), page_size=128)
+    args = args.for_device(False)
+    pool = KVPool(256, 2, 2, 8, torch.float32, torch.device("cpu"))
+    tier = open_disk_tier(args, pool, "none", "cpu", replica=3)
+    try:
+        assert tier.chunk_tokens == 128  # 64 rounded up to whole pages
+        manifest = json.loads((tmp_path / "replica3" / "manifest.json").read_text())
+        wanted = json.loads(json.dumps(disk_manifest(args, "none", 128)))
+        assert wanted.items() <= manifest.items()  # the store adds its own file format
+        assert manifest["kv_cache_dtype"] == "fp32" and manifest["page_size"] == 128
+    finally:
+        tier.close()
+
+
+def test_load_cost_loads_only_what_beats_recomputing() -> None:
+    cost = LoadCost("cpu")
+    per_token = 46 * 1024  # SmolLM2's float32 K/V
+    assert cost.pays(64, 64 * per_token)  # the priors: 200 MB/s against 1 ms a token
+    for _ in range(50):  # a disk at 10 MB/s, a prefill at 0.5 ms a token
+        cost.observe_load(1.0, 10_000_000)
+        cost.observe_prefill(0.5, 1000)
+    assert not cost.pays(64, 64 * per_token)
+    for _ in range(50):  # the page cache: 2 GB/s
+        cost.observe_load(0.5, 1_000_000_000)
+    assert cost.pays(64, 64 * per_token)
+    cost.observe_prefill(0.0, 8)  # a tiny forward tells nothing per token
+    assert cost.recompute_s_per_token == pytest.approx(5e-4, rel=1e-3)
