@@ -16,6 +16,15 @@ with zero rows), and each (group, block) is one contiguous run of ``stride`` byt
   steps, the low nibble holding k-values ``8j..8j+3`` and the high nibble ``8j+4..8j+7``;
 - then the 16 rows' scales and the 16 rows' offsets, as float16 when every scale and offset
   of the weight is exactly a float16 (GGUF's own are) and float32 otherwise.
+
+The kernels quantize the activations per block to int8 (scale ``d = max|x| / 127``); a
+weight's ``activations`` says how ``d`` and the offset's factor ``d * sum(codes)`` are rounded
+(``ACTIVATION_FORMATS``), so that a GGUF weight computes what llama.cpp computes for its type:
+``f32`` keeps both in float32; ``q8_0`` rounds ``d`` to float16 (llama.cpp's Q8_0
+activations, which it pairs with Q8_0, Q4_0 and Q5_0 weights: their offset is ``-2**(bits-1)
+* scale``, so the factor stays ``d * sum(codes)`` with the rounded ``d``, exactly); ``q8_1``
+also rounds the factor to float16, computed with the unrounded ``d`` (llama.cpp's Q8_1, for
+Q4_1 and Q5_1).
 """
 
 from __future__ import annotations
@@ -25,21 +34,29 @@ from dataclasses import dataclass
 import torch
 
 ROWS = 16  # output rows per group
+ACTIVATION_FORMATS = ("f32", "q8_0", "q8_1")  # how activation block scales are rounded
 
 
 @dataclass(frozen=True)
 class BlockWeights:
     """A weight [n, k] as blocks of ``block`` values along k: ``w[r, c] = scale[r, c // block]
     * q[r, c] + offset[r, c // block]``. ``q`` is uint8 [n, k] with values below
-    ``2 ** bits`` (bits 4 or 8); ``scale`` and ``offset`` are float32 [n, k // block]."""
+    ``2 ** bits`` (bits 4 or 8); ``scale`` and ``offset`` are float32 [n, k // block].
+    ``activations``: how the kernels round the activations' block scales, one of
+    ``ACTIVATION_FORMATS`` (module docstring)."""
 
     q: torch.Tensor
     scale: torch.Tensor
     offset: torch.Tensor
     bits: int
     block: int
+    activations: str = "f32"
 
     def __post_init__(self) -> None:
+        if self.activations not in ACTIVATION_FORMATS:
+            raise ValueError(
+                f"activations {self.activations!r}: use one of {', '.join(ACTIVATION_FORMATS)}"
+            )
         n, k = self.q.shape
         if self.bits not in (4, 8) or self.block not in (16, 32) or k % self.block:
             raise ValueError(f"unsupported blocks: bits {self.bits}, block {self.block}, k {k}")
@@ -62,8 +79,9 @@ class BlockWeights:
     def rows(self, index: torch.Tensor) -> BlockWeights:
         """The blocks of rows ``index`` (a row permutation or selection)."""
         return BlockWeights(
-            self.q[index], self.scale[index], self.offset[index], self.bits, self.block
-        )
+            self.q[index], self.scale[index], self.offset[index], self.bits, self.block,
+            self.activations,
+        )  # fmt: skip
 
 
 class QuantizedWeight:
@@ -71,12 +89,14 @@ class QuantizedWeight:
     them back exactly."""
 
     def __init__(
-        self, data: torch.Tensor, n: int, k: int, bits: int, block: int, half_scales: bool
-    ) -> None:
+        self, data: torch.Tensor, n: int, k: int, bits: int, block: int, half_scales: bool,
+        activations: str = "f32",
+    ) -> None:  # fmt: skip
         self.data = data  # uint8 [groups, k // block, stride]
         self.n, self.k = n, k
         self.bits, self.block = bits, block
         self.half_scales = half_scales
+        self.activations = activations
 
     @property
     def code_bytes(self) -> int:
@@ -102,8 +122,9 @@ class QuantizedWeight:
         tail = tail.view(groups, nblocks, 2, ROWS).permute(2, 0, 3, 1)  # [2, g, 16, b]
         scale, offset = tail.reshape(2, groups * ROWS, nblocks)[:, : self.n]
         return BlockWeights(
-            q.contiguous(), scale.contiguous(), offset.contiguous(), self.bits, self.block
-        )
+            q.contiguous(), scale.contiguous(), offset.contiguous(), self.bits, self.block,
+            self.activations,
+        )  # fmt: skip
 
 
 def _fits_half(values: torch.Tensor) -> bool:
@@ -132,4 +153,4 @@ def pack(blocks: BlockWeights) -> QuantizedWeight:
     tail = tail.view(2, groups, ROWS, nblocks).permute(1, 3, 0, 2).contiguous()
     tail = tail.view(groups, nblocks, -1).view(torch.uint8)
     data = torch.cat((codes, tail), dim=2).contiguous()
-    return QuantizedWeight(data, n, k, bits, block, half)
+    return QuantizedWeight(data, n, k, bits, block, half, blocks.activations)

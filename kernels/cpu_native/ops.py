@@ -11,7 +11,7 @@ import torch
 
 from kernels import cpu_native
 from kernels.dispatch import register
-from kernels.quantized import QuantizedWeight
+from kernels.quantized import ACTIVATION_FORMATS, QuantizedWeight
 
 _ext = cpu_native.load()
 _NO_START = torch.empty(0, dtype=torch.int64)
@@ -57,8 +57,9 @@ if _ext is not None:
         x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return ext.quantized_linear(
-            x, weight.data, weight.n, weight.bits, weight.block, weight.half_scales, bias
-        )
+            x, weight.data, weight.n, weight.bits, weight.block, weight.half_scales,
+            ACTIVATION_FORMATS.index(weight.activations), bias,
+        )  # fmt: skip
 
     @register("quantized_rows", "native")
     def quantized_rows(index: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:

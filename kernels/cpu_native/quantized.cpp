@@ -5,7 +5,11 @@
 //
 // The activations are quantized per block as llama.cpp does (int8, scale max|x| / 127, round
 // to nearest even), so each block's dot product is an integer one:
-//   y += (scale * xscale) * dot(q, xq) + offset * (xscale * sum(xq)),
+//   y += (scale * xscale) * dot(q, xq) + offset * offset_factor,
+// offset_factor ~ xscale * sum(xq). How xscale and offset_factor are rounded is the weight's
+// activation format (kernels/quantized.py, ACTIVATION_FORMATS): float32 both; xscale rounded to
+// float16 (llama.cpp's Q8_0); or also offset_factor = float16(d * sum) with the unrounded d
+// (llama.cpp's Q8_1),
 // the two terms summed over the blocks in separate float accumulators (shorter chains).
 // Two implementations of the per-tile work: AVX-512 VNNI (`vpdpbusd`: 16 rows x 4 codes times
 // 4 broadcast activation bytes per instruction) when the build's -march=native has it, and
@@ -59,10 +63,15 @@ bool portable_forced() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
+// How the activations' block scales are rounded (kernels/quantized.py, ACTIVATION_FORMATS).
+enum class ActivationFormat { kFloat32 = 0, kQ8_0 = 1, kQ8_1 = 2 };
+
+inline float round_half(float value) { return static_cast<float>(c10::Half(value)); }
+
 // BLOCK is a constant so the block's loops unroll and vectorize.
 template <int BLOCK>
-void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* codes, float* scale,
-                          float* offset_factor) {
+void quantize_activations(const float* x, int64_t rows, int64_t k, ActivationFormat format,
+                          int8_t* codes, float* scale, float* offset_factor) {
   const int64_t blocks = k / BLOCK;
   arbor_cpu::parallel_for(0, rows, std::max<int64_t>(1, 16384 / k), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
@@ -80,8 +89,17 @@ void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* codes
           sum += q;
         }
         const float d = amax / 127.f;
-        scale[m * blocks + b] = d;
-        offset_factor[m * blocks + b] = d * static_cast<float>(sum);
+        const float total = static_cast<float>(sum);
+        if (format == ActivationFormat::kFloat32) {
+          scale[m * blocks + b] = d;
+          offset_factor[m * blocks + b] = d * total;
+        } else {
+          // d16 * sum is exact in float32 (11 by 12 significant bits).
+          const float d16 = round_half(d);
+          scale[m * blocks + b] = d16;
+          offset_factor[m * blocks + b] =
+              format == ActivationFormat::kQ8_1 ? round_half(d * total) : d16 * total;
+        }
       }
     }
   });
@@ -281,8 +299,11 @@ void check_packed(const torch::Tensor& data, int64_t n, int64_t bits, int64_t bl
 }
 
 torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor data, int64_t n, int64_t bits,
-                               int64_t block, bool half_scales, c10::optional<torch::Tensor> bias) {
+                               int64_t block, bool half_scales, int64_t activation_format,
+                               c10::optional<torch::Tensor> bias) {
   check_packed(data, n, bits, block, half_scales);
+  TORCH_CHECK(activation_format >= 0 && activation_format <= 2, "unknown activation format ",
+              activation_format);
   const int64_t blocks = data.size(1), k = blocks * block;
   TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features, the weight ", k);
   auto x2 = x.reshape({-1, k}).to(torch::kFloat32).contiguous();
@@ -300,8 +321,8 @@ torch::Tensor quantized_linear(torch::Tensor x, torch::Tensor data, int64_t n, i
   auto xscale = torch::empty({rows, blocks}, x2.options());
   auto xoffset = torch::empty({rows, blocks}, x2.options());
   auto quantize = block == 16 ? quantize_activations<16> : quantize_activations<32>;
-  quantize(x2.data_ptr<float>(), rows, k, codes.data_ptr<int8_t>(), xscale.data_ptr<float>(),
-           xoffset.data_ptr<float>());
+  quantize(x2.data_ptr<float>(), rows, k, static_cast<ActivationFormat>(activation_format),
+           codes.data_ptr<int8_t>(), xscale.data_ptr<float>(), xoffset.data_ptr<float>());
   const Activations a{codes.data_ptr<int8_t>(), xscale.data_ptr<float>(),
                       xoffset.data_ptr<float>(), k, blocks};
   const Weights w{data.data_ptr<uint8_t>(), n, blocks, data.size(2)};

@@ -125,6 +125,10 @@ def _q3_k(blocks: np.ndarray) -> Decoded:
     return q, scale, -4 * scale
 
 
+# How llama.cpp quantizes the activations it multiplies each type with, where Arbor's blocks
+# can do the same (kernels/quantized.py, ACTIVATION_FORMATS). The K-quants meet Q8_K there, one
+# float32 scale per 256 values; they keep float32 scales per 16 or 32 here.
+_ACTIVATIONS = {"Q8_0": "q8_0", "Q4_0": "q8_0", "Q5_0": "q8_0", "Q4_1": "q8_1", "Q5_1": "q8_1"}
 # ggml type -> (weights per block, bytes per block, bits of q, weights per scale, decoder).
 _FORMATS: dict[str, tuple[int, int, int, int, Callable[[np.ndarray], Decoded]]] = {
     "Q8_0": (32, 34, 8, 32, _q8_0),
@@ -157,4 +161,5 @@ def decode_blocks(raw: np.ndarray, tensor_type: str, shape: tuple[int, int]) -> 
         torch.from_numpy(np.ascontiguousarray(offset, np.float32).reshape(n, k // group)),
         bits,
         group,
+        _ACTIVATIONS.get(tensor_type, "f32"),
     )

@@ -103,14 +103,16 @@ def _piece_linear(x: torch.Tensor, piece: Piece, bias: torch.Tensor | None) -> t
 def _merge_formats(
     pieces: list[BlockWeights | torch.Tensor],
 ) -> list[BlockWeights | torch.Tensor]:
-    """Runs of adjacent block pieces of one format (bits, block) stacked into one."""
+    """Runs of adjacent block pieces of one format (bits, block, activations) stacked into
+    one."""
     merged: list[BlockWeights | torch.Tensor] = []
     for piece in pieces:
         last = merged[-1] if merged else None
         if (
             isinstance(piece, BlockWeights)
             and isinstance(last, BlockWeights)
-            and (last.bits, last.block) == (piece.bits, piece.block)
+            and (last.bits, last.block, last.activations)
+            == (piece.bits, piece.block, piece.activations)
         ):
             merged[-1] = BlockWeights(
                 torch.cat([last.q, piece.q]),
@@ -118,6 +120,7 @@ def _merge_formats(
                 torch.cat([last.offset, piece.offset]),
                 piece.bits,
                 piece.block,
+                piece.activations,
             )
         else:
             merged.append(piece)

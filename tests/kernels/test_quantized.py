@@ -19,7 +19,9 @@ BLOCKS = [(4, 16), (4, 32), (8, 16), (8, 32)]  # (bits, block)
 N = 37  # not a multiple of the 16-row group
 
 
-def _blocks(n: int, k: int, bits: int, block: int, half: bool, seed: int) -> BlockWeights:
+def _blocks(
+    n: int, k: int, bits: int, block: int, half: bool, seed: int, activations: str = "f32"
+) -> BlockWeights:
     """Codes over their whole range; GGUF-like scales (float16-exact when ``half``) and
     offsets that centre the codes, as Q8_0 and Q4_0 read as unsigned codes do."""
     gen = torch.Generator().manual_seed(seed)
@@ -28,7 +30,7 @@ def _blocks(n: int, k: int, bits: int, block: int, half: bool, seed: int) -> Blo
     offset = -scale * 2 ** (bits - 1) + torch.randn(n, k // block, generator=gen) * 0.01
     if half:
         scale, offset = scale.half().float(), offset.half().float()
-    return BlockWeights(q, scale, offset, bits, block)
+    return BlockWeights(q, scale, offset, bits, block, activations)
 
 
 def _x(m: int, k: int, seed: int) -> torch.Tensor:
@@ -64,17 +66,32 @@ def test_pack_is_lossless(bits: int, block: int, half: bool, n: int) -> None:
 
 def test_activation_quantization() -> None:
     x = torch.tensor([[0.0] * 16 + [254.0, -127.0, 0.5, 1.5, 2.5, -0.5] + [0.0] * 10])
-    codes, scale, total = reference.quantize_activations(x, 16)
+    codes, scale, factor = reference.quantize_activations(x, 16)
     assert scale.tolist() == [[0.0, 2.0]]
     # x / 2 rounded half to even: 127, -63.5 -> -64, 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, -0.25 -> 0
     assert codes[0, 16:22].tolist() == [127, -64, 0, 1, 1, 0]
-    assert codes[0, :16].eq(0).all() and total.tolist() == [[0, 65]]
+    assert codes[0, :16].eq(0).all() and factor.tolist() == [[0.0, 130.0]]
+
+
+def test_activation_formats_round_as_llama_cpp() -> None:
+    # d = 100 / 127 is no float16: q8_0 and q8_1 round it; codes sum to 127 + 1 + 2 = 130.
+    x = torch.tensor([[100.0, 0.8, 1.6] + [0.0] * 29])
+    d = torch.tensor(100.0) / 127
+    for activations in ("f32", "q8_0", "q8_1"):
+        codes, scale, factor = reference.quantize_activations(x, 32, activations)
+        assert codes[0, :3].tolist() == [127, 1, 2]
+        rounded = d if activations == "f32" else d.half().float()
+        assert scale.item() == rounded.item()
+        want = {"f32": d * 130, "q8_0": rounded * 130, "q8_1": (d * 130).half().float()}
+        assert factor.item() == want[activations].item()
+    assert reference.quantize_activations(x, 32, "q8_1")[2] != d.half().float() * 130
 
 
 @pytest.mark.parametrize(("bits", "block"), BLOCKS)
 @pytest.mark.parametrize("k", [64, 576])
-def test_reference_within_bound_of_float(bits: int, block: int, k: int) -> None:
-    blocks = _blocks(N, k, bits, block, True, seed=k + bits)
+@pytest.mark.parametrize("activations", ["f32", "q8_0", "q8_1"])
+def test_reference_within_bound_of_float(bits: int, block: int, k: int, activations: str) -> None:
+    blocks = _blocks(N, k, bits, block, True, seed=k + bits, activations=activations)
     weight, x = pack(blocks), _x(5, k, seed=1)
     y = reference.quantized_linear(x, weight, None)
     exact = reference.quantized_linear_float(x.double(), weight, None)
@@ -123,6 +140,23 @@ def test_native_matches_reference(path: str, bits: int, block: int, m: int, k: i
     expected = reference.quantized_linear(x, weight, None)
     assert y.shape == (m, N) and y.dtype == torch.float32
     assert ((y - expected).abs() <= 2e-6 * _magnitude(x, blocks) + 1e-7).all()
+
+
+@pytest.mark.parametrize(("bits", "block"), BLOCKS)
+@pytest.mark.parametrize("activations", ["q8_0", "q8_1"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_native_rounds_activations_as_reference(
+    path: str, bits: int, block: int, activations: str, m: int
+) -> None:
+    blocks = _blocks(N, 576, bits, block, half=True, seed=m + bits, activations=activations)
+    weight, x = pack(blocks), _x(m, 576, seed=m)
+    assert weight.activations == activations and weight.unpack().activations == activations
+    y = _native(x, weight, None)
+    expected = reference.quantized_linear(x, weight, None)
+    assert ((y - expected).abs() <= 2e-6 * _magnitude(x, blocks) + 1e-7).all()
+    # The rounding is there: the float32 scales give other numbers.
+    plain = pack(BlockWeights(blocks.q, blocks.scale, blocks.offset, bits, block))
+    assert not torch.equal(y, _native(x, plain, None))
 
 
 @pytest.mark.parametrize("half", [True, False])

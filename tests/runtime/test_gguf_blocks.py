@@ -46,6 +46,10 @@ def test_blocks_dequantize_as_gguf_does(tensor_type: str) -> None:
     assert int(blocks.q.max()) < 2**blocks.bits
     assert blocks.q.dtype == torch.uint8 and blocks.scale.dtype == torch.float32
     np.testing.assert_array_equal(blocks.dequantize().numpy(), expected)
+    # The activations are rounded as llama.cpp's for this type: Q8_1 for the types with a
+    # free offset, Q8_0 for the symmetric ones, float32 for the K-quants (Q8_K there).
+    llama_cpp = {"Q4_1": "q8_1", "Q5_1": "q8_1", "Q8_0": "q8_0", "Q4_0": "q8_0", "Q5_0": "q8_0"}
+    assert blocks.activations == llama_cpp.get(tensor_type, "f32")
 
 
 @pytest.mark.parametrize("tensor_type", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
