@@ -148,7 +148,7 @@ async def chat_completions(request: Request) -> Response:
     ctx = _context(state, body, "chatcmpl", sampling.n)
     reasoning = state.args.reasoning_parser
     if reasoning is not None:
-        sampling = _after_reasoning(state, reasoning, sampling)
+        sampling = after_reasoning(state, reasoning, sampling)
         ctx.reasoning = functools.partial(make_reasoning_parser, reasoning, text)
     logprobs = LogprobOptions(body.logprobs, top_logprobs_num=body.top_logprobs or 0)
     subs = expand([ids], [sampling], logprobs=logprobs, cache_salt=body.cache_salt)
@@ -306,13 +306,16 @@ def _tool_constraint(
     return tool_call_constraint(functions, "required", parallel=parallel, fmt=fmt)
 
 
-def _after_reasoning(state: ServerState, name: str, sampling: SamplingParams) -> SamplingParams:
+def after_reasoning(
+    state: ServerState, name: str, sampling: SamplingParams, format_param: str = "response_format"
+) -> SamplingParams:
     """With reasoning parser ``name``, a constraint applies to the answer after the reasoning;
-    a 400 naming the constraint when the model's tags cannot mark where it starts."""
+    a 400 naming the constraint (``tool_choice``, or the answer format's field
+    ``format_param``) when the model's tags cannot mark where it starts."""
     try:
         return constrain_after_reasoning(name, state.tokenizer, sampling)
     except ValueError as exc:
-        param = "tool_choice" if sampling.structural_tag is not None else "response_format"
+        param = "tool_choice" if sampling.structural_tag is not None else format_param
         raise ApiError(400, str(exc), param=param) from None
 
 
