@@ -25,6 +25,7 @@ from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.generic_tools import generic_messages
+from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
     ChatCompletionRequest,
@@ -43,7 +44,14 @@ from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
-Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, ResponsesRequest)
+Body = TypeVar(
+    "Body",
+    CompletionRequest,
+    ChatCompletionRequest,
+    ResponsesRequest,
+    MessagesRequest,
+    CountTokensRequest,
+)
 
 # Sampling-param names as the OpenAI request spells them, for error messages (also those
 # the runtime raises: http_app).
@@ -335,6 +343,17 @@ async def _chat_prompt(
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
+    return await render_prompt(state, messages, tools, variables)
+
+
+async def render_prompt(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+) -> tuple[str, list[int]]:
+    """(prompt text, token ids) of chat ``messages`` (``render_chat``, errors naming
+    ``messages``), tokenized with the generated ids of the tool-calling turns they re-send."""
     text = await render_chat(state, messages, tools, variables, "messages")
     ids = await state.tokenizer_manager.run_tokenizer(
         lambda: state.generated_turns.prompt_ids(text, messages), "messages"
