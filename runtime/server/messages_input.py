@@ -15,11 +15,12 @@ supported).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from runtime.server.errors import ApiError
 from runtime.server.messages_protocol import (
+    ContentBlock,
     Message,
     RedactedThinkingBlock,
     TextBlock,
@@ -71,9 +72,7 @@ def _user_turn(message: Message, where: str, call_ids: set[str]) -> list[dict[st
         return [{"role": "user", "content": message.content}]
     turns: list[dict[str, Any]] = []
     texts: list[TextBlock] = []
-    for j, block in enumerate(message.content):
-        at = f"{where}.content.{j}"
-        _check_block(block, _USER_BLOCKS, "user", at)
+    for at, block in _blocks(message, where, _USER_BLOCKS):
         if isinstance(block, TextBlock):
             texts.append(block)
         elif isinstance(block, ToolResultBlock):
@@ -101,9 +100,7 @@ def _assistant_turn(
     texts: list[TextBlock] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
-    for j, block in enumerate(message.content):
-        at = f"{where}.content.{j}"
-        _check_block(block, _ASSISTANT_BLOCKS, "assistant", at)
+    for at, block in _blocks(message, where, _ASSISTANT_BLOCKS):
         if isinstance(block, TextBlock):
             texts.append(block)
         elif isinstance(block, ToolUseBlock):
@@ -127,11 +124,20 @@ def _assistant_turn(
     return turn
 
 
-def _check_block(block: Any, allowed: tuple[type, ...], role: str, at: str) -> None:
-    if isinstance(block, UnsupportedBlock):
-        raise ApiError(400, f"{at}: {block.type} blocks are not supported by this server", at)
-    if not isinstance(block, allowed):
-        raise ApiError(400, f"{at}: a {role} message cannot hold {block.type} blocks", at)
+def _blocks(
+    message: Message, where: str, allowed: tuple[type, ...]
+) -> Iterator[tuple[str, ContentBlock]]:
+    """(path, block) of each block of ``message`` (at ``where``); ApiError 400 for a block
+    this server cannot read or that is not ``allowed`` in the message's role."""
+    assert isinstance(message.content, list)
+    for j, block in enumerate(message.content):
+        at = f"{where}.content.{j}"
+        if isinstance(block, UnsupportedBlock):
+            raise ApiError(400, f"{at}: {block.type} blocks are not supported by this server", at)
+        if not isinstance(block, allowed):
+            role = message.role
+            raise ApiError(400, f"{at}: a {role} message cannot hold {block.type} blocks", at)
+        yield at, block
 
 
 def _tool_message(block: ToolResultBlock, at: str) -> dict[str, Any]:

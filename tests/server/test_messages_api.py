@@ -22,9 +22,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from runtime.errors import RequestError
+from runtime.ipc import FinishReason
 from runtime.server import ServerProcess
 from runtime.server.messages_run import MessageRun, new_message, stream_message
 from runtime.server.streams import Events
+from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
 from tests.server.server_process import POOL
 from tests.server.test_server_reasoning import _sweep
@@ -46,12 +48,8 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(tiny_model_path, *POOL, api_key=KEY)
-    try:
-        process.wait_ready()
+    with ServerProcess(tiny_model_path, *POOL, api_key=KEY) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +265,38 @@ def test_bad_bodies_get_anthropic_errors(
     assert named in error["error"]["message"]
 
 
+def _fed(pieces: list[str], reason: FinishReason) -> dict[str, Any]:
+    """The message of a run fed ``pieces`` (the last finishing with ``reason``), tools on."""
+    run = MessageRun(new_message("m"), tools=make_tool_parser("generic", {"get_weather"}, None))
+    text = ""
+    for i, piece in enumerate(pieces):
+        text += piece
+        last = i == len(pieces) - 1
+        run.feed(
+            RequestOutput(
+                "r", text, piece, [0] * (i + 1), 5, i + 1, 0, reason if last else None, 0.0
+            )
+        )
+    return run.message
+
+
+def test_blocks_of_calls_and_of_a_call_cut_off() -> None:
+    call = '<tool_call>{"name": "get_weather", "arguments": {"unit": "celsius"}}</tool_call>'
+    whole = _fed(["  ", call[:30], call[30:], " \n"], FinishReason.stop(None))
+    assert whole["content"] == [
+        {"type": "tool_use", "id": whole["content"][0]["id"], "name": "get_weather",
+         "input": {"unit": "celsius"}},
+    ]  # fmt: skip
+    assert whole["stop_reason"] == "tool_use"
+    cut = _fed(["Let me see. ", call[:50]], FinishReason.cut(2))
+    assert [block["type"] for block in cut["content"]] == ["text", "tool_use"]
+    assert cut["content"][0]["text"] == "Let me see."
+    assert cut["content"][1]["input"] == {} and cut["stop_reason"] == "max_tokens"
+    blank = _fed([" \n "], FinishReason.stop(2))  # whitespace alone: kept when it is all
+    assert blank["content"] == [{"type": "text", "text": " \n "}]
+    assert blank["stop_reason"] == "end_turn"
+
+
 def test_a_failure_mid_stream_is_an_error_event() -> None:
     async def failing() -> Events:
         yield 0, RequestOutput("r", "Hi", "Hi", [5], 7, 1, 3, None, 0.0)
@@ -295,12 +325,8 @@ def test_a_failure_mid_stream_is_an_error_event() -> None:
 
 @pytest.fixture(scope="module")
 def reasoning_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(thinking_model_path, *POOL, "--reasoning-parser", "deepseek-r1")
-    try:
-        process.wait_ready()
+    with ServerProcess(thinking_model_path, *POOL, "--reasoning-parser", "deepseek-r1") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def test_thinking_stays_apart_from_a_forced_call_and_a_schema(
