@@ -19,12 +19,19 @@ import anthropic
 import httpx
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
 from transformers import AutoTokenizer
 
 from runtime.errors import RequestError
 from runtime.ipc import FinishReason
 from runtime.server import ServerProcess
+from runtime.server.http_app import ApiKeyMiddleware
 from runtime.server.messages_run import MessageRun, new_message, stream_message
+from runtime.server.state import caller_is_admin
 from runtime.server.streams import Events
 from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
@@ -172,6 +179,31 @@ def test_the_api_key_in_x_api_key_or_bearer(server: ServerProcess, model: str) -
     # Other APIs keep their own error shape.
     other = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=10.0)
     assert other.status_code == 401 and other.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_x_api_key_keeps_the_admin_key_apart() -> None:
+    """With --admin-api-key, x-api-key is read like a Bearer token: the API key opens the
+    Messages API and gets 403 (in Anthropic's shape there) on admin routes."""
+
+    async def ok(request: Request) -> JSONResponse:
+        return JSONResponse({"admin": caller_is_admin(request)})
+
+    paths = ["/v1/messages", "/flush_cache"]
+    app = Starlette(routes=[Route(path, ok, methods=["POST"]) for path in paths])
+    app.add_middleware(ApiKeyMiddleware, api_key="api", admin_api_key="admin")
+    client = TestClient(app)
+
+    def post(path: str, key: str) -> Any:
+        response = client.post(path, headers={"x-api-key": key})
+        return response.json() if response.status_code == 200 else response.status_code
+
+    assert post("/v1/messages", "api") == {"admin": False}
+    assert post("/v1/messages", "admin") == {"admin": True}
+    assert post("/flush_cache", "admin") == {"admin": True}
+    assert post("/flush_cache", "api") == 403
+    assert post("/v1/messages", "guess") == 401
+    refused = client.post("/v1/messages", headers={"x-api-key": "guess"}).json()
+    assert refused["error"]["type"] == "authentication_error"
 
 
 def _call_turn(call_id: str = "toolu_1") -> dict[str, Any]:
