@@ -14,6 +14,7 @@ is the same either way; only how it is split into tokens changes.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -33,12 +34,19 @@ class GeneratedTurns:
         self.tokenizer = tokenizer
         self.capacity = capacity
         self._turns: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._arguments: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, call_ids: Sequence[str], final: RequestOutput) -> None:
+    def remember(
+        self,
+        call_ids: Sequence[str],
+        final: RequestOutput,
+        arguments: Sequence[str] | None = None,
+    ) -> None:
         """Record a finished choice's output ids under its calls' ids. The token that stopped
         it (its finish reason's ``matched``, e.g. the turn's end) is left out: the template
-        writes its own turn end."""
+        writes its own turn end. ``arguments``: each call's arguments as the model wrote them,
+        for APIs whose clients send a call's arguments back as an object (``arguments_text``)."""
         if not call_ids or not final.output_ids:
             return
         ids = tuple(final.output_ids[:-1] if final.ends_with_stop_token else final.output_ids)
@@ -46,8 +54,21 @@ class GeneratedTurns:
             for call_id in call_ids:
                 self._turns[call_id] = ids
                 self._turns.move_to_end(call_id)
-            while len(self._turns) > self.capacity:
-                self._turns.popitem(last=False)
+            for call_id, text in zip(call_ids, arguments or (), strict=False):
+                self._arguments[call_id] = text
+                self._arguments.move_to_end(call_id)
+            for table in (self._turns, self._arguments):
+                while len(table) > self.capacity:
+                    table.popitem(last=False)
+
+    def arguments_text(self, call_id: str, arguments: Any) -> str:
+        """Call ``call_id``'s arguments as the model wrote them when they are ``arguments``
+        (an object sent back), else ``arguments`` as compact-spaced JSON."""
+        with self._lock:
+            written = self._arguments.get(call_id)
+        if written is not None and json.loads(written) == arguments:
+            return written
+        return json.dumps(arguments, ensure_ascii=False)
 
     def prompt_ids(self, rendered: str, messages: Sequence[dict[str, Any]]) -> list[int]:
         """Token ids of the rendered chat prompt, generated ids spliced in where ``messages``

@@ -1,7 +1,8 @@
 """The FastAPI application: auth, error mapping, health and metrics; the native and OpenAI
 routes live in their own modules.
 
-Every error leaves as ``{"error": {...}}`` (see ``errors``) with its status: 400 for bad input
+Every error leaves as ``{"error": {...}}`` (on the Messages API's routes, Anthropic's
+``{"type": "error", "error": {...}}``; see ``errors``) with its status: 400 for bad input
 (naming the field), 401 without the API key, 403 for the API key on an admin route (with
 ``--admin-api-key``), 404 unknown route or model, 413 oversized body, 503 when the scheduler is
 gone.
@@ -29,12 +30,19 @@ from runtime.sampling_params import InvalidSamplingParams
 from runtime.server import (
     cache_tree,
     dashboard,
+    messages_api,
     native_api,
     openai_api,
     program_api,
     responses_api,
 )
-from runtime.server.errors import ApiError, ClientGone, error_body, error_response
+from runtime.server.errors import (
+    ApiError,
+    ClientGone,
+    error_body_for,
+    error_response,
+    is_messages_api,
+)
 from runtime.server.openapi import openapi_json
 from runtime.server.state import ADMIN_SCOPE_KEY, ServerState, get_state
 from runtime.server.tracing import TracingMiddleware
@@ -70,6 +78,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(program_api.router)
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)
+    app.include_router(messages_api.router)
     app.include_router(cache_tree.router)
     app.include_router(dashboard.router)
     app.state.dashboard_feed = dashboard.DashboardFeed(state)
@@ -106,8 +115,9 @@ async def metrics(request: Request) -> Response:
 
 class ApiKeyMiddleware:
     """Refuse (401) every request without ``Authorization: Bearer <key>`` (the scheme in any
-    case, RFC 7235), except OPEN_PATHS; GETs of BROWSER_PATH_PREFIXES also take
-    ``Authorization: Basic`` with the key as password, and their 401 asks a browser for it.
+    case, RFC 7235) or ``x-api-key: <key>``, except OPEN_PATHS; GETs of
+    BROWSER_PATH_PREFIXES also take ``Authorization: Basic`` with the key as password, and
+    their 401 asks a browser for it.
 
     Keys: ``api_key`` opens every route (none: they are open); ``admin_api_key``, when given,
     opens every route too and is the only key that opens ADMIN_PATH_PREFIXES: the API key gets
@@ -138,7 +148,8 @@ class ApiKeyMiddleware:
             and _is_path_under(path, ADMIN_PATH_PREFIXES)
         ):
             if has_api_key:
-                body = error_body(403, "this route needs the admin key", code="admin_key_required")
+                message = "this route needs the admin key"
+                body = error_body_for(path, 403, message, code="admin_key_required")
                 await JSONResponse(body, status_code=403)(scope, receive, send)
             else:
                 await _refuse(scope, receive, send, browser)
@@ -150,7 +161,8 @@ class ApiKeyMiddleware:
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, browser: bool) -> None:
     """401; a browser's page is asked for Basic credentials."""
-    body = error_body(401, "Incorrect or missing API key", code="invalid_api_key")
+    message = "Incorrect or missing API key"
+    body = error_body_for(scope["path"], 401, message, code="invalid_api_key")
     challenge = {"WWW-Authenticate": 'Basic realm="Arbor", charset="UTF-8"'}
     await JSONResponse(body, status_code=401, headers=challenge if browser else None)(
         scope, receive, send
@@ -158,13 +170,17 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, browser: bool) -> 
 
 
 def _credential(scope: Scope, browser: bool) -> bytes:
-    """The key the request gives: a Bearer token, or on a browser path the password of Basic
-    credentials; empty if none."""
-    scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+    """The key the request gives: a Bearer token, else the ``x-api-key`` header (Anthropic's
+    clients send it), or on a browser path the password of Basic credentials; empty if
+    none."""
+    headers = dict(scope["headers"])
+    scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
     scheme = scheme.lower()
     if scheme == b"basic" and browser:
         return _basic_password(given.strip())
-    return given.strip() if scheme == b"bearer" else b""
+    if scheme == b"bearer":
+        return given.strip()
+    return headers.get(b"x-api-key", b"").strip()
 
 
 def _matches(given: bytes, key: bytes) -> bool:
@@ -186,48 +202,49 @@ def _basic_password(credentials: bytes) -> bytes:
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> Response:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(InvalidSamplingParams)
-    async def _invalid_params(_: Request, exc: InvalidSamplingParams) -> Response:
-        return error_response(ApiError(400, str(exc), param=f"sampling_params.{exc.field}"))
+    async def _invalid_params(request: Request, exc: InvalidSamplingParams) -> Response:
+        error = ApiError(400, str(exc), param=f"sampling_params.{exc.field}")
+        return error_response(error, request.url.path)
 
     @app.exception_handler(InvalidRequestValue)
-    async def _invalid_value(_: Request, exc: InvalidRequestValue) -> Response:
-        return error_response(ApiError(400, str(exc), param=exc.field or None))
+    async def _invalid_value(request: Request, exc: InvalidRequestValue) -> Response:
+        return error_response(ApiError(400, str(exc), param=exc.field or None), request.url.path)
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> Response:
         param = None if exc.param is None else _param_name(request.url.path, exc.param)
-        return error_response(ApiError(exc.status_code, str(exc), param=param))
+        return error_response(ApiError(exc.status_code, str(exc), param=param), request.url.path)
 
     @app.exception_handler(SchedulerDied)
-    async def _dead(_: Request, exc: SchedulerDied) -> Response:
-        return error_response(ApiError(503, str(exc)))
+    async def _dead(request: Request, exc: SchedulerDied) -> Response:
+        return error_response(ApiError(503, str(exc)), request.url.path)
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> Response:
         return Response(status_code=499)  # nobody reads it: the client closed the connection
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(ApiError(exc.status_code, str(exc.detail)))
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(ApiError(exc.status_code, str(exc.detail)), request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         # A bad query or path parameter (bodies are parsed by the handlers): name it.
         errors = exc.errors()
         fields = [".".join(str(part) for part in error["loc"][1:]) for error in errors]
         message = "; ".join(f"{f}: {error['msg']}" for f, error in zip(fields, errors, strict=True))
-        return error_response(
-            ApiError(400, message or str(exc), param=fields[0] if fields else None)
-        )
+        error = ApiError(400, message or str(exc), param=fields[0] if fields else None)
+        return error_response(error, request.url.path)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> Response:
+    async def _internal(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error in a request handler")
-        return error_response(ApiError(500, "internal error; the server log has details"))
+        error = ApiError(500, "internal error; the server log has details")
+        return error_response(error, request.url.path)
 
 
 def _param_name(path: str, param: str) -> str:
@@ -235,6 +252,8 @@ def _param_name(path: str, param: str) -> str:
     route's API spells it."""
     if path.startswith("/v1/responses"):
         return responses_api.PARAM_NAMES.get(param, param)
+    if is_messages_api(path):
+        return messages_api.PARAM_NAMES.get(param, param)
     if path.startswith("/v1/"):
         return openai_api.PARAM_NAMES.get(param, param)
     return f"sampling_params.{param}"

@@ -25,6 +25,7 @@ from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.generic_tools import generic_messages
+from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
     ChatCompletionRequest,
@@ -44,7 +45,14 @@ from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
 router = APIRouter(prefix="/v1")
-Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest, ResponsesRequest)
+Body = TypeVar(
+    "Body",
+    CompletionRequest,
+    ChatCompletionRequest,
+    ResponsesRequest,
+    MessagesRequest,
+    CountTokensRequest,
+)
 
 # Sampling-param names as the OpenAI request spells them, for error messages (also those
 # the runtime raises: http_app).
@@ -152,7 +160,7 @@ async def chat_completions(request: Request) -> Response:
     ctx = _context(state, body, "chatcmpl", sampling.n)
     reasoning = state.args.reasoning_parser
     if reasoning is not None:
-        sampling = _after_reasoning(state, reasoning, sampling)
+        sampling = after_reasoning(state, reasoning, sampling)
         ctx.reasoning = functools.partial(make_reasoning_parser, reasoning, text)
     logprobs = LogprobOptions(body.logprobs, top_logprobs_num=body.top_logprobs or 0)
     subs = expand([ids], [sampling], logprobs=logprobs, cache_salt=body.cache_salt)
@@ -311,13 +319,16 @@ def _tool_constraint(
     return tool_call_constraint(functions, "required", parallel=parallel, fmt=fmt)
 
 
-def _after_reasoning(state: ServerState, name: str, sampling: SamplingParams) -> SamplingParams:
+def after_reasoning(
+    state: ServerState, name: str, sampling: SamplingParams, format_param: str = "response_format"
+) -> SamplingParams:
     """With reasoning parser ``name``, a constraint applies to the answer after the reasoning;
-    a 400 naming the constraint when the model's tags cannot mark where it starts."""
+    a 400 naming the constraint (``tool_choice``, or the answer format's field
+    ``format_param``) when the model's tags cannot mark where it starts."""
     try:
         return constrain_after_reasoning(name, state.tokenizer, sampling)
     except ValueError as exc:
-        param = "tool_choice" if sampling.structural_tag is not None else "response_format"
+        param = "tool_choice" if sampling.structural_tag is not None else format_param
         raise ApiError(400, str(exc), param=param) from None
 
 
@@ -337,6 +348,17 @@ async def _chat_prompt(
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
+    return await render_prompt(state, messages, tools, variables)
+
+
+async def render_prompt(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+) -> tuple[str, list[int]]:
+    """(prompt text, token ids) of chat ``messages`` (``render_chat``, errors naming
+    ``messages``), tokenized with the generated ids of the tool-calling turns they re-send."""
     text = await render_chat(state, messages, tools, variables, "messages")
     ids = await state.tokenizer_manager.run_tokenizer(
         lambda: state.generated_turns.prompt_ids(text, messages), "messages"

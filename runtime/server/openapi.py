@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from runtime.server.errors import is_messages_api
+from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIModel
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
 from runtime.server.responses_protocol import ResponsesRequest
@@ -27,6 +29,7 @@ from runtime.server.state import ServerState
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 ERROR_SCHEMA = "Error"
+ANTHROPIC_ERROR_SCHEMA = "AnthropicError"  # the Messages API's routes
 # POST path -> the model its body must validate against.
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/generate": GenerateReqInput,
@@ -34,10 +37,12 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
 }
 # Routes that answer server-sent events when the body asks for ``stream``.
 STREAMING_PATHS = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"}
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"}
 )
 METRICS = {"type": "string", "description": "Prometheus text format 0.0.4"}
 ERROR_STATUSES = {
@@ -79,12 +84,19 @@ def _schemas(served: dict[str, Any]) -> dict[str, Any]:
     path parameter's 422) are dropped: the server answers those with 400."""
     schemas = _request_schemas()
     schemas[ERROR_SCHEMA] = _error_schema()
+    schemas[ANTHROPIC_ERROR_SCHEMA] = _anthropic_error_schema()
     # The handler's own check (native_api): exactly one of text and input_ids, not null.
     schemas[GenerateReqInput.__name__]["oneOf"] = [
         {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
         for name in ("text", "input_ids")
     ]
-    for model in (CompletionRequest, ChatCompletionRequest, ResponsesRequest):
+    for model in (
+        CompletionRequest,
+        ChatCompletionRequest,
+        ResponsesRequest,
+        MessagesRequest,
+        CountTokensRequest,
+    ):
         schemas[model.__name__]["properties"]["model"] = served
     return schemas
 
@@ -101,7 +113,8 @@ def _describe(path: str, method: str, operation: dict[str, Any], served: dict[st
     model = REQUEST_BODIES.get(path) if method == "post" else None
     if model is not None:
         operation["requestBody"] = _request_body(model)
-        operation["responses"] = _responses(streaming=path in STREAMING_PATHS)
+        error = ANTHROPIC_ERROR_SCHEMA if is_messages_api(path) else ERROR_SCHEMA
+        operation["responses"] = _responses(path in STREAMING_PATHS, error)
 
 
 def _served_models(app: FastAPI) -> dict[str, Any]:
@@ -157,12 +170,12 @@ def _request_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": reference}}}
 
 
-def _responses(streaming: bool) -> dict[str, Any]:
+def _responses(streaming: bool, error_schema: str) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": {}}}
     if streaming:
         content["text/event-stream"] = {"schema": {"type": "string"}}
     responses: dict[str, Any] = {"200": {"description": "Successful Response", "content": content}}
-    error = {"schema": {"$ref": REF_TEMPLATE.format(model=ERROR_SCHEMA)}}
+    error = {"schema": {"$ref": REF_TEMPLATE.format(model=error_schema)}}
     for status, description in ERROR_STATUSES.items():
         responses[status] = {"description": description, "content": {"application/json": error}}
     return responses
@@ -186,6 +199,25 @@ def _error_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {"error": detail},
         "required": ["error"],
+    }
+
+
+def _anthropic_error_schema() -> dict[str, Any]:
+    """``{"type": "error", "error": {"type", "message"}}``, as
+    ``errors.anthropic_error_body`` writes."""
+    detail = {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string"},
+            "message": {"type": "string", "minLength": 1},
+        },
+        "required": ["type", "message"],
+    }
+    return {
+        "title": ANTHROPIC_ERROR_SCHEMA,
+        "type": "object",
+        "properties": {"type": {"const": "error"}, "error": detail},
+        "required": ["type", "error"],
     }
 
 

@@ -24,17 +24,14 @@ from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
+    after_reasoning,
     checked_sampling,
     given_fields,
     read_request,
     template_variables,
 )
 from runtime.server.openai_protocol import FunctionDefinition
-from runtime.server.reasoning import (
-    constrain_after_reasoning,
-    make_reasoning_parser,
-    reasoning_token_ids,
-)
+from runtime.server.reasoning import make_reasoning_parser, reasoning_token_ids
 from runtime.server.request_body import parse_model
 from runtime.server.responses_input import input_items, items_to_messages, output_to_items
 from runtime.server.responses_output import new_id
@@ -44,7 +41,7 @@ from runtime.server.responses_run import ResponseRun, new_response, run_response
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
-from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.server.tool_calls import turn_constraint
 from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
@@ -106,11 +103,7 @@ async def create_response(request: Request) -> Response:
     sampling = _sampling(state, body, constraints)
     reasoning = state.args.reasoning_parser
     if reasoning is not None:
-        try:
-            sampling = constrain_after_reasoning(reasoning, state.tokenizer, sampling)
-        except ValueError as exc:
-            param = "tool_choice" if sampling.structural_tag is not None else "text.format"
-            raise ApiError(400, str(exc), param=param) from None
+        sampling = after_reasoning(state, reasoning, sampling, "text.format")
         run.reasoning = make_reasoning_parser(reasoning, prompt.text)
         run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
     options = LogprobOptions(logprobs, top_logprobs_num=body.top_logprobs or 0)
@@ -259,27 +252,25 @@ def _constraints(
     names: set[str],
     call_format: str,
 ) -> dict[str, Any]:
-    """The turn's constraint: forced calls (required / named: the format is for a later
-    turn), calls or an answer in the format (auto), or the format alone."""
+    """The turn's constraint (``turn_constraint``) with ``text.format`` as the answer's."""
     allowed = [f for f in functions if f["name"] in names]
     parallel = body.parallel_tool_calls and _max_calls(body) != 1
-    if choice in ("required", "named"):
-        name = next(iter(names)) if choice == "named" else None
-        return {
-            "structural_tag": tool_call_constraint(allowed, choice, name, parallel, call_format)
-        }
-    answer: dict[str, Any] = {}
+    name = next(iter(names)) if choice == "named" else None
+    answer = {} if choice in ("required", "named") else _answer_format(body)
+    return turn_constraint(allowed, choice, name, parallel, call_format, answer)
+
+
+def _answer_format(body: ResponsesRequest) -> dict[str, Any]:
     fmt = body.text.format if body.text else None
     if fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise ApiError(
                 400, "text.format.schema: a json_schema format needs a schema", "text.format.schema"
             )
-        answer["json_schema"] = fmt.schema_
-    elif fmt is not None and fmt.type == "json_object":
-        answer["json_object"] = True
-    tag = calls_or_answer(allowed, parallel, call_format, answer) if choice == "auto" else None
-    return answer if tag is None else {"structural_tag": tag}
+        return {"json_schema": fmt.schema_}
+    if fmt is not None and fmt.type == "json_object":
+        return {"json_object": True}
+    return {}
 
 
 def _max_calls(body: ResponsesRequest) -> int | None:

@@ -28,10 +28,9 @@ from runtime.server.token_text import TokenText
 from runtime.server.tool_call_events import (
     ToolCallArguments,
     ToolCallEnd,
-    ToolCallEvent,
     ToolCallStart,
 )
-from runtime.server.tool_calls import ToolCallParser, make_tool_parser
+from runtime.server.tool_calls import ToolCallParser, make_tool_parser, split_output
 from runtime.tokenizer_manager import RequestOutput
 
 
@@ -67,16 +66,8 @@ class ResponseRun:
         """Add one output of the generation to the output items."""
         finished = chunk.finish_reason is not None
         logprobs = self._new_logprobs(chunk) if self.want_logprobs else None
-        answer = chunk.delta
-        if self.reasoning is not None:
-            split = self.reasoning.feed(answer, final=finished)
-            self.builder.reasoning(split.reasoning)
-            answer = split.content
-        pieces: list[ToolCallEvent] = [answer]
-        if self._parser is not None:
-            pieces = self._parser.feed(answer)
-            if finished:
-                pieces += self._parser.finish()
+        thinking, pieces = split_output(chunk.delta, finished, self.reasoning, self._parser)
+        self.builder.reasoning(thinking)
         for piece in pieces:
             if isinstance(piece, str):
                 self.builder.text(piece, logprobs)

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.tool_call_events import ToolCall
+from runtime.server.reasoning import ReasoningParser
+from runtime.server.tool_call_events import ToolCall, ToolCallEvent
 from runtime.server.tool_call_formats import canonical_format
 from runtime.server.tool_call_parser import ToolCallParser
 
@@ -50,7 +51,9 @@ __all__ = [
     "calls_or_answer",
     "make_tool_parser",
     "parse_tool_calls",
+    "split_output",
     "tool_call_constraint",
+    "turn_constraint",
 ]
 
 
@@ -92,12 +95,51 @@ def calls_or_answer(
     return tool_call_constraint(tools, "required", parallel=parallel, fmt=fmt, answer=schema)
 
 
+def turn_constraint(
+    tools: list[dict[str, Any]],
+    mode: str,
+    name: str | None,
+    parallel: bool,
+    fmt: str,
+    answer: dict[str, Any],
+) -> dict[str, Any]:
+    """The sampling params that constrain one turn, ``mode`` being the tool choice (none,
+    auto, required or named: ``name``) over ``tools`` and ``answer`` the answer format's
+    params (``json_schema`` / ``json_object``, or empty): forced calls (the format is for a
+    later turn), calls or an answer in the format (auto), or the format alone."""
+    if mode in ("required", "named"):
+        return {"structural_tag": tool_call_constraint(tools, mode, name, parallel, fmt)}
+    tag = calls_or_answer(tools, parallel, fmt, answer) if mode == "auto" else None
+    return answer if tag is None else {"structural_tag": tag}
+
+
 def make_tool_parser(
     fmt: str, tool_names: set[str], max_calls: int | None, constrained: bool = False
 ) -> ToolCallParser:
     """A parser for one output in format ``fmt`` (a name or alias: hermes, qwen, llama3,
     mistral, generic); ValueError for an unknown format."""
     return ToolCallParser(tool_names, max_calls, fmt, constrained)
+
+
+def split_output(
+    delta: str,
+    finished: bool,
+    reasoning: ReasoningParser | None,
+    tools: ToolCallParser | None,
+) -> tuple[str, list[ToolCallEvent]]:
+    """One more piece of an output (``finished``: the last): (its reasoning, the events of its
+    answer). The reasoning is split off first when ``reasoning`` is set; the answer is then
+    content (one str event) or, when ``tools`` is set, that parser's events."""
+    thinking, answer = "", delta
+    if reasoning is not None:
+        split = reasoning.feed(delta, final=finished)
+        thinking, answer = split.reasoning, split.content
+    if tools is None:
+        return thinking, [answer]
+    pieces = tools.feed(answer)
+    if finished:
+        pieces += tools.finish()
+    return thinking, pieces
 
 
 def parse_tool_calls(

@@ -34,7 +34,9 @@ MAX_RESTARTS = 10
 MAX_TOKENS_SENT = 4
 NATIVE_TOKEN_FIELDS = ("max_new_tokens", "min_new_tokens")
 OPENAI_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+# The last event of a Responses API stream, or of a Messages API stream.
 RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
+MESSAGE_ENDS = ("message_stop", "error")
 
 Reply = TypeVar("Reply")
 
@@ -152,8 +154,8 @@ def check_reply(status: int, content_type: str, body: bytes, request: str) -> No
 
 def sse_events(body: bytes, request: str) -> list[Any]:
     """The JSON payloads of a complete server-sent event stream: ``data:`` lines ending in
-    ``[DONE]``, or (the Responses API) ``event:`` + ``data:`` pairs ending in a terminal
-    ``response.*`` event."""
+    ``[DONE]``, or (the Responses and Messages APIs) ``event:`` + ``data:`` pairs ending in a
+    terminal ``response.*`` event, ``message_stop`` or ``error``."""
     events: list[Any] = []
     names: list[str] = []
     for line in re.split(r"\r\n|\r|\n", body.decode()):  # not splitlines: U+0085 is no break
@@ -172,7 +174,8 @@ def sse_events(body: bytes, request: str) -> list[Any]:
         for name, event in zip(names, events, strict=True):
             assert event.get("type") == name, f"{request}: event {name} carries {event}"
             assert event.get("code") != "server_error", f"{request}: {event}"
-        assert names[-1] in RESPONSE_ENDS, f"{request}: the stream ended with {names[-1]}"
+        ends = RESPONSE_ENDS + MESSAGE_ENDS
+        assert names[-1] in ends, f"{request}: the stream ended with {names[-1]}"
         return events
     raise AssertionError(f"{request}: the stream ended without data: [DONE]")
 
@@ -219,6 +222,8 @@ def cap_token_counts(path: str, body: Any) -> None:
         _cap_fields(body, ("max_output_tokens",))
         if body.get("max_output_tokens") is None:
             body["max_output_tokens"] = MAX_TOKENS_SENT
+    elif path == "/v1/messages":
+        _cap_fields(body, ("max_tokens",))  # required: a body without it is a 400
 
 
 def _cap_fields(container: dict[str, Any], fields: tuple[str, ...]) -> None:

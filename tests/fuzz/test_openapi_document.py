@@ -65,9 +65,13 @@ def test_post_routes_declare_their_bodies_and_error_responses(document: dict[str
         }
         assert {"200", "400", "404", "413"} <= set(operation["responses"])
         error = operation["responses"]["400"]["content"]["application/json"]["schema"]
-        assert error == {"$ref": "#/components/schemas/Error"}
+        shape = "AnthropicError" if path.startswith("/v1/messages") else "Error"
+        assert error == {"$ref": f"#/components/schemas/{shape}"}
     detail = document["components"]["schemas"]["Error"]["properties"]["error"]
     assert detail["required"] == ["message", "type", "param", "code"]
+    anthropic = document["components"]["schemas"]["AnthropicError"]
+    assert anthropic["required"] == ["type", "error"]
+    assert anthropic["properties"]["error"]["required"] == ["type", "message"]
 
 
 def test_sampling_params_carry_their_bounds(document: dict[str, Any]):

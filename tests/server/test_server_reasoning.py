@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 from runtime.sampling_params import SamplingParams
 from runtime.server import ServerProcess
 from runtime.server.errors import ApiError
-from runtime.server.openai_api import _after_reasoning
+from runtime.server.openai_api import after_reasoning
 from tests.server.server_process import POOL
 from tests.tool_fixtures import weather_tool
 
@@ -235,10 +235,10 @@ def test_a_constraint_needs_the_tags_as_single_tokens(tiny_model_path: Path):
     constrained = SamplingParams(json_schema=SCHEMA)
     for name in ("qwen3", "deepseek-r1"):
         with pytest.raises(ApiError, match="</think> to be single tokens") as info:
-            _after_reasoning(state, name, constrained)  # type: ignore[arg-type]
+            after_reasoning(state, name, constrained)  # type: ignore[arg-type]
         assert info.value.status_code == 400 and info.value.param == "response_format"
         free = SamplingParams()
-        assert _after_reasoning(state, name, free) is free  # type: ignore[arg-type]
+        assert after_reasoning(state, name, free) is free  # type: ignore[arg-type]
 
 
 def test_responses_api_reasoning_item_then_constrained_answer(

@@ -1,0 +1,205 @@
+"""Request bodies of Anthropic's Messages API (``POST /v1/messages`` and
+``/v1/messages/count_tokens``).
+
+Content blocks are typed by ``type``: text, tool_use, tool_result, thinking and
+redacted_thinking are read; image, document and search_result blocks parse (so the error can
+name them) and are refused with a 400 when the messages are turned into chat messages
+(``messages_input``), as is a block in the wrong role's turn. Unknown fields are refused by name
+("Extra inputs"); fields that do not change the output (``metadata``, ``service_tier``,
+``cache_control`` on blocks) are accepted and ignored. Extensions, as in the OpenAI API and sent
+by the ``anthropic`` client through ``extra_body``: ``seed``, ``min_p``, penalties,
+``json_format``, ``chat_template_kwargs``, ``cache_salt``, ...
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
+from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS
+from runtime.server.openai_protocol import JsonFormat, StopString, TemplateKwargs
+
+MAX_MESSAGES = 4096
+
+
+class AnthropicModel(BaseModel):
+    """Strict types (no "1" for 1), finite numbers, no unknown fields."""
+
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False
+    )
+
+
+class CacheControl(AnthropicModel):
+    type: Literal["ephemeral"]
+    ttl: str | None = None  # prompt caching is the radix cache's: accepted and ignored
+
+
+class TextBlock(AnthropicModel):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+class UnsupportedBlock(BaseModel):
+    """A block this server cannot read (no vision, no documents): refused by its type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["image", "document", "search_result", "container_upload"]
+
+
+class ToolUseBlock(AnthropicModel):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+ToolResultContent = Annotated[TextBlock | UnsupportedBlock, Field(discriminator="type")]
+
+
+class ToolResultBlock(AnthropicModel):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[ToolResultContent] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ThinkingBlock(AnthropicModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # this server signs nothing: accepted as given
+
+
+class RedactedThinkingBlock(AnthropicModel):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[
+    TextBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | UnsupportedBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(AnthropicModel):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(AnthropicModel):
+    """A client tool. Server tools (web search, code execution, ...) have a ``type`` and are
+    not run by this server: an unknown field refuses them."""
+
+    type: Literal["custom"] | None = None
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolChoiceAuto(AnthropicModel):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(AnthropicModel):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(AnthropicModel):
+    type: Literal["tool"]
+    name: str
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(AnthropicModel):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[
+    ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone, Field(discriminator="type")
+]
+
+
+class ThinkingEnabled(AnthropicModel):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1, le=INT64_MAX)  # not enforced: max_tokens bounds the output
+
+
+class ThinkingDisabled(AnthropicModel):
+    type: Literal["disabled"]
+
+
+ThinkingConfig = Annotated[ThinkingEnabled | ThinkingDisabled, Field(discriminator="type")]
+
+
+class JsonOutputFormat(AnthropicModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(AnthropicModel):
+    format: JsonOutputFormat | None = None
+    effort: str | None = None  # accepted and ignored
+
+
+class Metadata(AnthropicModel):
+    user_id: str | None = None
+
+
+class PromptRequest(AnthropicModel):
+    """What a prompt is rendered from: the fields ``count_tokens`` takes too."""
+
+    model: str
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    # Extension: extra variables for the chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: TemplateKwargs | None = None
+
+
+class CountTokensRequest(PromptRequest):
+    pass
+
+
+class MessagesRequest(PromptRequest):
+    max_tokens: int = Field(ge=1, le=INT64_MAX)
+    stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1, le=INT64_MAX)
+    stream: bool = False
+    output_config: OutputConfig | None = None
+    # Accepted and ignored: they do not change the output.
+    metadata: Metadata | None = None
+    service_tier: str | None = None
+    # Extensions, as in the OpenAI API.
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool | None = None
+    no_speculation: bool | None = None
+    strict_mode: Literal["exact", "validate"] | None = None
+    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
+    # output_config.format and tool inputs: "aligned" (the default) or "compact" JSON.
+    json_format: JsonFormat | None = None
+    # Share cached KV only with requests of the same salt (as in the OpenAI API).
+    cache_salt: CacheSalt | None = None

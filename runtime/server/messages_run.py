@@ -1,0 +1,171 @@
+"""Running one Messages API generation: the generated text as content blocks, the final
+Message object, and Anthropic's server-sent event stream.
+
+The stream is ``message_start`` (the message with no content yet, and the input usage),
+``ping``, the block events of ``ContentBuilder`` as text arrives, ``message_delta`` (the stop
+reason, the stop sequence and the usage) and ``message_stop``; each is sent as
+``event: <type>`` plus ``data: <json>``. A failure after the stream started sends an ``error``
+event (``{"type": "error", "error": {...}}``) and ends the stream.
+
+``stop_reason``: ``tool_use`` when a call completed (and none was cut off), ``max_tokens``
+when the output hit ``max_tokens``, ``stop_sequence`` when one of ``stop_sequences`` ended it
+(``stop_sequence`` names it), else ``end_turn``. ``usage`` counts the prompt tokens the radix
+cache held as ``cache_read_input_tokens`` and the rest as ``input_tokens`` (Anthropic's
+reading: the three input counts add up to the prompt); nothing is written to a cache on
+request, so ``cache_creation_input_tokens`` is 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.errors import RequestError, SchedulerDied
+from runtime.server.errors import ClientGone, anthropic_error_body
+from runtime.server.generated_turns import GeneratedTurns
+from runtime.server.messages_output import ContentBuilder, tool_use_id
+from runtime.server.reasoning import ReasoningParser
+from runtime.server.responses_output import new_id
+from runtime.server.streams import Events
+from runtime.server.tool_call_events import (
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from runtime.server.tool_calls import ToolCallParser, split_output
+from runtime.tokenizer_manager import RequestOutput
+
+
+def new_message(model: str) -> dict[str, Any]:
+    """A Message before any output."""
+    return {
+        "id": new_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        },
+    }
+
+
+@dataclass
+class MessageRun:
+    """One message being generated; ``message`` is completed in place."""
+
+    message: dict[str, Any]
+    stop_sequences: list[str] = field(default_factory=list)
+    tools: ToolCallParser | None = None  # tool calls are parsed when set
+    reasoning: ReasoningParser | None = None  # splits off the thinking when set
+    generated_turns: GeneratedTurns | None = None  # where tool-calling turns are remembered
+    builder: ContentBuilder = field(default_factory=ContentBuilder)
+    final: RequestOutput | None = None
+    _call_ids: list[str] = field(default_factory=list)  # of the whole calls, in order
+    _arguments: list[str] = field(default_factory=list)  # theirs, as the model wrote them
+    _started: bool = False
+    _dropped_call: bool = False
+
+    def feed(self, chunk: RequestOutput) -> None:
+        """Add one output of the generation to the content."""
+        if not self._started:
+            self._started = True
+            self._count(chunk, output_tokens=0)
+        finished = chunk.finish_reason is not None
+        thinking, pieces = split_output(chunk.delta, finished, self.reasoning, self.tools)
+        self.builder.thinking(thinking)
+        for piece in pieces:
+            if isinstance(piece, str):
+                self.builder.text(piece)
+            elif isinstance(piece, ToolCallStart):
+                self.builder.call_start(piece.id, piece.name)
+            elif isinstance(piece, ToolCallArguments):
+                self.builder.call_arguments(piece.fragment)
+            elif isinstance(piece, ToolCallEnd):
+                self.builder.call_end(whole=True)
+                self._call_ids.append(tool_use_id(piece.call.id))
+                self._arguments.append(piece.call.arguments)
+            else:  # ToolCallDropped: cut off by max_tokens
+                self.builder.call_end(whole=False)
+                self._dropped_call = True
+        if finished:
+            self.builder.finish()
+            self._complete(chunk)
+
+    def opening(self) -> dict[str, Any]:
+        """The message as ``message_start`` shows it: no content, no stop reason yet."""
+        return {**copy.deepcopy(self.message), "content": [], "stop_reason": None}
+
+    def _count(self, chunk: RequestOutput, output_tokens: int) -> None:
+        self.message["usage"] = {
+            "input_tokens": chunk.prompt_tokens - chunk.cached_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_input_tokens": chunk.cached_tokens,
+            "cache_creation_input_tokens": 0,
+        }
+
+    def _complete(self, final: RequestOutput) -> None:
+        self.final = final
+        self._count(final, final.completion_tokens)
+        reason = final.finish_reason
+        stop_sequence = None
+        if self.builder.called_tools and not self._dropped_call:
+            stop_reason = "tool_use"
+        elif reason is not None and reason.type == "length":
+            stop_reason = "max_tokens"
+        elif reason is not None and isinstance(reason.matched, str):
+            stop_reason, stop_sequence = "stop_sequence", reason.matched
+        else:
+            stop_reason = "end_turn"
+        self.message.update(
+            content=self.builder.content, stop_reason=stop_reason, stop_sequence=stop_sequence
+        )
+        if final.grammar_notes:  # extension: the constraint was applied otherwise than asked
+            self.message["grammar_notes"] = list(final.grammar_notes)
+        if self.generated_turns is not None and stop_reason == "tool_use":
+            self.generated_turns.remember(self._call_ids, final, self._arguments)
+
+
+async def run_message(run: MessageRun, events: Events) -> None:
+    """Generate the whole message (errors propagate to the HTTP error handlers)."""
+    async for _, chunk in events:
+        run.feed(chunk)
+        run.builder.take_events()
+
+
+async def stream_message(run: MessageRun, events: Events) -> AsyncIterator[bytes]:
+    """The SSE body of ``run``. Precondition: ``events`` is primed (its first chunk, which
+    carries the prompt's token counts, is ready)."""
+
+    def event(payload: dict[str, Any]) -> bytes:
+        data = json.dumps(payload, ensure_ascii=False)
+        return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+
+    started = False
+    try:
+        async for _, chunk in events:
+            run.feed(chunk)
+            if not started:
+                started = True
+                yield event({"type": "message_start", "message": run.opening()})
+                yield event({"type": "ping"})
+            for block_event in run.builder.take_events():
+                yield event(block_event)
+    except ClientGone:
+        return
+    except (RequestError, SchedulerDied) as exc:
+        status = exc.status_code if isinstance(exc, RequestError) else 503
+        yield event(anthropic_error_body(status, str(exc)))
+        return
+    message = run.message
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    yield event({"type": "message_delta", "delta": delta, "usage": message["usage"]})
+    yield event({"type": "message_stop"})
