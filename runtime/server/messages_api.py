@@ -48,6 +48,7 @@ from runtime.server.reasoning import make_reasoning_parser
 from runtime.server.state import ServerState, open_streams
 from runtime.server.streams import merge_streams, primed
 from runtime.server.tool_calls import make_tool_parser, turn_constraint
+from runtime.server.tracing import trace_request
 
 router = APIRouter(prefix="/v1")
 
@@ -114,6 +115,8 @@ async def create_message(request: Request) -> Response:
     if reasoning is not None:
         sampling = after_reasoning(state, reasoning, sampling, "output_config.format")
         run.reasoning = make_reasoning_parser(reasoning, turn.text)
+    msg_id, model = run.message["id"], run.message["model"]
+    trace_request(request, "chat", model=model, sampling=sampling, response_id=msg_id)
     streams = open_streams(state, [SubRequest(turn.ids, sampling, cache_salt=body.cache_salt)])
     if not body.stream:
         await run_message(run, merge_streams(request, streams))

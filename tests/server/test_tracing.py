@@ -151,7 +151,7 @@ def test_streamed_chat_span_covers_the_stream(traced: Any) -> None:
     check_timings(span)
 
 
-def test_responses_and_programs_get_spans(traced: Any) -> None:
+def test_responses_messages_and_programs_get_spans(traced: Any) -> None:
     header, trace_id, _ = traceparent()
     response = httpx.post(
         f"{traced.url}/v1/responses",
@@ -164,6 +164,23 @@ def test_responses_and_programs_get_spans(traced: Any) -> None:
     assert span["attributes"]["gen_ai.operation.name"] == "chat"
     assert span["attributes"]["gen_ai.response.id"] == response.json()["id"]
     assert span["attributes"]["gen_ai.usage.output_tokens"] == 4
+
+    header, trace_id, _ = traceparent()
+    body = {
+        "model": model_name(traced),
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    response = httpx.post(
+        f"{traced.url}/v1/messages", json=body, headers={"traceparent": header}, timeout=60.0
+    )
+    response.raise_for_status()
+    (span,) = spans_where(traced, {"trace_id": trace_id})
+    assert span["attributes"]["gen_ai.response.id"] == response.json()["id"]
+    assert (
+        span["attributes"]["gen_ai.usage.output_tokens"]
+        == response.json()["usage"]["output_tokens"]
+    )
 
     three = {"max_new_tokens": 3, "ignore_eos": True}
     ops = [{"type": "text", "text": PROMPT}, {"type": "gen", "name": "g", "sampling_params": three}]
