@@ -7,7 +7,8 @@ call cut off by max_tokens, which both keep (finish_reason "length", status "inc
 Per format, one model with that format's chat template serves twice at once: with n-gram
 speculation (a request's ``no_speculation`` opt-out gives the run without speculation) and
 with a draft cut from the model. Each speculating run must have accepted draft tokens, so
-several tokens land in one step — the case that loses arguments in other servers.
+several tokens land in one step — the case that loses arguments in other servers. The
+thinking test model (deepseek-r1 parser) does the same with its reasoning before the calls.
 """
 
 from __future__ import annotations
@@ -314,4 +315,73 @@ def test_chat_and_responses_stream_as_returned_whole(
         assert set(statuses[:-1]) == {"completed"}
     else:
         assert status == "completed" and set(statuses) == {"completed"}
+    check_speculated(url, before, speculation)
+
+
+# ---- a reasoning model -----------------------------------------------------------------
+
+
+# The conversation test_server_reasoning finds a closing bias for.
+THINK_MESSAGES = [{"role": "user", "content": "Is the sky blue?"}]
+THINK_TOOLS = [weather_tool(None)]
+
+
+class ThinkingServers(FormatServers):
+    """The thinking test model with --reasoning-parser deepseek-r1, served twice, and the
+    sampling options under which its greedy output closes its reasoning."""
+
+    def __init__(self, ngram: ServerProcess, draft: ServerProcess, path: Path) -> None:
+        super().__init__("qwen3", ngram, draft)
+        from transformers import AutoTokenizer
+
+        from tests.server.test_server_reasoning import _sweep
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        prompt = tokenizer.apply_chat_template(
+            THINK_MESSAGES, tools=THINK_TOOLS, tokenize=False, add_generation_prompt=True
+        )
+        end = str(tokenizer.convert_tokens_to_ids("</think>"))
+        self.options, _ = _sweep(ngram, prompt, end, [{}], min_thinking=3)
+
+
+@pytest.fixture(scope="module")
+def thinking(thinking_model_path: Path) -> Iterator[ThinkingServers]:
+    ngram, draft = start_pair(thinking_model_path, ("--reasoning-parser", "deepseek-r1"))
+    try:
+        ngram.wait_ready()
+        draft.wait_ready()
+        yield ThinkingServers(ngram, draft, thinking_model_path)
+    finally:
+        ngram.stop()
+        draft.stop()
+
+
+@pytest.mark.parametrize("speculation", SPECULATION)
+def test_reasoning_streams_as_returned_whole(thinking: ThinkingServers, speculation: str):
+    """The thinking, then forced calls or a free answer: reasoning, content and calls of the
+    stream equal the whole response's, in chat and in the Responses API."""
+    url = thinking.url(speculation)
+    sampling = thinking.options | {"temperature": 0, "no_speculation": speculation == "off"}
+    before = spec_stats(url)
+    for choice in ("required", "auto"):  # forced calls; a free answer (the same prompt)
+        tools = {"tools": THINK_TOOLS, "tool_choice": choice}
+        chat = {"model": thinking.model, "messages": THINK_MESSAGES, "max_tokens": 120}
+        chat |= sampling | tools
+        whole = chat_whole(post(url, "/v1/chat/completions", chat).json())
+        stream = chat_stream(streamed(url, "/v1/chat/completions", chat | {"stream": True}))
+        assert stream == whole
+        content, reasoning, calls, finish = whole
+        assert reasoning and "<think>" not in reasoning and "</think>" not in reasoning
+        forced = choice == "required"
+        assert bool(calls) == forced and (finish == "tool_calls") == forced
+        assert bool(content) != forced
+        body = {"model": thinking.model, "input": THINK_MESSAGES[0]["content"]}
+        body |= {"max_output_tokens": 120, **sampling}
+        body |= {"tools": [responses_tool(t) for t in THINK_TOOLS], "tool_choice": choice}
+        response = post(url, "/v1/responses", body).json()
+        items = output_items(response["output"])
+        events = streamed(url, "/v1/responses", body | {"stream": True})
+        assert responses_stream(events) == (response["status"], items)
+        assert items[0] == ("reasoning", "completed", reasoning)
+        assert responses_calls(items) == calls
     check_speculated(url, before, speculation)
