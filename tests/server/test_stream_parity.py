@@ -17,6 +17,7 @@ import functools
 import json
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,13 @@ def start_pair(path: Path, extra: tuple[str, ...] = ()) -> tuple[ServerProcess, 
     return ngram, draft
 
 
+def stop_pair(*servers: ServerProcess) -> None:
+    """Stop the servers side by side (each waits for its processes to exit)."""
+    with ThreadPoolExecutor(len(servers)) as pool:
+        for done in [pool.submit(server.stop) for server in servers]:
+            done.result()
+
+
 @pytest.fixture(scope="module", params=sorted(CALLS_TEXT))
 def servers(request: pytest.FixtureRequest) -> Iterator[FormatServers]:
     template = request.param
@@ -78,8 +86,7 @@ def servers(request: pytest.FixtureRequest) -> Iterator[FormatServers]:
         draft.wait_ready()
         yield FormatServers(template, ngram, draft)
     finally:
-        ngram.stop()
-        draft.stop()
+        stop_pair(ngram, draft)
 
 
 def spec_stats(url: str) -> tuple[int, int, int]:
@@ -352,8 +359,7 @@ def thinking(thinking_model_path: Path) -> Iterator[ThinkingServers]:
         draft.wait_ready()
         yield ThinkingServers(ngram, draft, thinking_model_path)
     finally:
-        ngram.stop()
-        draft.stop()
+        stop_pair(ngram, draft)
 
 
 @pytest.mark.parametrize("speculation", SPECULATION)
