@@ -24,6 +24,7 @@ from runtime.ipc import ControlCommand
 from runtime.model_files import locate_model
 from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
+from runtime.server.reasoning import ReasoningResults, require_reasoning
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import final_output
 from runtime.validate_retry import ValidatedGeneration
@@ -46,6 +47,7 @@ class GenerateOptions(TypedDict, total=False):
     stream: bool  # False
     rid: str | list[str] | None  # None: generated ids
     cache_salt: str | None  # None
+    require_reasoning: bool  # False: constraints after the reasoning, split off (generate)
 
 
 class Engine:
@@ -113,12 +115,16 @@ class Engine:
         ``rid``, ``{rid}-{j}`` for sample j, ``{rid}-{i}`` for prompt i of a batch,
         ``{rid}-{i}-{j}`` for both. ``cache_salt`` (1..256 printable ASCII characters): reuse
         cached KV only of requests with the same salt (docs/serving.md, "Multi-tenant
-        serving"). Bad arguments raise ValueError subclasses naming the field
+        serving"). ``require_reasoning`` (with ``reasoning_parser`` set): a constraint starts
+        after the reasoning, and each result's ``text`` is the answer with the thinking in
+        ``reasoning_content`` (streamed: ``delta`` and ``reasoning_delta``), as the server's
+        ``/generate`` does. Bad arguments raise ValueError subclasses naming the field
         (``InvalidRequestValue``, ``InvalidSamplingParams``), before anything is tokenized."""
         parse = self._parser(prompt, sampling_params, options)
+        reasoning = bool(options.get("require_reasoning"))
         if options.get("stream"):
-            return self._iterate(self._stream(parse))
-        return self._call(self._collect(parse))
+            return self._iterate(self._stream(parse, reasoning))
+        return self._call(self._collect(parse, reasoning))
 
     async def async_generate(
         self,
@@ -128,9 +134,10 @@ class Engine:
     ) -> Any:
         """As ``generate``, awaitable; with ``stream`` an async iterator of chunk dicts."""
         parse = self._parser(prompt, sampling_params, options)
+        reasoning = bool(options.get("require_reasoning"))
         if options.get("stream"):
-            return self._aiterate(self._stream(parse))
-        future = asyncio.run_coroutine_threadsafe(self._collect(parse), self._loop)
+            return self._aiterate(self._stream(parse, reasoning))
+        future = asyncio.run_coroutine_threadsafe(self._collect(parse, reasoning), self._loop)
         return await asyncio.wrap_future(future)
 
     def _parser(
@@ -160,10 +167,14 @@ class Engine:
             options.get("cache_salt"),
         )
 
-    async def _collect(self, parse: Callable[[], GenerateInput]) -> Any:
+    async def _collect(self, parse: Callable[[], GenerateInput], reasoning: bool) -> Any:
         request = parse()
         subs = await request.sub_requests(self.tokenizer_manager.tokenize)
+        splits = self._require_reasoning(subs) if reasoning else None
         results = await asyncio.gather(*(self._one(sub) for sub in subs))
+        if splits is not None:
+            for split, result in zip(splits, results, strict=True):
+                split.split(result, result["text"], final=True)
         per_prompt: list[list[dict[str, Any]]] = [[] for _ in request.prompts]
         for sub, result in zip(subs, results, strict=True):
             per_prompt[sub.prompt_index].append(result)
@@ -173,12 +184,21 @@ class Engine:
     async def _one(self, sub: SubRequest) -> dict[str, Any]:
         return (await final_output(sub.run(self.generation))).to_dict()
 
-    async def _stream(self, parse: Callable[[], GenerateInput]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(
+        self, parse: Callable[[], GenerateInput], reasoning: bool
+    ) -> AsyncIterator[dict[str, Any]]:
         subs = await parse().sub_requests(self.tokenizer_manager.tokenize)
         if len(subs) != 1:
             raise ValueError("stream=True takes a single prompt with n=1")
+        splits = self._require_reasoning(subs) if reasoning else None
         async for chunk in subs[0].run(self.generation, stream=True):
-            yield chunk.to_dict(with_delta=True)
+            result = chunk.to_dict(with_delta=True)
+            if splits is not None:
+                splits[0].split(result, chunk.delta, final=chunk.finish_reason is not None)
+            yield result
+
+    def _require_reasoning(self, subs: list[SubRequest]) -> list[ReasoningResults]:
+        return require_reasoning(self.args.reasoning_parser, self.tokenizer, subs)
 
     # ---- compiled programs ----------------------------------------------------------------
 

@@ -6,6 +6,11 @@ result ``{"text", "output_ids", "meta_info"}`` for one prompt with n == 1, else 
 cumulative result per output step (``index`` names the prompt/sample when there are several),
 then ``data: [DONE]``. The body is validated and expanded as the Engine's arguments are
 (``runtime/generate_input.py``, which also says how ``rid`` names each sub-request).
+
+``require_reasoning`` (SGLang's name; needs ``--reasoning-parser``): a constraint in the
+sampling params starts after the reasoning, and each result's ``text`` is the answer alone,
+with the thinking in ``reasoning_content`` (streamed: ``delta`` and ``reasoning_delta``), as
+chat completions split them (``runtime.server.reasoning``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from runtime.ipc import ControlCommand
 from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
+from runtime.server.reasoning import ReasoningResults, require_reasoning
 from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, caller_is_admin, get_state, open_streams
 from runtime.server.streams import (
@@ -52,6 +58,9 @@ async def generate(request: Request) -> Response:
     body = parse_model(GenerateReqInput, await state.read_body(request))
     generate_input = _generate_input(state, body)
     subs = await generate_input.sub_requests(state.tokenizer_manager.tokenize)
+    splits = None
+    if body.require_reasoning:
+        splits = require_reasoning(state.args.reasoning_parser, state.tokenizer, subs)
     sampling = subs[0].sampling if subs else None
     trace_request(request, "text_completion", model=state.args.model_name, sampling=sampling)
     streams = open_streams(state, subs)
@@ -59,10 +68,15 @@ async def generate(request: Request) -> Response:
     if body.stream:
         events = await primed(merge_streams(request, streams))
         return StreamingResponse(
-            guarded_sse(_event_stream(state, body, events, several)),
+            guarded_sse(_event_stream(state, body, events, several, splits)),
             media_type="text/event-stream",
         )
-    results = [_result(state, body, chunk) for chunk in await collect_finals(request, streams)]
+    results = []
+    for index, chunk in enumerate(await collect_finals(request, streams)):
+        result = _result(state, body, chunk)
+        if splits is not None:
+            splits[index].split(result, chunk.text, final=True)
+        results.append(result)
     return JSONResponse(results if several else results[0])
 
 
@@ -71,10 +85,13 @@ async def _event_stream(
     body: GenerateReqInput,
     events: Events,
     several: bool,
+    splits: list[ReasoningResults] | None,
 ) -> AsyncIterator[bytes]:
     async for index, chunk in events:
         result = _result(state, body, chunk)
         result["delta"] = chunk.delta
+        if splits is not None:
+            splits[index].split(result, chunk.delta, final=chunk.finish_reason is not None)
         if several:
             result["index"] = index
         yield sse_event(result)

@@ -11,7 +11,7 @@ from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.reasoning import ReasoningParser
 from runtime.server.token_text import TokenText
 from runtime.server.tool_call_events import ToolCall
-from runtime.server.tool_calls import parse_tool_calls
+from runtime.server.tool_calls import ToolCallParser, parse_output
 from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
 
@@ -45,20 +45,28 @@ def envelope(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> 
     return {**head, "choices": choices}
 
 
-def finish_fields(output: RequestOutput, called_tools: bool = False) -> dict[str, Any]:
+def finish_fields(
+    output: RequestOutput, called_tools: bool = False, cut_call: bool = False
+) -> dict[str, Any]:
     """``finish_reason`` ("stop", "length", "tool_calls", "abort") and SGLang's
     ``matched_stop`` (the stop string or token that ended the output, if any). An output with
-    tool calls finishes with "tool_calls" even when max tokens cut what followed them. An
+    tool calls finishes with "tool_calls", also when max tokens cut what followed them, but
+    with "length" when they cut a call itself (``cut_call``: its arguments are partial). An
     extension, ``grammar_notes``, says how the constraint was applied when that differs from
     what was asked (a JSON layout that could not be aligned)."""
     reason = output.finish_reason
     if reason is None:
         return {"finish_reason": None}
     kind: str = reason.type
-    if kind in ("stop", "length") and called_tools:
+    if kind in ("stop", "length") and called_tools and not (kind == "length" and cut_call):
         kind = "tool_calls"
     notes = {"grammar_notes": list(output.grammar_notes)} if output.grammar_notes else {}
     return {"finish_reason": kind, "matched_stop": reason.matched} | notes
+
+
+def tool_call_finish(parser: ToolCallParser) -> dict[str, bool]:
+    """``finish_fields``' arguments for the calls ``parser`` read (spent: finish() ran)."""
+    return {"called_tools": bool(parser.reported), "cut_call": parser.cut_off}
 
 
 def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: RequestOutput) -> None:
@@ -152,23 +160,24 @@ def chat_response(
             split = parser.parse(text)
             text = message["content"] = split.content
             message["reasoning_content"] = split.reasoning if parser.has_reasoning else None
-        calls: list[ToolCall] = []
+        tool_finish: dict[str, bool] = {}
         if ctx.tool_names is not None:
-            message["content"], calls = parse_tool_calls(
+            message["content"], tool_parser = parse_output(
                 text,
                 ctx.tool_names,
                 ctx.max_tool_calls,
                 ctx.tool_call_format,
                 ctx.tool_calls_constrained,
             )
-            if calls:
-                message["tool_calls"] = [call.to_openai() for call in calls]
-                remember_turn(ctx, calls, final)
+            if tool_parser.reported:  # every call the stream would have sent, cut off ones too
+                message["tool_calls"] = [call.to_openai() for call in tool_parser.reported]
+                remember_turn(ctx, tool_parser.calls, final)
+            tool_finish = tool_call_finish(tool_parser)
         logprobs = None
         if want_logprobs:
             logprobs = chat_logprobs(ctx.token_text, *final.logprobs())
         choices.append(
             {"index": index, "message": message, "logprobs": logprobs}
-            | finish_fields(final, called_tools=bool(calls))
+            | finish_fields(final, **tool_finish)
         )
     return envelope(ctx, "chat.completion", choices) | {"usage": usage(finals, ctx.n)}

@@ -5,8 +5,10 @@ Per choice: chat first sends the assistant role, then content deltas, then a chu
 finish reason. With tools on, each tool call streams as OpenAI does: first
 ``{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}``
 once its name is known, then ``{"tool_calls": [{"index", "function": {"arguments": ...}}]}``
-fragments as the model writes them (``ToolCallParser``'s events; a call cut off by max tokens
-has sent what it had, and is left out of the finish reason). With
+fragments as the model writes them (``ToolCallParser``'s events). The chunks concatenate to
+the non-streamed response: the same content, reasoning and calls (a call cut off by max
+tokens has sent what it had, as the whole response returns it, and finishes the choice with
+"length"). With
 ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last chunk with
 no choices carries the usage. An error after the stream started is
 sent as an ``{"error": ...}`` event before ``[DONE]``.
@@ -27,6 +29,7 @@ from runtime.server.openai_format import (
     envelope,
     finish_fields,
     remember_turn,
+    tool_call_finish,
     usage,
 )
 from runtime.server.streams import Events, sse_event
@@ -125,11 +128,12 @@ async def chat_stream(
             logprobs = None
         if finished:
             finals[index] = chunk
-            called = parser is not None and bool(parser.calls)
+            tool_finish: dict[str, bool] = {}
             if parser is not None:
                 remember_turn(ctx, parser.calls, chunk)
+                tool_finish = tool_call_finish(parser)
             choice = {"index": index, "delta": {}, "logprobs": None}
-            yield _chunk(ctx, kind, [choice | finish_fields(chunk, called_tools=called)])
+            yield _chunk(ctx, kind, [choice | finish_fields(chunk, **tool_finish)])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
 

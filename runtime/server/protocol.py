@@ -22,7 +22,9 @@ class GenerateReqInput(NativeRequest):
 
     ``sampling_params`` is one dict for all prompts or one per prompt (validated by
     ``SamplingParams.from_dict``). ``rid`` is one id, or one per prompt for a batch.
-    ``cache_salt``: share cached KV only with requests of the same salt. Checked further and
+    ``cache_salt``: share cached KV only with requests of the same salt.
+    ``require_reasoning``: with the server's reasoning parser, constraints start after the
+    reasoning and results carry it apart (``runtime.server.native_api``). Checked further and
     expanded by ``runtime.generate_input.GenerateInput``.
     """
 
@@ -36,6 +38,7 @@ class GenerateReqInput(NativeRequest):
     stream: bool = False
     rid: RequestId | list[RequestId] | None = None
     cache_salt: CacheSalt | None = None
+    require_reasoning: bool = False
 
 
 class AbortReqInput(NativeRequest):

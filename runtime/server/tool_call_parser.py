@@ -8,7 +8,7 @@ call objects (``CallScanner``) and the framing around them, then content resumes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from runtime.server.tool_call_events import (
     ToolCall,
@@ -43,7 +43,9 @@ class _Section:
 class ToolCallParser:
     """Splits generated text, fed in pieces, into content and tool-call events
     (``runtime.server.tool_calls`` has the contract). ``calls`` holds the calls that ended,
-    in order."""
+    in order; ``reported`` every call that started, as its events told it (name, the
+    arguments sent so far), by index; ``incomplete`` the indexes of those dropped, and
+    ``cut_off`` whether the output ended inside a started call."""
 
     def __init__(
         self,
@@ -57,11 +59,15 @@ class ToolCallParser:
         self.max_calls = max_calls
         self.constrained = constrained
         self.calls: list[ToolCall] = []
+        self.reported: list[ToolCall] = []
+        self.incomplete: set[int] = set()
+        self.cut_off = False
         self.started = 0  # calls started: the next call's index
         self.saw_markup = False  # a section of calls was entered
         self._events: list[ToolCallEvent] = []
         self._pending = ""  # text not yet decided
         self._held_space = ""  # content's trailing whitespace: dropped if a call follows
+        self._content_sent = False  # some content has been emitted
         self._at_start = True  # nothing but whitespace so far
         self._finishing = False
         self._section: _Section | None = None
@@ -82,7 +88,7 @@ class ToolCallParser:
             self._run()
         elif section is not None:
             self._commit(section)
-            self._drop_started(section)
+            self.cut_off = self._drop_started(section)
         self._section, self._pending = None, ""
         if self._held_space and not (self.calls or self.saw_markup):
             self._emit(self._held_space)
@@ -94,6 +100,7 @@ class ToolCallParser:
         return events
 
     def _emit(self, event: ToolCallEvent) -> None:
+        self._report(event)
         if self.constrained and isinstance(event, str):
             return
         last = self._events[-1] if self._events else None
@@ -108,6 +115,17 @@ class ToolCallParser:
         else:
             self._events.append(event)
 
+    def _report(self, event: ToolCallEvent) -> None:
+        if isinstance(event, str):
+            self._content_sent = self._content_sent or bool(event)
+        elif isinstance(event, ToolCallStart):
+            self.reported.append(ToolCall(event.name, "", event.id))
+        elif isinstance(event, ToolCallArguments):
+            call = self.reported[event.index]
+            self.reported[event.index] = replace(call, arguments=call.arguments + event.fragment)
+        elif isinstance(event, ToolCallDropped):
+            self.incomplete.add(event.index)
+
     def _run(self) -> None:
         progress = True
         while self._pending and progress:
@@ -120,6 +138,8 @@ class ToolCallParser:
 
     def _content(self, text: str) -> None:
         text = self._held_space + text
+        if self.saw_markup and not self._content_sent:  # content begins after calls
+            text = text.lstrip()
         body = text.rstrip()
         self._held_space = text[len(body) :]
         if body:
@@ -287,10 +307,13 @@ class ToolCallParser:
         self.calls.append(tool_call)
         self._emit(ToolCallEnd(call.index, tool_call))
 
-    def _drop_started(self, section: _Section) -> None:
+    def _drop_started(self, section: _Section) -> bool:
+        """Drop the section's started call, if any; whether there was one."""
         call = section.call
-        if call is not None and call.index is not None:
-            self._emit(ToolCallDropped(call.index))
+        if call is None or call.index is None:
+            return False
+        self._emit(ToolCallDropped(call.index))
+        return True
 
     def _broken(self, section: _Section) -> bool:
         """The section cannot be followed further: content if it was tentative, else its

@@ -23,7 +23,8 @@ The parser (``make_tool_parser``) takes the output in pieces: ``feed(text)`` and
   (the fragments of a call concatenate to its ``ToolCall.arguments``);
 - ``ToolCallEnd(index, call)``: the call's JSON object closed and is a valid call;
 - ``ToolCallDropped(index)``: the started call will never end: the output stopped inside it
-  (max tokens) or it is not valid JSON. It is in no final result.
+  (max tokens) or it is not valid JSON. It is not in ``calls``; the APIs still return it as
+  it was streamed, so a whole response and a stream agree (docs/serving.md, "Tool calls").
 
 A call starts once its name is read and names one of the tools and its arguments are seen to
 be an object. Markup that is not a valid call of a known tool is dropped, never returned as
@@ -50,6 +51,7 @@ __all__ = [
     "ToolCallParser",
     "calls_or_answer",
     "make_tool_parser",
+    "parse_output",
     "parse_tool_calls",
     "split_output",
     "tool_call_constraint",
@@ -149,11 +151,25 @@ def parse_tool_calls(
     fmt: str = "hermes",
     constrained: bool = False,
 ) -> tuple[str | None, list[ToolCall]]:
-    """(content, tool calls) of a whole output. Content is None when only calls (or dropped
-    markup) remain; with calls, its surrounding whitespace is stripped."""
+    """(content, complete tool calls) of a whole output (``parse_output``)."""
+    content, parser = parse_output(text, tool_names, max_calls, fmt, constrained)
+    return content, parser.calls
+
+
+def parse_output(
+    text: str,
+    tool_names: set[str],
+    max_calls: int | None = None,
+    fmt: str = "hermes",
+    constrained: bool = False,
+) -> tuple[str | None, ToolCallParser]:
+    """(content, the spent parser) of a whole output, read as a stream of it would be: the
+    content is exactly the content events joined, so a streamed response and a whole one
+    agree. Content is None when only calls (or dropped markup) remain. The parser has the
+    calls (``calls``: complete; ``reported``: every call started, as streamed)."""
     parser = ToolCallParser(tool_names, max_calls, fmt, constrained)
     events = parser.feed(text) + parser.finish()
     content = "".join(e for e in events if isinstance(e, str))
-    if parser.calls or parser.saw_markup or constrained:
-        return (content.strip() or None), parser.calls
-    return content, parser.calls
+    if parser.reported or parser.saw_markup or constrained:
+        return (content or None), parser
+    return content, parser

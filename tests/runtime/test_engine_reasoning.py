@@ -44,7 +44,14 @@ def engines(thinking_model_path: Path) -> Iterator[tuple[Engine, Engine]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(grammar_manager, "OVERLAP_FILL_MIN_MS", 0.0)
         with Engine(thinking_model_path, **common) as overlapped:
-            with Engine(thinking_model_path, disable_overlap_schedule=True, **common) as plain:
+            # The plain one has a reasoning parser too (require_reasoning), which nothing
+            # else reads.
+            with Engine(
+                thinking_model_path,
+                disable_overlap_schedule=True,
+                reasoning_parser="deepseek-r1",
+                **common,
+            ) as plain:
                 yield overlapped, plain
 
 
@@ -121,6 +128,31 @@ def test_thinking_is_free_and_the_answer_follows_the_schema(
     _answer(engine, out, thinking)
     # Jump-forward drafts ran after </think> ({"ok": is forced), none before.
     assert engine.get_server_info()["draft_tokens_proposed"] > before
+
+
+def test_require_reasoning_gates_the_constraint_and_splits_the_output(
+    engines: tuple[Engine, Engine], tags: tuple[int, int]
+):
+    """``require_reasoning`` sets the gate itself (no token ids given) and returns the
+    thinking apart from the answer, whole and streamed; without a reasoning parser it is
+    refused, naming the option."""
+    overlapped, engine = engines
+    _, end = tags
+    prompt = _prompt(engine, opened=True)
+    bias, thinking = _closing_bias(engine, prompt, end, NO_BIAS)
+    params = _greedy(bias, json_schema=SCHEMA)
+    out = engine.generate(prompt, params, require_reasoning=True)
+    _answer(engine, out, thinking)  # the same thinking: the grammar waited for </think>
+    assert out["reasoning_content"] == engine.tokenizer.decode(thinking[:-1])
+    jsonschema.validate(json.loads(out["text"]), SCHEMA)
+    chunks = list(engine.generate(prompt, params, require_reasoning=True, stream=True))
+    assert "".join(c["reasoning_delta"] for c in chunks) == out["reasoning_content"]
+    assert "".join(c["delta"] for c in chunks) == out["text"] == chunks[-1]["text"]
+    assert chunks[-1]["reasoning_content"] == out["reasoning_content"]
+    raw = engine.generate(prompt, params)  # no gate: the schema applies from the first token
+    assert "reasoning_content" not in raw and raw["output_ids"][: len(thinking)] != thinking
+    with pytest.raises(ValueError, match="require_reasoning: needs a reasoning parser"):
+        overlapped.generate(prompt, params, require_reasoning=True)
 
 
 def test_the_model_may_open_its_reasoning_itself(

@@ -25,7 +25,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.server import ServerProcess
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import after_reasoning
-from tests.server.server_process import POOL
+from tests.server.server_process import POOL, sse_payloads
 from tests.tool_fixtures import weather_tool
 
 pytestmark = pytest.mark.timeout(300)
@@ -304,3 +304,98 @@ def test_responses_api_without_thinking(qwen3_server: ServerProcess, options: di
     jsonschema.validate(json.loads(response.output_text), SCHEMA)
     assert response.usage.output_tokens_details.reasoning_tokens == 0
     assert response.usage.input_tokens == thinking.usage.input_tokens + 4
+
+
+def _stream_calls(client: openai.OpenAI, options: dict[str, Any], **request: Any) -> Any:
+    """(reasoning, content, [(name, arguments)], finish reason) of a streamed chat."""
+    reasoning = content = ""
+    calls: dict[int, list[str]] = {}
+    finish = None
+    for chunk in _chat(client, options, stream=True, **request):
+        choice = chunk.choices[0]
+        delta = choice.delta
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        content += delta.content or ""
+        for piece in delta.tool_calls or []:
+            assert not piece.function.name or piece.index not in calls
+            call = calls.setdefault(piece.index, [piece.function.name or "", ""])
+            call[1] += piece.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return reasoning, content, [tuple(calls[i]) for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("parser", ["deepseek-r1", "qwen3"])
+def test_forced_tool_calls_land_after_the_reasoning(
+    request: pytest.FixtureRequest, parser: str, tokenizer: Any, tags: tuple[str, str]
+):
+    """tool_choice required / named with a reasoning parser: the thinking is free, the calls
+    follow </think> and are returned as tool_calls (chat and Responses, streamed and not),
+    never inside the reasoning."""
+    server = request.getfixturevalue("r1_server" if parser == "deepseek-r1" else "qwen3_server")
+    start, end = tags
+    prompt = tokenizer.apply_chat_template(
+        MESSAGES, tools=[TOOL], tokenize=False, add_generation_prompt=True
+    )
+    bases: list[dict[str, Any]] = [{}]
+    if parser == "qwen3":  # the model opens the block itself (biased, as above)
+        penalties = {"presence_penalty": 2.0, "frequency_penalty": 2.0}
+        bases = [{**penalties, "logit_bias": {start: b}} for b in (7.0, 8.0, 9.0)]
+    options, thinking = _sweep(server, prompt, end, bases, min_thinking=3)
+    expected = thinking.removeprefix("<think>").removesuffix("</think>")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with _client(server) as client:
+        for choice in ("required", named):
+            request_options = {
+                "tools": [TOOL],
+                "tool_choice": choice,
+                "parallel_tool_calls": False,
+                "max_tokens": 120,
+            }
+            whole = _chat(client, options, **request_options).choices[0]
+            message = whole.message
+            assert whole.finish_reason == "tool_calls", (options, message)
+            assert message.model_extra["reasoning_content"] == expected
+            assert "get_weather" not in expected and not message.content
+            calls = [(c.function.name, c.function.arguments) for c in message.tool_calls]
+            assert [name for name, _ in calls] == ["get_weather"]
+            jsonschema.validate(json.loads(calls[0][1]), TOOL["function"]["parameters"])
+            streamed = _stream_calls(client, options, **request_options)
+            assert streamed == (expected, "", calls, "tool_calls")
+        body = {
+            "model": client.models.list().data[0].id,
+            "input": MESSAGES[0]["content"],
+            "tools": [{"type": "function", **TOOL["function"]}],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_output_tokens": 120,
+            "temperature": 0,
+        }
+        response = client.responses.create(**body, extra_body=options)
+        assert [item.type for item in response.output] == ["reasoning", "function_call"]
+        assert response.output[0].content[0].text == expected
+        assert (response.output[1].name, response.output[1].arguments) == calls[0]
+        events = list(client.responses.create(**body, extra_body=options, stream=True))
+        assert events[-1].response.output[1].arguments == calls[0][1]
+        reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        assert reasoning == expected
+
+
+def test_native_require_reasoning(r1_server: ServerProcess, tokenizer: Any, tags):
+    """/generate with require_reasoning: the schema applies after </think> and the result
+    splits the thinking from the answer, whole and streamed; without it the schema applies
+    from the first token and the text is raw."""
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    options, thinking = _sweep(r1_server, prompt, tags[1], [{}], min_thinking=3)
+    params = {"temperature": 0, "max_new_tokens": 40, "json_schema": SCHEMA, **options}
+    body = {"text": prompt, "sampling_params": params, "require_reasoning": True}
+    url = f"{r1_server.url}/generate"
+    out = httpx.post(url, json=body, timeout=60.0).json()
+    assert out["reasoning_content"] == thinking.removesuffix("</think>")
+    jsonschema.validate(json.loads(out["text"]), SCHEMA)
+    with httpx.stream("POST", url, json=body | {"stream": True}, timeout=60.0) as response:
+        events = list(sse_payloads(response.iter_lines()))
+    assert "".join(e["reasoning_delta"] for e in events) == out["reasoning_content"]
+    assert "".join(e["delta"] for e in events) == out["text"] == events[-1]["text"]
+    raw = httpx.post(url, json=body | {"require_reasoning": False}, timeout=60.0).json()
+    assert "reasoning_content" not in raw
+    jsonschema.validate(json.loads(raw["text"]), SCHEMA)

@@ -25,7 +25,7 @@ from runtime.server.tool_call_formats import (
     detect_format,
     resolve_format,
 )
-from runtime.server.tool_calls import make_tool_parser, parse_tool_calls
+from runtime.server.tool_calls import make_tool_parser, parse_output, parse_tool_calls
 from runtime.server_args import TOOL_CALL_PARSERS, ServerArgs
 from runtime.test_model.chat_templates import CHAT_TEMPLATES
 
@@ -244,6 +244,20 @@ def test_content_is_not_held_back_longer_than_needed():
     assert llama.feed("It is") == ["It is"]
 
 
+def test_content_after_calls_loses_its_leading_whitespace_streamed_too():
+    text = hermes(*TIME) + "\n\n done"
+    assert run("hermes", list(text)).content == "done"
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == "done" and [(c.name, c.arguments) for c in calls] == [TIME]
+
+
+def test_a_call_cut_off_is_reported_with_its_partial_arguments():
+    content, parser = parse_output('<tool_call>{"name": "get_time", "arguments": {"zo', NAMES)
+    assert content is None and parser.calls == [] and parser.cut_off
+    assert [(c.name, c.arguments) for c in parser.reported] == [("get_time", '{"zo')]
+    assert parser.incomplete == {0}
+
+
 def test_constrained_output_has_no_content():
     assert parse_tool_calls("<tool", NAMES, constrained=True) == (None, [])
     assert parse_tool_calls('{"name": "get_ti', NAMES, fmt="llama3", constrained=True) == (None, [])
@@ -293,6 +307,13 @@ def test_any_split_of_any_output_gives_the_whole_parse(data: st.DataObject, fmt:
     whole, split = run(fmt, [text]), run(fmt, chunks)
     assert (split.content, split.calls()) == (whole.content, whole.calls())
     assert split.dropped == whole.dropped
+    # A whole response (parse_output) reports what the stream sent: the same content, and
+    # every started call, dropped ones too, with the arguments streamed.
+    content, parser = parse_output(text, NAMES, fmt=fmt)
+    assert (content or "") == split.content
+    streamed = [(split.names[i], split.arguments[i]) for i in sorted(split.names)]
+    assert [(c.name, c.arguments) for c in parser.reported] == streamed
+    assert parser.incomplete == split.dropped
 
 
 def test_format_names_and_detection():
