@@ -11,7 +11,11 @@ template by ``runtime.server.tool_call_formats``)::
                          template has no tool syntax (``runtime.server.generic_tools``)
 
 With ``tool_choice`` "required" or a named function the output is constrained by grammar to
-calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them.
+calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them,
+except in ``generic``: there "auto" constrains the whole reply to the reply envelope, a JSON
+object holding calls or a response (``calls_or_answer``; read by
+``runtime.server.tool_call_envelope.EnvelopeParser``), since a model without tool syntax of
+its own never starts a call unprompted.
 
 The parser (``make_tool_parser``) takes the output in pieces: ``feed(text)`` and, at the end,
 ``finish()`` each return events (``runtime.server.tool_call_events``) in output order:
@@ -41,11 +45,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.server.tool_call_envelope import EnvelopeParser
 from runtime.server.tool_call_events import ToolCall
-from runtime.server.tool_call_formats import canonical_format
+from runtime.server.tool_call_formats import GENERIC_FORMAT, canonical_format
 from runtime.server.tool_call_parser import ToolCallParser
 
 __all__ = [
+    "EnvelopeParser",
     "ToolCallParser",
     "calls_or_answer",
     "make_tool_parser",
@@ -80,13 +86,25 @@ def tool_call_constraint(
 
 
 def calls_or_answer(
-    tools: list[dict[str, Any]], parallel: bool, fmt: str, answer: dict[str, Any]
+    tools: list[dict[str, Any]],
+    parallel: bool,
+    fmt: str,
+    answer: dict[str, Any],
+    envelope: bool = False,
 ) -> dict[str, Any] | None:
     """tool_choice "auto" with a response format (``answer``: the ``json_schema`` or
     ``json_object`` sampling param, or empty for text): the ``structural_tag`` that lets the
     output be calls to any of ``tools`` or an answer in that format; None when there is no
-    tool or no format (the output is then free, or the format alone)."""
-    if not tools or not answer:
+    tool or no format (the output is then free, or the format alone). ``envelope`` (the
+    ``generic`` format only): the reply envelope instead
+    (``runtime.server.generic_tools.ReplyEnvelope``), calls or a response, the response a
+    string when there is no format."""
+    if not tools:
+        return None
+    if envelope:
+        schema = answer.get("json_schema") or ({"type": "object"} if answer else None)
+        return tool_call_constraint(tools, "auto", parallel=parallel, fmt=fmt, answer=schema)
+    if not answer:
         return None
     schema = answer.get("json_schema") or {"type": "object"}
     return tool_call_constraint(tools, "required", parallel=parallel, fmt=fmt, answer=schema)
@@ -94,9 +112,12 @@ def calls_or_answer(
 
 def make_tool_parser(
     fmt: str, tool_names: set[str], max_calls: int | None, constrained: bool = False
-) -> ToolCallParser:
+) -> ToolCallParser | EnvelopeParser:
     """A parser for one output in format ``fmt`` (a name or alias: hermes, qwen, llama3,
-    mistral, generic); ValueError for an unknown format."""
+    mistral, generic); ValueError for an unknown format. ``generic`` under tool_choice auto
+    (not ``constrained``) reads the reply envelope."""
+    if canonical_format(fmt) == GENERIC_FORMAT and not constrained:
+        return EnvelopeParser(tool_names, max_calls)
     return ToolCallParser(tool_names, max_calls, fmt, constrained)
 
 
@@ -109,7 +130,7 @@ def parse_tool_calls(
 ) -> tuple[str | None, list[ToolCall]]:
     """(content, tool calls) of a whole output. Content is None when only calls (or dropped
     markup) remain; with calls, its surrounding whitespace is stripped."""
-    parser = ToolCallParser(tool_names, max_calls, fmt, constrained)
+    parser = make_tool_parser(fmt, tool_names, max_calls, constrained)
     events = parser.feed(text) + parser.finish()
     content = "".join(e for e in events if isinstance(e, str))
     if parser.calls or parser.saw_markup or constrained:
