@@ -16,9 +16,12 @@ other directly: hermes's syntax, which the tool-call grammar writes and the pars
 (``grammar.tool_call_formats.GENERIC``). Tuned on SmolLM2-135M-Instruct
 (``benchmarks/generic_tools_tuning.py``; docs/agents.md has the table): with this text a call
 forced by ``tool_choice: required`` got its arguments right 12 times in 12 (4 without the
-tools in the prompt); under ``auto`` no wording or syntax tried (a ``{"tool_call": ...}`` JSON
-object, a list inside the tags, longer instructions, an example, the user turn) made that
-model call at all.
+tools in the prompt); under free ``auto`` no wording or syntax tried (a ``{"tool_call": ...}``
+JSON object, a list inside the tags, longer instructions, an example, the user turn) made that
+model call at all. So under ``auto`` the reply is constrained to the ``ReplyEnvelope``, one
+JSON object that either calls or answers, and the last line of the system text describes that
+instead (as llama.cpp does for templates without tool syntax); a request with a grammar of its
+own keeps the free reply.
 
 Earlier turns are rendered for such a template too: an assistant turn's calls become its
 text, in the call syntax (with the arguments string as the client sent it, so a re-sent turn

@@ -256,7 +256,9 @@ def test_resent_calls_hit_the_cache(tools_server: ToolServer):
     }
     results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in calls]
     conversation = [*MESSAGES, assistant, *results]
-    second = tools_server.chat(messages=conversation, max_tokens=1)
+    # The same tool_choice: under the generic format, auto's prompt describes the reply
+    # envelope instead of the call syntax, so its system turn differs from the first one's.
+    second = tools_server.chat(messages=conversation, tool_choice="required", max_tokens=1)
     cached = second.usage.prompt_tokens_details.cached_tokens
     generated = first.usage.prompt_tokens + first.usage.completion_tokens
     turn = tools_server.render([*MESSAGES, assistant])
@@ -314,10 +316,11 @@ def test_generic_responses_continuation_renders_as_the_whole_conversation(
         "instructions": MESSAGES[0]["content"],
         "tools": [responses_tool(tool) for tool in TOOLS],
         "temperature": 0,
+        # Every turn the same choice: under auto the system turn describes the reply envelope.
+        "tool_choice": {"type": "function", "name": "get_time"},
     }
     first = tools_server.client.responses.create(
         input=MESSAGES[1]["content"],
-        tool_choice={"type": "function", "name": "get_time"},
         parallel_tool_calls=False,
         max_output_tokens=120,
         **common,
