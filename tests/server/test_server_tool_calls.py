@@ -345,3 +345,34 @@ def test_generic_responses_continuation_renders_as_the_whole_conversation(
     assert second.usage.input_tokens == resent.usage.input_tokens
     reused = first.usage.input_tokens + first.usage.output_tokens - 1
     assert second.usage.input_tokens_details.cached_tokens >= reused
+
+
+def test_generic_auto_replies_in_the_envelope(tools_server: ToolServer):
+    """Generic format under auto: the reply is the envelope, a call or an answer as the model
+    chooses (here steered by a bias towards one key); a call streams as call deltas and an
+    answer as content, both rebuilding the whole response."""
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's envelope only")
+
+    def towards(key: str) -> dict[str, float]:
+        ids = tools_server.tokenizer(f'"{key}"', add_special_tokens=False).input_ids
+        return {str(i): 30.0 for i in ids}
+
+    options = {"max_tokens": 160, "parallel_tool_calls": False, "logit_bias": towards("tool_call")}
+    choice = tools_server.chat(**options).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    _check_calls(calls)
+    assert len(calls) == 1
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content == "" and reason == "tool_calls"
+    assert [(c["name"], c["args"]) for c in streamed.values()] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
+    options = {"max_tokens": 24, "logit_bias": towards("response")}
+    choice = tools_server.chat(**options).choices[0]
+    assert not choice.message.tool_calls and choice.message.content
+    assert not choice.message.content.lstrip().startswith("{")  # the answer, unwrapped
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content == choice.message.content and not streamed
+    assert reason == choice.finish_reason
