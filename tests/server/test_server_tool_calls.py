@@ -376,3 +376,21 @@ def test_generic_auto_replies_in_the_envelope(tools_server: ToolServer):
     content, streamed, reason = _stream(tools_server, **options)
     assert content == choice.message.content and not streamed
     assert reason == choice.finish_reason
+
+
+def test_generic_auto_envelope_in_the_responses_api(tools_server: ToolServer):
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's envelope only")
+    ids = tools_server.tokenizer('"tool_call"', add_special_tokens=False).input_ids
+    response = tools_server.client.responses.create(
+        model=tools_server.model,
+        input=MESSAGES[1]["content"],
+        tools=[responses_tool(tool) for tool in TOOLS],
+        parallel_tool_calls=False,
+        max_output_tokens=160,
+        temperature=0,
+        extra_body={"logit_bias": {str(i): 30.0 for i in ids}},
+    )
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert [item.type for item in response.output] == ["function_call"]
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
