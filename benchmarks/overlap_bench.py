@@ -12,7 +12,7 @@ on first use, about 2 minutes), greedy, fixed output lengths. For each case and 
   (issue target: at most 5%). Jump-forward is off throughout (see ``main``).
 
     python -m benchmarks.overlap_bench [--repeat 3] [--quick] [--max-total-tokens N]
-        [--json-format aligned|compact]
+        [--json-format aligned|compact] [--cases unconstrained,long_fixed_keys,free_text]
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ FREE_TEXT = {
     },
     "required": ["title", "summary", "rating"],
 }
+
+
+CASES = ("unconstrained", "long_fixed_keys", "free_text")
 
 
 def _prompts(batch: int) -> list[str]:
@@ -88,7 +91,16 @@ def main() -> None:
         default=None,
         help="the JSON rows' layout (default: the runtime's, aligned)",
     )
+    parser.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help=f"comma-separated cases to run (default: all of {', '.join(CASES)})",
+    )
     args = parser.parse_args()
+    cases = args.cases.split(",")
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown cases {unknown}; expected some of {', '.join(CASES)}")
     repeat = 1 if args.quick else args.repeat
     new_tokens = 24 if args.quick else 64
     path = cached_test_model("small", "llama", vocab_size=VOCAB)
@@ -102,13 +114,15 @@ def main() -> None:
     rows: list[list[Any]] = []
     results: list[dict[str, Any]] = []
     try:
-        for batch in (1, 32):
+        for batch in (1, 32) if "unconstrained" in cases else ():
             free = [{"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0}] * batch
             best = _best(engines, _prompts(batch), free, repeat)
             on, off = best["overlap"]["ms_per_step"], best["plain"]["ms_per_step"]
             rows.append(["unconstrained", batch, off, on, (1 - on / off) * 100, "", ""])
             results.append({"case": "unconstrained", "batch": batch, **_flat(best)})
         for name, schema in (("long_fixed_keys", LONG_KEYS), ("free_text", FREE_TEXT)):
+            if name not in cases:
+                continue
             batch = 16
             constrained = [{"json_schema": schema, "max_new_tokens": 160, "temperature": 0}]
             if args.json_format is not None:

@@ -71,7 +71,7 @@ class GrammarSpec:
         is a mapping or an object with those attributes. Raises GrammarError if more than one
         constraint is given or it is invalid.
 
-        A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named",
+        A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named"|"auto",
         "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral", "answer": schema}``
         ("format" optional, hermes by default; "answer" optional) is the tool-call constraint
         (``for_tool_calls``) the OpenAI layer sends for tool_choice required/named, or auto
@@ -188,13 +188,21 @@ class GrammarSpec:
 
         tools: OpenAI-style ``{"type": "function", "function": {"name", "parameters"}}`` or
         plain ``{"name", "parameters"}`` dicts. mode "required": calls to any of the tools;
-        "named": calls to the tool called ``name`` only. parallel: allow several calls, else
+        "named": calls to the tool called ``name`` only; "auto" (``generic`` format only):
+        the reply envelope, a JSON object holding either calls or a response
+        (``grammar.tool_calls.reply_envelope_ebnf``; the response is a string, or valid
+        against ``answer`` when given). parallel: allow several calls, else
         exactly one. Each parameters schema is checked as a JSON schema. answer: a JSON schema
         the output may satisfy instead of calling tools (tool_choice "auto" with a response
         format; ``{"type": "object"}`` for JSON mode), checked like ``for_json_schema``.
         """
         options = options or GrammarOptions()
         get_format(format)
+        if mode == "auto" and format != "generic":
+            raise GrammarError(
+                "tool_choice mode 'auto' as a grammar is the generic format's reply envelope; "
+                f"format {format!r} has none"
+            )
         check_nesting(tools, "tools")
         normalized = normalize_tools(tools, mode, name, options.best_effort)
         payload = {
@@ -205,6 +213,8 @@ class GrammarSpec:
             "parallel": bool(parallel),
             "format": format,
         }
+        if mode == "auto":
+            payload["envelope"] = True
         if answer is not None:
             parsed = parse_schema(answer)
             check_nesting(parsed, "json_schema")

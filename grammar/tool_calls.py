@@ -19,6 +19,7 @@ from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaFeature
 from grammar.json_grammar import json_schema_ebnf
+from grammar.json_layout import SPACE_RULE, WS_RULE, aligned_rules
 from grammar.options import JsonLayout
 from grammar.schema_check import check_schema
 from grammar.tool_call_formats import ToolCallFormat
@@ -26,6 +27,7 @@ from grammar.tool_call_formats import ToolCallFormat
 ROOT_RULE = "arbor_tool_calls"
 _CALL_RULE = "arbor_tool_call"
 _ANSWER_PREFIX = "arbor_answer_"
+_ENVELOPE_PREFIX = "arbor_envelope_"
 # A quoted literal or a character class (left alone when renaming), or an identifier.
 _EBNF_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z_][A-Za-z0-9_]*')
 _RULE_DEFINITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.M)
@@ -34,9 +36,11 @@ _RULE_DEFINITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.M)
 def normalize_tools(
     tools: Sequence[Mapping[str, Any]], mode: str, name: str | None, best_effort: bool
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(name, parameters schema) of each tool a call may use, checked; GrammarError if bad."""
-    if mode not in ("required", "named"):
-        raise GrammarError(f"tool_choice mode must be 'required' or 'named', got {mode!r}")
+    """(name, parameters schema) of each tool a call may use, checked; GrammarError if bad.
+    mode "auto" (the reply envelope, ``reply_envelope_ebnf``) allows every tool, as
+    "required" does."""
+    if mode not in ("required", "named", "auto"):
+        raise GrammarError(f"tool_choice mode must be 'required', 'named' or 'auto', got {mode!r}")
     result: list[tuple[str, dict[str, Any]]] = []
     for i, tool in enumerate(tools):
         function = tool.get("function", tool) if isinstance(tool, Mapping) else None
@@ -95,6 +99,66 @@ def tool_calls_ebnf(
         start = f"{ROOT_RULE} ::= ({start.split(' ::= ', 1)[1]}) | {_ANSWER_PREFIX}root"
     call = f"{_CALL_RULE} ::= {' | '.join(cases)}"
     return "\n".join([*rules, call, start]), ROOT_RULE
+
+
+def reply_envelope_ebnf(
+    tools: Sequence[Mapping[str, Any]],
+    parallel: bool,
+    best_effort: bool,
+    layout: JsonLayout,
+    answer: Mapping[str, Any] | None = None,
+) -> tuple[str, str]:
+    """(EBNF text, start rule) for a whole reply that is one JSON object choosing between
+    calling tools and answering (tool_choice "auto" in the ``generic`` format, whose prompt
+    describes it: ``runtime.server.generic_tools``)::
+
+        {"tool_call": {"name": NAME, "arguments": ARGS}}          (without ``parallel``)
+        {"tool_calls": [{"name": NAME, "arguments": ARGS}, ...]}  (with ``parallel``)
+        {"response": ANSWER}
+
+    ARGS follows the tool's parameters schema; ANSWER is a JSON string, or a value valid
+    against ``answer`` when given (a response format). The object's whitespace is the
+    layout's, as in the arguments. tools: as ``normalize_tools`` left them."""
+    ws, space, ws_rules = _layout_whitespace(layout)
+    rules: list[str] = list(ws_rules)
+    cases: list[str] = []
+    for i, tool in enumerate(tools):
+        prefix = f"arbor_tool_{i}_"
+        arguments = json_schema_ebnf(tool["parameters"], best_effort, layout)
+        rules.append(_prefixed_rules(arguments, prefix))
+        name = json.dumps(tool["name"], ensure_ascii=False)
+        cases.append(
+            _sequence(
+                '"{"', ws, _literal('"name":'), space, _literal(name), '","', ws,
+                _literal('"arguments":'), space, f"{prefix}root", ws, '"}"',
+            )
+        )  # fmt: skip
+    rules.append(f"{_CALL_RULE} ::= {' | '.join(f'({case})' for case in cases)}")
+    if parallel:
+        more = _sequence('","', ws, _CALL_RULE)
+        calls = _sequence(
+            _literal('"tool_calls":'), space, '"["', ws, _CALL_RULE, f"({more})*", ws, '"]"'
+        )
+    else:
+        calls = _sequence(_literal('"tool_call":'), space, _CALL_RULE)
+    body = json_schema_ebnf(dict(answer or {"type": "string"}), best_effort, layout)
+    rules.append(_prefixed_rules(body, _ANSWER_PREFIX))
+    response = _sequence(_literal('"response":'), space, f"{_ANSWER_PREFIX}root")
+    choice = f"(({calls}) | ({response}))"
+    rules.append(f"{ROOT_RULE} ::= {_sequence(_literal('{'), ws, choice, ws, _literal('}'))}")
+    return "\n".join(rules), ROOT_RULE
+
+
+def _layout_whitespace(layout: JsonLayout) -> tuple[str, str, list[str]]:
+    """(whitespace between tokens, after a colon, the rules they need) in ``layout``: the
+    aligned layout's own rules, none for compact JSON, or runs of at most ``layout``."""
+    if layout == "aligned":
+        renamed = [_prefixed_rules(rule, _ENVELOPE_PREFIX) for rule in aligned_rules()]
+        return _ENVELOPE_PREFIX + WS_RULE, _ENVELOPE_PREFIX + SPACE_RULE, renamed
+    if layout == 0:
+        return '""', '""', []
+    run = f"{_ENVELOPE_PREFIX}ws"
+    return run, run, [f"{run} ::= [ \\n\\t]{{0,{layout}}}"]
 
 
 def _prefixed_rules(ebnf: str, prefix: str) -> str:

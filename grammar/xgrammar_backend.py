@@ -30,7 +30,7 @@ from grammar.regex import to_backend_regex
 from grammar.spec import GrammarSpec
 from grammar.structural_tag import structural_tag_ebnf
 from grammar.tool_call_formats import get_format
-from grammar.tool_calls import tool_calls_ebnf
+from grammar.tool_calls import reply_envelope_ebnf, tool_calls_ebnf
 
 logger = logging.getLogger(__name__)
 Encode = Callable[[str], list[int]]
@@ -165,6 +165,14 @@ class XGrammarBackend(GrammarBackend):
         if kind == "structural_tag":
             return structural_tag_ebnf(json.loads(spec.spec), options), "root"
         payload = json.loads(spec.spec)
+        if payload.get("envelope"):
+            return reply_envelope_ebnf(
+                payload["tools"],
+                payload["parallel"],
+                options.best_effort,
+                options.json_layout,
+                payload.get("answer"),
+            )
         return tool_calls_ebnf(
             payload["tools"],
             get_format(payload.get("format", "hermes")),

@@ -16,9 +16,12 @@ other directly: hermes's syntax, which the tool-call grammar writes and the pars
 (``grammar.tool_call_formats.GENERIC``). Tuned on SmolLM2-135M-Instruct
 (``benchmarks/generic_tools_tuning.py``; docs/agents.md has the table): with this text a call
 forced by ``tool_choice: required`` got its arguments right 12 times in 12 (4 without the
-tools in the prompt); under ``auto`` no wording or syntax tried (a ``{"tool_call": ...}`` JSON
-object, a list inside the tags, longer instructions, an example, the user turn) made that
-model call at all.
+tools in the prompt); under free ``auto`` no wording or syntax tried (a ``{"tool_call": ...}``
+JSON object, a list inside the tags, longer instructions, an example, the user turn) made that
+model call at all. So under ``auto`` the reply is constrained to the ``ReplyEnvelope``, one
+JSON object that either calls or answers, and the last line of the system text describes that
+instead (as llama.cpp does for templates without tool syntax); a request with a grammar of its
+own keeps the free reply.
 
 Earlier turns are rendered for such a template too: an assistant turn's calls become its
 text, in the call syntax (with the arguments string as the client sent it, so a re-sent turn
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from grammar.tool_call_formats import GENERIC
@@ -84,8 +88,48 @@ def _render(tokenizer: Any, tools: list[dict[str, Any]] | None) -> str:
     return str(text)
 
 
-def generic_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The tools and how to call them, for the system turn. ``tools``: OpenAI tools
+@dataclass(frozen=True)
+class ReplyEnvelope:
+    """Under tool_choice "auto" the whole reply is one JSON object that either calls tools or
+    answers (the grammar ``grammar.tool_calls.reply_envelope_ebnf`` holds it to that; the
+    parser is ``runtime.server.tool_call_envelope``): ``{"tool_call": CALL}`` (``parallel``:
+    ``{"tool_calls": [CALL, ...]}``) or ``{"response": ANSWER}``, ANSWER a string
+    (``text_answer``) or JSON in the request's response format."""
+
+    parallel: bool
+    text_answer: bool = True
+
+    @property
+    def calls_key(self) -> str:
+        return "tool_calls" if self.parallel else "tool_call"
+
+    def instruction(self) -> str:
+        """The sentence that tells the model the reply's shape."""
+        call = '{"name": <tool name>, "arguments": <arguments object>}'
+        calls = f"[{call}, ...]" if self.parallel else call
+        answer = "<your answer as a string>" if self.text_answer else "<your answer as JSON>"
+        what = "one or more tools" if self.parallel else "a tool"
+        return (
+            f'Reply with a JSON object: {{"{self.calls_key}": {calls}}} to call {what}, or '
+            f'{{"response": {answer}}} to answer the user directly.'
+        )
+
+    def calls_text(self, calls: Sequence[tuple[str, str]]) -> str:
+        """Earlier calls (name, arguments JSON text as sent) as this envelope writes them."""
+        objects = [
+            f'{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}'
+            for name, arguments in calls
+        ]
+        if self.parallel or len(objects) != 1:
+            return f'{{"tool_calls": [{", ".join(objects)}]}}'
+        return f'{{"tool_call": {objects[0]}}}'
+
+
+def generic_system_text(
+    tools: Sequence[Mapping[str, Any]], envelope: ReplyEnvelope | None = None
+) -> str:
+    """The tools and how to call them, for the system turn: in the call syntax, or, with
+    ``envelope`` (tool_choice "auto"), the reply envelope. ``tools``: OpenAI tools
     (``{"type": "function", "function": {...}}``) or bare function definitions."""
     lines = ["You can call the following tools:"]
     for tool in tools:
@@ -95,10 +139,13 @@ def generic_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
             entry["description"] = function["description"]
         entry["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
         lines.append(json.dumps(entry, ensure_ascii=False))
-    lines.append(
-        f'To call a tool, reply with {CALL_OPEN}{{"name": <tool name>, '
-        f'"arguments": <arguments object>}}{CALL_CLOSE}'
-    )
+    if envelope is not None:
+        lines.append(envelope.instruction())
+    else:
+        lines.append(
+            f'To call a tool, reply with {CALL_OPEN}{{"name": <tool name>, '
+            f'"arguments": <arguments object>}}{CALL_CLOSE}'
+        )
     return "\n".join(lines)
 
 
@@ -124,12 +171,15 @@ def generic_messages(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     known_calls: Mapping[str, str] | None = None,
+    envelope: ReplyEnvelope | None = None,
 ) -> list[dict[str, Any]]:
     """``messages`` for a template without tool syntax, to be rendered without ``tools``: the
     tools' text (if any) leads the system message (one is added when there is none), an
     assistant turn's ``tool_calls`` are appended to its text as calls, and each run of tool
     results becomes one user turn, a line per result naming its tool (found by call id in the
-    assistant turns before it, or in ``known_calls``: {call id: tool name})."""
+    assistant turns before it, or in ``known_calls``: {call id: tool name}). With
+    ``envelope`` (tool_choice "auto") the system text describes it and earlier calls are
+    written in it."""
     names = dict(known_calls or {})
     result: list[dict[str, Any]] = []
     results_turn: dict[str, Any] | None = None  # the user turn the latest tool results went to
@@ -145,11 +195,11 @@ def generic_messages(
             continue
         results_turn = None
         if role == "assistant" and message.get("tool_calls"):
-            result.append(_assistant_with_calls(message, names))
+            result.append(_assistant_with_calls(message, names, envelope))
         else:
             result.append(dict(message))
     if tools:
-        text = generic_system_text(tools)
+        text = generic_system_text(tools, envelope)
         if result and result[0].get("role") == "system":
             first = result[0]
             first["content"] = text + ("\n\n" + first["content"] if first.get("content") else "")
@@ -158,16 +208,25 @@ def generic_messages(
     return result
 
 
-def _assistant_with_calls(message: Mapping[str, Any], names: dict[str, str]) -> dict[str, Any]:
+def _assistant_with_calls(
+    message: Mapping[str, Any], names: dict[str, str], envelope: ReplyEnvelope | None
+) -> dict[str, Any]:
     calls = []
     for call in message["tool_calls"]:
         function = call.get("function", call)
         name = str(function.get("name", ""))
         if call.get("id"):
             names[str(call["id"])] = name
-        calls.append(generic_call_text(name, function.get("arguments") or "{}"))
+        arguments = function.get("arguments") or "{}"
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append((name, arguments))
     turn = {k: v for k, v in message.items() if k != "tool_calls"}
-    turn["content"] = (message.get("content") or "") + "".join(calls)
+    if envelope is not None:  # the reply was the envelope alone
+        turn["content"] = envelope.calls_text(calls)
+    else:
+        written = "".join(generic_call_text(name, arguments) for name, arguments in calls)
+        turn["content"] = (message.get("content") or "") + written
     return turn
 
 

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.generate_input import SubRequest
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
+from runtime.server.generic_tools import ReplyEnvelope
 from runtime.server.messages_input import chat_messages
 from runtime.server.messages_protocol import (
     CountTokensRequest,
@@ -47,6 +48,7 @@ from runtime.server.openai_protocol import FunctionDefinition
 from runtime.server.reasoning import make_reasoning_parser
 from runtime.server.state import ServerState, open_streams
 from runtime.server.streams import merge_streams, primed
+from runtime.server.tool_call_formats import GENERIC_FORMAT
 from runtime.server.tool_calls import make_tool_parser, turn_constraint
 from runtime.server.tracing import trace_request
 
@@ -90,6 +92,7 @@ class _Turn:
     functions: list[dict[str, Any]]
     mode: str
     names: set[str]
+    envelope: ReplyEnvelope | None = None  # the generic format's reply envelope (auto)
 
 
 @router.post("/messages")
@@ -97,13 +100,12 @@ async def create_message(request: Request) -> Response:
     state, body = await read_request(request, MessagesRequest)
     turn = await _prompt(state, body)
     parallel = not _parallel_disabled(body)
-    answer: dict[str, Any] = {}
-    if body.output_config is not None and body.output_config.format is not None:
-        answer = {"json_schema": body.output_config.format.schema_}
+    answer = _answer_format(body)
     callable_tools = [f for f in turn.functions if f["name"] in turn.names]
     name = next(iter(turn.names)) if turn.mode == "named" else None
     fmt = state.tool_call_format
-    constraints = turn_constraint(callable_tools, turn.mode, name, parallel, fmt, answer)
+    envelope = turn.envelope is not None
+    constraints = turn_constraint(callable_tools, turn.mode, name, parallel, fmt, answer, envelope)
     sampling = _sampling(state, body, constraints)
     run = MessageRun(new_message(state.args.model_name), list(body.stop_sequences or []))
     if turn.mode != "none" and turn.functions:
@@ -152,10 +154,23 @@ async def _prompt(state: ServerState, body: PromptRequest) -> _Turn:
     if isinstance(body.thinking, ThinkingDisabled):
         variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
     tools = None
+    envelope = None
     if functions and mode != "none":
         tools = [{"type": "function", "function": f} for f in functions]
-    text, ids = await render_prompt(state, messages, tools, variables)
-    return _Turn(text, ids, functions, mode, names)
+        if mode == "auto" and state.tool_call_format == GENERIC_FORMAT:
+            # The generic format's reply envelope: a call or an answer (as chat's auto).
+            parallel = not _parallel_disabled(body)
+            envelope = ReplyEnvelope(parallel, text_answer=not _answer_format(body))
+    text, ids = await render_prompt(state, messages, tools, variables, envelope)
+    return _Turn(text, ids, functions, mode, names, envelope)
+
+
+def _answer_format(body: PromptRequest) -> dict[str, Any]:
+    """The answer's constraint from ``output_config.format`` (empty: free text)."""
+    config = getattr(body, "output_config", None)
+    if config is not None and config.format is not None:
+        return {"json_schema": config.format.schema_}
+    return {}
 
 
 def _tool_choice(body: PromptRequest, functions: list[dict[str, Any]]) -> tuple[str, set[str]]:
@@ -177,7 +192,7 @@ def _tool_choice(body: PromptRequest, functions: list[dict[str, Any]]) -> tuple[
     return ("required" if isinstance(choice, ToolChoiceAny) else "auto"), names
 
 
-def _parallel_disabled(body: MessagesRequest) -> bool:
+def _parallel_disabled(body: PromptRequest) -> bool:
     choice = body.tool_choice
     return choice is not None and getattr(choice, "disable_parallel_tool_use", False)
 

@@ -35,7 +35,7 @@ from runtime.server.tool_call_events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.server.tool_calls import ToolCallParser, split_output
+from runtime.server.tool_calls import EnvelopeParser, ToolCallParser, split_output
 from runtime.tokenizer_manager import RequestOutput
 
 
@@ -64,7 +64,7 @@ class MessageRun:
 
     message: dict[str, Any]
     stop_sequences: list[str] = field(default_factory=list)
-    tools: ToolCallParser | None = None  # tool calls are parsed when set
+    tools: ToolCallParser | EnvelopeParser | None = None  # tool calls are parsed when set
     reasoning: ReasoningParser | None = None  # splits off the thinking when set
     generated_turns: GeneratedTurns | None = None  # where tool-calling turns are remembered
     builder: ContentBuilder = field(default_factory=ContentBuilder)

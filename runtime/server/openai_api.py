@@ -22,9 +22,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
-from runtime.sampling_params import InvalidSamplingParams, SamplingParams
+from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import generic_messages
+from runtime.server.generic_tools import ReplyEnvelope, generic_messages
 from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
@@ -147,16 +147,23 @@ async def chat_completions(request: Request) -> Response:
     fmt = state.tool_call_format
     forced = _tool_constraint(functions, choice, body.parallel_tool_calls, fmt)
     answer = _format_constraint(body)
+    tools_on = bool(functions) and choice != "none"
+    # Generic format under auto: the reply envelope, unless the request shapes the output with
+    # a grammar of its own (the free text is then read in the generic call syntax).
+    own_grammar = any(name in GRAMMAR_FIELDS for name in given_fields(body, _PASSTHROUGH))
+    envelope = None
+    if tools_on and choice == "auto" and fmt == GENERIC_FORMAT and not own_grammar:
+        envelope = ReplyEnvelope(body.parallel_tool_calls, text_answer=not answer)
     tag = forced
     if choice == "auto":
-        tag = calls_or_answer(functions, body.parallel_tool_calls, fmt, answer)
+        parallel = body.parallel_tool_calls
+        tag = calls_or_answer(functions, parallel, fmt, answer, envelope is not None)
     constraints = answer if tag is None else {"structural_tag": tag}
-    tools_on = bool(functions) and choice != "none"
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
     sampling = _sampling(state, body, max_tokens, constraints)
-    text, ids = await _chat_prompt(state, body, tools_on)
+    text, ids = await _chat_prompt(state, body, tools_on, envelope)
     ctx = _context(state, body, "chatcmpl", sampling.n)
     reasoning = state.args.reasoning_parser
     if reasoning is not None:
@@ -333,10 +340,14 @@ def after_reasoning(
 
 
 async def _chat_prompt(
-    state: ServerState, body: ChatCompletionRequest, with_tools: bool
+    state: ServerState,
+    body: ChatCompletionRequest,
+    with_tools: bool,
+    envelope: ReplyEnvelope | None = None,
 ) -> tuple[str, list[int]]:
     """Render the messages (and tools, and ``chat_template_kwargs``) with the tokenizer's chat
-    template, then tokenize, on the tokenizer threads: (prompt text, token ids)."""
+    template, then tokenize, on the tokenizer threads: (prompt text, token ids). ``envelope``:
+    the generic format's reply envelope (tool_choice auto), which the prompt describes."""
     messages = []
     for i, message in enumerate(body.messages):
         rendered = message.model_dump(exclude_none=True)
@@ -348,7 +359,7 @@ async def _chat_prompt(
     if with_tools:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
-    return await render_prompt(state, messages, tools, variables)
+    return await render_prompt(state, messages, tools, variables, envelope)
 
 
 async def render_prompt(
@@ -356,10 +367,13 @@ async def render_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     variables: dict[str, Any],
+    envelope: ReplyEnvelope | None = None,
 ) -> tuple[str, list[int]]:
     """(prompt text, token ids) of chat ``messages`` (``render_chat``, errors naming
-    ``messages``), tokenized with the generated ids of the tool-calling turns they re-send."""
-    text = await render_chat(state, messages, tools, variables, "messages")
+    ``messages``), tokenized with the generated ids of the tool-calling turns they re-send.
+    ``envelope``: the generic format's reply envelope (tool_choice auto), which the prompt
+    describes."""
+    text = await render_chat(state, messages, tools, variables, "messages", envelope=envelope)
     ids = await state.tokenizer_manager.run_tokenizer(
         lambda: state.generated_turns.prompt_ids(text, messages), "messages"
     )
@@ -373,16 +387,17 @@ async def render_chat(
     variables: dict[str, Any],
     param: str,
     known_calls: dict[str, str] | None = None,
+    envelope: ReplyEnvelope | None = None,
 ) -> str:
     """The chat template's text for ``messages`` (and ``tools``, and extra template
     ``variables``) with the generation prompt, rendered on a tokenizer thread; ApiError 400
     naming ``param`` when the template fails. Under the generic tool-call format the tools,
     earlier calls and tool results are written into the messages instead
     (``generic_messages``; ``known_calls``: tool names by call id for results whose calls
-    ``messages`` leave out)."""
+    ``messages`` leave out; ``envelope``: the reply envelope of tool_choice auto)."""
     tokenizer = state.tokenizer
     if state.tool_call_format == GENERIC_FORMAT:
-        messages, tools = generic_messages(messages, tools, known_calls), None
+        messages, tools = generic_messages(messages, tools, known_calls, envelope), None
 
     def render() -> str:
         return tokenizer.apply_chat_template(

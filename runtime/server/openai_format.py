@@ -11,7 +11,7 @@ from runtime.server.generated_turns import GeneratedTurns
 from runtime.server.reasoning import ReasoningParser
 from runtime.server.token_text import TokenText
 from runtime.server.tool_call_events import ToolCall
-from runtime.server.tool_calls import ToolCallParser, parse_output
+from runtime.server.tool_calls import EnvelopeParser, ToolCallParser, parse_output
 from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
 
@@ -64,7 +64,7 @@ def finish_fields(
     return {"finish_reason": kind, "matched_stop": reason.matched} | notes
 
 
-def tool_call_finish(parser: ToolCallParser) -> dict[str, bool]:
+def tool_call_finish(parser: ToolCallParser | EnvelopeParser) -> dict[str, bool]:
     """``finish_fields``' arguments for the calls ``parser`` read (spent: finish() ran)."""
     return {"called_tools": bool(parser.reported), "cut_call": parser.cut_off}
 

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.generate_input import LogprobOptions, SubRequest
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
+from runtime.server.generic_tools import ReplyEnvelope
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
     after_reasoning,
@@ -41,6 +42,7 @@ from runtime.server.responses_run import ResponseRun, new_response, run_response
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import merge_streams, primed
+from runtime.server.tool_call_formats import GENERIC_FORMAT
 from runtime.server.tool_calls import turn_constraint
 from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
@@ -80,13 +82,26 @@ async def create_response(request: Request) -> Response:
     history = (previous.messages if previous else []) + messages
     functions = _functions(body)
     choice, names = _tool_choice(body, functions)
-    constraints = _constraints(body, functions, choice, names, state.tool_call_format)
     tools_on = bool(functions) and choice != "none"
+    envelope = None
+    if tools_on and choice == "auto" and state.tool_call_format == GENERIC_FORMAT:
+        parallel = body.parallel_tool_calls and _max_calls(body) != 1
+        fmt = body.text.format if body.text else None
+        envelope = ReplyEnvelope(bool(parallel), text_answer=fmt is None or fmt.type == "text")
+    constraints = _constraints(
+        body, functions, choice, names, state.tool_call_format, envelope is not None
+    )
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
     if body.reasoning is not None and body.reasoning.effort == "none":
         variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
     prompt = await conversation_prompt(
-        state, body.instructions, history, functions if tools_on else None, previous, variables
+        state,
+        body.instructions,
+        history,
+        functions if tools_on else None,
+        previous,
+        variables,
+        envelope,
     )
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []
@@ -251,13 +266,15 @@ def _constraints(
     choice: str,
     names: set[str],
     call_format: str,
+    envelope: bool = False,
 ) -> dict[str, Any]:
-    """The turn's constraint (``turn_constraint``) with ``text.format`` as the answer's."""
+    """The turn's constraint (``turn_constraint``) with ``text.format`` as the answer's;
+    ``envelope``: the generic format's reply envelope under auto."""
     allowed = [f for f in functions if f["name"] in names]
     parallel = body.parallel_tool_calls and _max_calls(body) != 1
     name = next(iter(names)) if choice == "named" else None
     answer = {} if choice in ("required", "named") else _answer_format(body)
-    return turn_constraint(allowed, choice, name, parallel, call_format, answer)
+    return turn_constraint(allowed, choice, name, parallel, call_format, answer, envelope)
 
 
 def _answer_format(body: ResponsesRequest) -> dict[str, Any]:

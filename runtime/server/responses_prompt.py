@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import call_names
+from runtime.server.generic_tools import ReplyEnvelope, call_names
 from runtime.server.openai_api import render_chat
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState
@@ -42,11 +42,13 @@ async def conversation_prompt(
     functions: list[dict[str, Any]] | None,
     previous: StoredResponse | None,
     variables: dict[str, Any],
+    envelope: ReplyEnvelope | None = None,
 ) -> TurnPrompt:
     """The prompt of ``instructions`` (a system message) + ``history`` with ``functions`` as
     tools and ``variables`` as extra template variables; ApiError 400 (param ``input``) when
     the template fails or the conversation is empty. Re-sent tool-calling turns keep their
-    generated ids (``GeneratedTurns``)."""
+    generated ids (``GeneratedTurns``). ``envelope``: the generic format's reply envelope
+    (tool_choice auto), which the prompt describes."""
     offset = 1 if instructions else 0
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + history
     if not messages:
@@ -54,7 +56,7 @@ async def conversation_prompt(
     tools = [{"type": "function", "function": f} for f in functions] if functions else None
     tokenizer = state.tokenizer
     manager = state.tokenizer_manager
-    text = await render_chat(state, messages, tools, variables, "input")
+    text = await render_chat(state, messages, tools, variables, "input", envelope=envelope)
     after = None
     if previous is not None and previous.answer_index is not None:
         at = offset + previous.answer_index
@@ -62,7 +64,7 @@ async def conversation_prompt(
         # The marker stands for the answer's calls too: results still name their tools.
         known = call_names(messages[at : at + 1])
         before, found, rest = (
-            await render_chat(state, probe, tools, variables, "input", known)
+            await render_chat(state, probe, tools, variables, "input", known, envelope)
         ).partition(_TURN)
         if found and before == previous.prompt_text:
             after = rest

@@ -30,7 +30,12 @@ from runtime.server.tool_call_events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.server.tool_calls import ToolCallParser, make_tool_parser, split_output
+from runtime.server.tool_calls import (
+    EnvelopeParser,
+    ToolCallParser,
+    make_tool_parser,
+    split_output,
+)
 from runtime.tokenizer_manager import RequestOutput
 
 
@@ -50,7 +55,7 @@ class ResponseRun:
     builder: OutputBuilder = field(default_factory=OutputBuilder)
     final: RequestOutput | None = None
     call_ids: list[str] = field(default_factory=list)  # of the calls made, in order
-    _parser: ToolCallParser | None = None
+    _parser: ToolCallParser | EnvelopeParser | None = None
     _logprobs_sent: int = 0
 
     def __post_init__(self) -> None:

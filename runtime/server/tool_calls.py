@@ -11,7 +11,11 @@ template by ``runtime.server.tool_call_formats``)::
                          template has no tool syntax (``runtime.server.generic_tools``)
 
 With ``tool_choice`` "required" or a named function the output is constrained by grammar to
-calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them.
+calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them,
+except in ``generic``: there "auto" constrains the whole reply to the reply envelope, a JSON
+object holding calls or a response (``calls_or_answer``; read by
+``runtime.server.tool_call_envelope.EnvelopeParser``), since a model without tool syntax of
+its own never starts a call unprompted.
 
 The parser (``make_tool_parser``) takes the output in pieces: ``feed(text)`` and, at the end,
 ``finish()`` each return events (``runtime.server.tool_call_events``) in output order:
@@ -43,11 +47,13 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.server.reasoning import ReasoningParser
+from runtime.server.tool_call_envelope import EnvelopeParser
 from runtime.server.tool_call_events import ToolCall, ToolCallEvent
-from runtime.server.tool_call_formats import canonical_format
+from runtime.server.tool_call_formats import GENERIC_FORMAT, canonical_format
 from runtime.server.tool_call_parser import ToolCallParser
 
 __all__ = [
+    "EnvelopeParser",
     "ToolCallParser",
     "calls_or_answer",
     "make_tool_parser",
@@ -85,13 +91,25 @@ def tool_call_constraint(
 
 
 def calls_or_answer(
-    tools: list[dict[str, Any]], parallel: bool, fmt: str, answer: dict[str, Any]
+    tools: list[dict[str, Any]],
+    parallel: bool,
+    fmt: str,
+    answer: dict[str, Any],
+    envelope: bool = False,
 ) -> dict[str, Any] | None:
     """tool_choice "auto" with a response format (``answer``: the ``json_schema`` or
     ``json_object`` sampling param, or empty for text): the ``structural_tag`` that lets the
     output be calls to any of ``tools`` or an answer in that format; None when there is no
-    tool or no format (the output is then free, or the format alone)."""
-    if not tools or not answer:
+    tool or no format (the output is then free, or the format alone). ``envelope`` (the
+    ``generic`` format only): the reply envelope instead
+    (``runtime.server.generic_tools.ReplyEnvelope``), calls or a response, the response a
+    string when there is no format."""
+    if not tools:
+        return None
+    if envelope:
+        schema = answer.get("json_schema") or ({"type": "object"} if answer else None)
+        return tool_call_constraint(tools, "auto", parallel=parallel, fmt=fmt, answer=schema)
+    if not answer:
         return None
     schema = answer.get("json_schema") or {"type": "object"}
     return tool_call_constraint(tools, "required", parallel=parallel, fmt=fmt, answer=schema)
@@ -104,22 +122,27 @@ def turn_constraint(
     parallel: bool,
     fmt: str,
     answer: dict[str, Any],
+    envelope: bool = False,
 ) -> dict[str, Any]:
     """The sampling params that constrain one turn, ``mode`` being the tool choice (none,
     auto, required or named: ``name``) over ``tools`` and ``answer`` the answer format's
     params (``json_schema`` / ``json_object``, or empty): forced calls (the format is for a
-    later turn), calls or an answer in the format (auto), or the format alone."""
+    later turn), calls or an answer in the format (auto; ``envelope``: the generic format's
+    reply envelope), or the format alone."""
     if mode in ("required", "named"):
         return {"structural_tag": tool_call_constraint(tools, mode, name, parallel, fmt)}
-    tag = calls_or_answer(tools, parallel, fmt, answer) if mode == "auto" else None
+    tag = calls_or_answer(tools, parallel, fmt, answer, envelope) if mode == "auto" else None
     return answer if tag is None else {"structural_tag": tag}
 
 
 def make_tool_parser(
     fmt: str, tool_names: set[str], max_calls: int | None, constrained: bool = False
-) -> ToolCallParser:
+) -> ToolCallParser | EnvelopeParser:
     """A parser for one output in format ``fmt`` (a name or alias: hermes, qwen, llama3,
-    mistral, generic); ValueError for an unknown format."""
+    mistral, generic); ValueError for an unknown format. ``generic`` under tool_choice auto
+    (not ``constrained``) reads the reply envelope."""
+    if canonical_format(fmt) == GENERIC_FORMAT and not constrained:
+        return EnvelopeParser(tool_names, max_calls)
     return ToolCallParser(tool_names, max_calls, fmt, constrained)
 
 
@@ -127,7 +150,7 @@ def split_output(
     delta: str,
     finished: bool,
     reasoning: ReasoningParser | None,
-    tools: ToolCallParser | None,
+    tools: ToolCallParser | EnvelopeParser | None,
 ) -> tuple[str, list[ToolCallEvent]]:
     """One more piece of an output (``finished``: the last): (its reasoning, the events of its
     answer). The reasoning is split off first when ``reasoning`` is set; the answer is then
@@ -162,12 +185,12 @@ def parse_output(
     max_calls: int | None = None,
     fmt: str = "hermes",
     constrained: bool = False,
-) -> tuple[str | None, ToolCallParser]:
+) -> tuple[str | None, ToolCallParser | EnvelopeParser]:
     """(content, the spent parser) of a whole output, read as a stream of it would be: the
     content is exactly the content events joined, so a streamed response and a whole one
     agree. Content is None when only calls (or dropped markup) remain. The parser has the
     calls (``calls``: complete; ``reported``: every call started, as streamed)."""
-    parser = ToolCallParser(tool_names, max_calls, fmt, constrained)
+    parser = make_tool_parser(fmt, tool_names, max_calls, constrained)
     events = parser.feed(text) + parser.finish()
     content = "".join(e for e in events if isinstance(e, str))
     if parser.reported or parser.saw_markup or constrained:

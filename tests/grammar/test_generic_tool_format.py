@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammar import GrammarService, GrammarSpec
+import pytest
+
+from grammar import GrammarError, GrammarOptions, GrammarService, GrammarSpec
 from runtime.server.generic_tools import generic_call_text
 
 CITY = {
@@ -55,3 +57,66 @@ def test_named_and_parallel(service: GrammarService, tokenizer: Any):
         "get_population", "{}"
     )
     assert _admits(service, parallel, tokenizer, two)
+
+
+def _envelope(*calls: tuple[str, str], key: str = "tool_call") -> str:
+    objects = [f'{{"name": "{name}", "arguments": {arguments}}}' for name, arguments in calls]
+    value = objects[0] if key == "tool_call" else f"[{', '.join(objects)}]"
+    return f'{{"{key}": {value}}}'
+
+
+def test_auto_is_the_reply_envelope(service: GrammarService, tokenizer: Any):
+    """tool_choice auto in the generic format: one JSON object holding a call or a response
+    (the shape the prompt describes), its arguments held to the tool's schema."""
+    spec = GrammarSpec.for_tool_calls(TOOLS, "auto", parallel=False, format="generic")
+    admitted = [
+        _envelope(("get_weather", '{"city": "Oslo"}')),
+        '{\n  "tool_call": {\n    "name": "get_weather",\n    "arguments": {\n'
+        '      "city": "Oslo"\n    }\n  }\n}',  # as a pretty-printer writes it
+        _envelope(("get_population", "{}")),
+        '{"response": "It is sunny."}',
+        '{\n  "response": "Hi \\"there\\""\n}',
+    ]
+    for text in admitted:
+        assert _admits(service, spec, tokenizer, text), text
+    rejected = [
+        _envelope(("get_weather", '{"town": "Oslo"}')),  # not in the schema
+        _envelope(("get_time", "{}")),  # no such tool
+        _envelope(("get_weather", '{"city": "Oslo"}'), ("get_population", "{}"), key="tool_calls"),
+        '{"response": 42}',  # a text answer is a string
+        '{"response": "a", "tool_call": 1}',
+        "It is sunny.",  # the reply is the envelope
+        generic_call_text("get_weather", '{"city":"Oslo"}'),
+        '{"response": "a"}{"response": "b"}',
+    ]
+    for text in rejected:
+        assert not _admits(service, spec, tokenizer, text), text
+
+
+def test_auto_envelope_parallel_and_answer_format(service: GrammarService, tokenizer: Any):
+    parallel = GrammarSpec.for_tool_calls(TOOLS, "auto", parallel=True, format="generic")
+    two = _envelope(("get_weather", '{"city": "Rome"}'), ("get_population", "{}"), key="tool_calls")
+    assert _admits(service, parallel, tokenizer, two)
+    assert not _admits(service, parallel, tokenizer, _envelope(("get_population", "{}")))
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    formatted = GrammarSpec.for_tool_calls(
+        TOOLS, "auto", parallel=False, format="generic", answer=answer
+    )
+    assert _admits(service, formatted, tokenizer, '{"response": {"ok": true}}')
+    assert not _admits(service, formatted, tokenizer, '{"response": "ok"}')
+    compact = GrammarSpec.for_tool_calls(
+        TOOLS,
+        "auto",
+        parallel=False,
+        options=GrammarOptions(json_format="compact"),
+        format="generic",
+    )
+    assert _admits(
+        service, compact, tokenizer, '{"tool_call":{"name":"get_population","arguments":{}}}'
+    )
+    assert not _admits(service, compact, tokenizer, '{"response": "a"}')  # compact: no spaces
+
+
+def test_auto_envelope_is_the_generic_format_only():
+    with pytest.raises(GrammarError, match="reply envelope"):
+        GrammarSpec.for_tool_calls(TOOLS, "auto", format="hermes")

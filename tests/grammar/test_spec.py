@@ -144,8 +144,10 @@ def test_tool_call_specs() -> None:
     assert GrammarSpec.for_tool_calls(tools).kind == "tool_calls"
     with pytest.raises(GrammarError, match="not among the tools"):
         GrammarSpec.for_tool_calls(tools, "named", name="c")
-    with pytest.raises(GrammarError, match="'required' or 'named'"):
-        GrammarSpec.for_tool_calls(tools, "auto")
+    with pytest.raises(GrammarError, match="'required', 'named' or 'auto'"):
+        GrammarSpec.for_tool_calls(tools, "any")
+    with pytest.raises(GrammarError, match="the generic format's reply envelope"):
+        GrammarSpec.for_tool_calls(tools, "auto")  # hermes has no envelope
     bad = [{"name": "t", "parameters": {"type": "array", "uniqueItems": True}}]
     with pytest.raises(GrammarError, match="/tools/0/function/parameters/uniqueItems"):
         GrammarSpec.for_tool_calls(bad)

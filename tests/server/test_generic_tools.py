@@ -11,13 +11,21 @@ from transformers import AutoTokenizer
 
 from runtime.model_files import builtin_model_path, load_tokenizer
 from runtime.server.generic_tools import (
+    ReplyEnvelope,
     call_names,
     generic_call_text,
     generic_messages,
     generic_system_text,
     template_renders_tools,
 )
-from runtime.server.tool_calls import parse_tool_calls
+from runtime.server.tool_call_envelope import EnvelopeParser
+from runtime.server.tool_call_events import (
+    ToolCallArguments,
+    ToolCallDropped,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from runtime.server.tool_calls import calls_or_answer, parse_tool_calls
 from runtime.test_model import cached_test_model
 
 WEATHER = {
@@ -148,3 +156,96 @@ def test_results_name_tools_whose_calls_are_elsewhere():
     ]
     rendered = generic_messages(probe, None, call_names([answer]))
     assert rendered[1]["content"] == "Result of tool get_weather: sunny"
+
+
+ENVELOPE_CALL = (
+    '{\n  "tool_call": {\n    "name": "get_weather",\n    "arguments": {\n'
+    '      "city": "Pa\\"ris"\n    }\n  }\n}'
+)
+
+
+def _events(text: str, step: int) -> tuple[list[Any], Any]:
+    parser = EnvelopeParser({"get_weather"}, None)
+    events: list[Any] = []
+    for i in range(0, len(text), step):
+        events += parser.feed(text[i : i + step])
+    return events + parser.finish(), parser
+
+
+def _content(events: list[Any]) -> str:
+    return "".join(e for e in events if isinstance(e, str))
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_the_envelope_is_read_as_it_streams(step: int):
+    """Under tool_choice auto the reply is the envelope: a call comes out as call events
+    (its arguments as written, fragment by fragment), a response as its unescaped text."""
+    events, parser = _events(ENVELOPE_CALL, step)
+    arguments = '{\n      "city": "Pa\\"ris"\n    }'
+    assert [(c.name, c.arguments) for c in parser.calls] == [("get_weather", arguments)]
+    assert isinstance(events[0], ToolCallStart) and events[0].name == "get_weather"
+    fragments = [e.fragment for e in events if isinstance(e, ToolCallArguments)]
+    assert "".join(fragments) == arguments and _content(events) == ""
+    assert isinstance(events[-1], ToolCallEnd) and parser.saw_markup
+    text = '{"response": "Caf\\u00e9 \\ud83d\\ude00 \\"ok\\"\\nbye"}'
+    events, parser = _events(text, step)
+    assert _content(events) == 'Café \U0001f600 "ok"\nbye' and not parser.calls
+    if step == 1:  # the answer streams: one piece per character
+        assert len([e for e in events if isinstance(e, str)]) > 10
+
+
+def test_envelope_calls_lists_unknown_tools_and_cuts():
+    text = (
+        '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "A"}}, '
+        '{"name": "nope", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "B}"}}]}'
+    )
+    content, calls = parse_tool_calls(text, {"get_weather"}, fmt="generic")
+    assert content is None
+    assert [c.arguments for c in calls] == ['{"city": "A"}', '{"city": "B}"}']
+    # Cut inside the arguments (max tokens): the call started, then is dropped.
+    events, parser = _events('{"tool_call": {"name": "get_weather", "arguments": {"city": "Pa', 2)
+    assert isinstance(events[0], ToolCallStart) and isinstance(events[-1], ToolCallDropped)
+    assert not parser.calls
+    # A response in a response format's JSON is its JSON text.
+    assert parse_tool_calls('{"response": {"a": [1, 2]}}', {"get_weather"}, fmt="generic") == (
+        '{"a": [1, 2]}',
+        [],
+    )
+
+
+def test_a_reply_that_is_no_envelope_is_read_in_the_call_syntax():
+    """A request with a grammar of its own gets no envelope: its free text is read as before."""
+    call = generic_call_text("get_weather", '{"city":"Oslo"}')
+    content, calls = parse_tool_calls(f"Sure. {call}", {"get_weather"}, fmt="generic")
+    assert content == "Sure." and [c.arguments for c in calls] == ['{"city":"Oslo"}']
+    assert parse_tool_calls("It is sunny.", {"get_weather"}, fmt="generic") == ("It is sunny.", [])
+
+
+def test_the_prompt_describes_the_envelope():
+    single, several = ReplyEnvelope(parallel=False), ReplyEnvelope(parallel=True)
+    line = generic_system_text([WEATHER], single).splitlines()[-1]
+    assert '{"tool_call": {"name": <tool name>, "arguments": <arguments object>}}' in line
+    assert '{"response": <your answer as a string>}' in line and "<tool_call>" not in line
+    assert '{"tool_calls": [{"name"' in several.instruction()
+    assert "<your answer as JSON>" in ReplyEnvelope(False, text_answer=False).instruction()
+    # Earlier calls are written in the envelope, and read back by its parser.
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    ]
+    turn = generic_messages(messages, [WEATHER], envelope=single)[2]["content"]
+    assert turn == '{"tool_call": {"name": "get_weather", "arguments": {"city":"Paris"}}}'
+    assert [c.arguments for c in parse_tool_calls(turn, {"get_weather"}, fmt="generic")[1]] == [
+        '{"city":"Paris"}'
+    ]
+    two = generic_messages([messages[1] | {"tool_calls": [CALL, CALL]}], None, envelope=single)
+    assert json.loads(two[0]["content"])["tool_calls"][1]["name"] == "get_weather"
+
+
+def test_auto_asks_for_the_envelope_only_when_told():
+    tools = [WEATHER["function"]]
+    tag = calls_or_answer(tools, False, "generic", {}, envelope=True)
+    assert tag is not None and tag["mode"] == "auto" and "answer" not in tag
+    formatted = calls_or_answer(tools, False, "generic", {"json_object": True}, envelope=True)
+    assert formatted is not None and formatted["answer"] == {"type": "object"}
+    assert calls_or_answer(tools, False, "generic", {}) is None  # free text, as before

@@ -274,7 +274,9 @@ def test_resent_calls_hit_the_cache(tools_server: ToolServer):
     }
     results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in calls]
     conversation = [*MESSAGES, assistant, *results]
-    second = tools_server.chat(messages=conversation, max_tokens=1)
+    # The same tool_choice: under the generic format, auto's prompt describes the reply
+    # envelope instead of the call syntax, so its system turn differs from the first one's.
+    second = tools_server.chat(messages=conversation, tool_choice="required", max_tokens=1)
     cached = second.usage.prompt_tokens_details.cached_tokens
     generated = first.usage.prompt_tokens + first.usage.completion_tokens
     turn = tools_server.render([*MESSAGES, assistant])
@@ -332,10 +334,11 @@ def test_generic_responses_continuation_renders_as_the_whole_conversation(
         "instructions": MESSAGES[0]["content"],
         "tools": [responses_tool(tool) for tool in TOOLS],
         "temperature": 0,
+        # Every turn the same choice: under auto the system turn describes the reply envelope.
+        "tool_choice": {"type": "function", "name": "get_time"},
     }
     first = tools_server.client.responses.create(
         input=MESSAGES[1]["content"],
-        tool_choice={"type": "function", "name": "get_time"},
         parallel_tool_calls=False,
         max_output_tokens=120,
         **common,
@@ -360,3 +363,52 @@ def test_generic_responses_continuation_renders_as_the_whole_conversation(
     assert second.usage.input_tokens == resent.usage.input_tokens
     reused = first.usage.input_tokens + first.usage.output_tokens - 1
     assert second.usage.input_tokens_details.cached_tokens >= reused
+
+
+def test_generic_auto_replies_in_the_envelope(tools_server: ToolServer):
+    """Generic format under auto: the reply is the envelope, a call or an answer as the model
+    chooses (here steered by a bias towards one key); a call streams as call deltas and an
+    answer as content, both rebuilding the whole response."""
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's envelope only")
+
+    def towards(key: str) -> dict[str, float]:
+        ids = tools_server.tokenizer(f'"{key}"', add_special_tokens=False).input_ids
+        return {str(i): 30.0 for i in ids}
+
+    options = {"max_tokens": 160, "parallel_tool_calls": False, "logit_bias": towards("tool_call")}
+    choice = tools_server.chat(**options).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    _check_calls(calls)
+    assert len(calls) == 1
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content == "" and reason == "tool_calls"
+    assert [(c["name"], c["args"]) for c in streamed.values()] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
+    options = {"max_tokens": 24, "logit_bias": towards("response")}
+    choice = tools_server.chat(**options).choices[0]
+    assert not choice.message.tool_calls and choice.message.content
+    assert not choice.message.content.lstrip().startswith("{")  # the answer, unwrapped
+    content, streamed, reason = _stream(tools_server, **options)
+    assert content == choice.message.content and not streamed
+    assert reason == choice.finish_reason
+
+
+def test_generic_auto_envelope_in_the_responses_api(tools_server: ToolServer):
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's envelope only")
+    ids = tools_server.tokenizer('"tool_call"', add_special_tokens=False).input_ids
+    response = tools_server.client.responses.create(
+        model=tools_server.model,
+        input=MESSAGES[1]["content"],
+        tools=[responses_tool(tool) for tool in TOOLS],
+        parallel_tool_calls=False,
+        max_output_tokens=160,
+        temperature=0,
+        extra_body={"logit_bias": {str(i): 30.0 for i in ids}},
+    )
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert [item.type for item in response.output] == ["function_call"]
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
