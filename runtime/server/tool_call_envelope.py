@@ -56,6 +56,7 @@ class EnvelopeParser:
         self.max_calls = max_calls
         self._calls: list[ToolCall] = []
         self._reported: list[ToolCall] = []
+        self._incomplete: set[int] = set()
         self._cut_off = False
         self._saw_markup = False
         self._free: ToolCallParser | None = None  # reads a reply that is no envelope
@@ -87,6 +88,11 @@ class EnvelopeParser:
         return self._free.reported if self._free is not None else self._reported
 
     @property
+    def incomplete(self) -> set[int]:
+        """The indexes of the started calls that were dropped (cut off)."""
+        return self._free.incomplete if self._free is not None else self._incomplete
+
+    @property
     def cut_off(self) -> bool:
         """Whether the reply ended inside a started call."""
         return self._free.cut_off if self._free is not None else self._cut_off
@@ -111,6 +117,7 @@ class EnvelopeParser:
                     call.name, call.arguments + event.fragment, call.id
                 )
             elif isinstance(event, ToolCallDropped):
+                self._incomplete.add(event.index)
                 self._cut_off = True
         return events
 
