@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
@@ -412,3 +413,50 @@ def test_generic_auto_envelope_in_the_responses_api(tools_server: ToolServer):
     [call] = [item for item in response.output if item.type == "function_call"]
     assert [item.type for item in response.output] == ["function_call"]
     jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+def test_generic_auto_envelope_in_the_messages_api(tools_server: ToolServer):
+    """The Messages API under auto on a template without tool syntax: the prompt describes the
+    envelope (it differs from a forced turn's), and a call or an answer comes back as blocks,
+    never as the envelope's JSON, the stream equal to the plain message."""
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's envelope only")
+    url = str(tools_server.client.base_url).removesuffix("/v1/")
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+    ]
+    question = [MESSAGES[1]]
+    with anthropic.Anthropic(base_url=url, api_key="unused", timeout=120.0, max_retries=0) as c:
+        counted = {
+            kind: c.messages.count_tokens(
+                model=tools_server.model, messages=question, tools=tools, tool_choice={"type": kind}
+            ).input_tokens
+            for kind in ("auto", "any")
+        }
+        assert counted["auto"] != counted["any"]
+        for key, max_tokens in (("tool_call", 160), ("response", 24)):
+            ids = tools_server.tokenizer(f'"{key}"', add_special_tokens=False).input_ids
+            request: dict[str, Any] = {
+                "model": tools_server.model,
+                "max_tokens": max_tokens,
+                "messages": question,
+                "tools": tools,
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+                "extra_body": {"temperature": 0.0, "logit_bias": {str(i): 30.0 for i in ids}},
+            }
+            message = c.messages.create(**request)
+            with c.messages.stream(**request) as stream:
+                streamed = stream.get_final_message()
+            blocks = [b.model_dump(exclude_none=True) for b in message.content]
+            assert [{k: v for k, v in b.items() if k != "id"} for b in blocks] == [
+                {k: v for k, v in b.model_dump(exclude_none=True).items() if k != "id"}
+                for b in streamed.content
+            ]
+            if key == "tool_call":
+                assert message.stop_reason == "tool_use"
+                [call] = message.content
+                assert call.type == "tool_use"
+                jsonschema.validate(call.input, SCHEMAS[call.name])
+            else:
+                assert [b.type for b in message.content] == ["text"]
+                assert not message.content[0].text.lstrip().startswith("{")
