@@ -29,7 +29,7 @@ def app() -> Any:
     args = SimpleNamespace(
         api_key=None, admin_api_key=None, model_name=MODEL_NAME, model_path=MODEL_PATH
     )
-    return create_app(SimpleNamespace(args=args))  # type: ignore[arg-type]
+    return create_app(SimpleNamespace(args=args, tracing=None))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

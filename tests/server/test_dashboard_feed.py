@@ -102,6 +102,7 @@ def test_closing_the_page_ends_its_watch(scheduler: FakeScheduler):
     state = SimpleNamespace(
         args=SimpleNamespace(api_key=None, admin_api_key=None, model_name="tiny"),
         metrics=ServerMetrics(),
+        tracing=None,
     )
     app = create_app(state)  # type: ignore[arg-type]
     feed: DashboardFeed = app.state.dashboard_feed
