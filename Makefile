@@ -68,7 +68,7 @@ lint: $(STAMP)
 GPU_WHEELS := xgrammar apache-tvm-ffi interegular jsonschema jsonschema-specifications \
 	referencing rpds-py pydantic pydantic-core annotated-types typing-inspection \
 	typing-extensions fastapi starlette opentelemetry-api uvicorn pyzmq openai httpx2 \
-	httpcore2 truststore jiter sniffio
+	httpcore2 truststore jiter sniffio gguf
 GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
 	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \

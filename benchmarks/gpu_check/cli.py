@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the same harness on CPU at tiny sizes, triton interpreted",
     )
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated sections to run, the rest reported skipped (a short re-run)",
+    )
     # The child side: one section in this process.
     parser.add_argument("--section", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -86,6 +91,11 @@ def _parent(args: argparse.Namespace) -> int:
     from benchmarks.gpu_check.sections import SECTIONS
 
     smoke = args.cpu_smoke
+    only = set(args.only.split(",")) if args.only else None
+    unknown = (only or set()) - {section.name for section in SECTIONS}
+    if unknown:
+        print(f"--only: no section {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     budget = Deadline(args.budget_s)
     started = time.monotonic()
     environment = describe(cuda=not smoke)
@@ -94,6 +104,9 @@ def _parent(args: argparse.Namespace) -> int:
     for section in SECTIONS:
         if smoke and section.gpu_only:
             sections.append(_skipped(section.name, "skipped in --cpu-smoke"))
+            continue
+        if only is not None and section.name not in only:
+            sections.append(_skipped(section.name, "not in --only"))
             continue
         left = budget.left() - RESERVE_S
         if left < section.need(smoke):

@@ -34,10 +34,19 @@ REQUIRED_MODULES = {
     "uvicorn": "uvicorn",
     "zmq": "pyzmq",
     "openai": "openai",
+    "gguf": "gguf",
+    "yaml": "pyyaml",
 }
 # Arbor's own entry points: importing them catches a third-party import missing from the list
 # above (frontend_lang imports openai; the server imports fastapi and uvicorn).
-ARBOR_MODULES = ("runtime.cli", "runtime.server", "frontend_lang", "grammar", "benchmarks.suite")
+ARBOR_MODULES = (
+    "runtime.cli",
+    "runtime.server",
+    "runtime.gguf",
+    "frontend_lang",
+    "grammar",
+    "benchmarks.suite",
+)
 
 
 def describe(cuda: bool) -> dict[str, Any]:

@@ -22,7 +22,8 @@ SectionRun = Callable[[bool, Deadline], tuple[list[Check], Tables]]
 class Section:
     """``need_s``: the least time left worth starting the section with; ``cap_s``: its timeout;
     both (CPU smoke, GPU). ``gating``: a crash or timeout fails the run. ``gpu_only``: skipped
-    in the CPU smoke (the benchmarks)."""
+    in the CPU smoke (the benchmarks; the formats check, whose GGUF and grammar compiles with
+    triton interpreted would take most of the smoke's time)."""
 
     name: str
     run: SectionRun
@@ -84,6 +85,12 @@ def _cuda_graphs(smoke: bool, deadline: Deadline) -> tuple[list[Check], Tables]:
     return run_cuda_graph_checks(smoke, deadline), {}
 
 
+def _formats(smoke: bool, deadline: Deadline) -> tuple[list[Check], Tables]:
+    from benchmarks.gpu_check.format_checks import run_format_checks
+
+    return run_format_checks(smoke, deadline), {}
+
+
 def _kernel_bench(smoke: bool, deadline: Deadline) -> tuple[list[Check], Tables]:
     from benchmarks.gpu_check.speed import run_kernel_bench
 
@@ -103,6 +110,7 @@ SECTIONS = (
     Section("kernels", _kernels, need_s=(5, 30), cap_s=(90, 200)),
     Section("engine", _engine, need_s=(5, 45), cap_s=(90, 240)),
     Section("cuda_graphs", _cuda_graphs, need_s=(5, 30), cap_s=(60, 180)),
+    Section("formats", _formats, need_s=(5, 30), cap_s=(90, 180), gpu_only=True),
     Section("kernel_bench", _kernel_bench, (5, 45), (60, 180), gating=False, gpu_only=True),
     Section(
         "engine_throughput", _engine_throughput, (5, 60), (60, 200), gating=False, gpu_only=True
