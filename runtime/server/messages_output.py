@@ -9,14 +9,16 @@ for thinking, ``text_delta`` for text, ``input_json_delta`` for a tool's input a
 writes it. A block is closed when the next kind starts, a call ends, or the output ends.
 Whitespace alone opens no text block (between calls, or before the first); it is kept for the
 text that follows. A tool_use block's ``input`` is its JSON once the call is whole; a call
-the parser drops (cut off by max_tokens) keeps its block with ``input`` ``{}``, while a
-stream has sent the fragments it had.
+the parser drops (cut off by max_tokens) keeps its block, with ``input`` holding the members
+its arguments had written whole (``runtime.server.partial_json``), the fragments a stream sent.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from runtime.server.partial_json import complete_prefix_object
 
 
 def tool_use_id(call_id: str) -> str:
@@ -71,6 +73,8 @@ class ContentBuilder:
         if whole:
             block["input"] = json.loads(self._arguments)
             self.called_tools = True
+        else:
+            block["input"] = complete_prefix_object(self._arguments)
         self._close()
 
     def finish(self) -> None:

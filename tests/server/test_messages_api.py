@@ -324,6 +324,10 @@ def test_blocks_of_calls_and_of_a_call_cut_off() -> None:
     assert [block["type"] for block in cut["content"]] == ["text", "tool_use"]
     assert cut["content"][0]["text"] == "Let me see."
     assert cut["content"][1]["input"] == {} and cut["stop_reason"] == "max_tokens"
+    # Cut inside the second argument: the first, written whole, is the input.
+    two = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "cel'
+    partial = _fed([two], FinishReason.cut(2))
+    assert partial["content"][0]["input"] == {"city": "Paris"}
     blank = _fed([" \n "], FinishReason.stop(2))  # whitespace alone: kept when it is all
     assert blank["content"] == [{"type": "text", "text": " \n "}]
     assert blank["stop_reason"] == "end_turn"
