@@ -88,6 +88,8 @@ class PairLauncher:
         self.paths = paths
         self.ahead: dict[str, Future[tuple[ServerProcess, ServerProcess]]] = {}
         self.starter = ThreadPoolExecutor(1, thread_name_prefix="stream-parity-start")
+        self.stopper = ThreadPoolExecutor(1, thread_name_prefix="stream-parity-stop")
+        self.stopping: list[Future[None]] = []
 
     def take(self, key: str) -> tuple[ServerProcess, ServerProcess]:
         """``key``'s pair, ready (started now unless it was started ahead); the next key's
@@ -105,13 +107,22 @@ class PairLauncher:
             self.ahead[later[0]] = self.starter.submit(self._start, later[0])
         return ngram, draft
 
+    def retire(self, ngram: ServerProcess, draft: ServerProcess) -> None:
+        """Stop a taken pair on a thread while the next pair's tests run (``stop_all`` waits)."""
+        self.stopping.append(self.stopper.submit(stop_pair, ngram, draft))
+
     def stop_all(self) -> None:
-        """Stop the pairs started ahead and never taken."""
+        """Wait for the retired pairs to stop; stop the pairs started ahead and never taken."""
         self.starter.shutdown(wait=True)
         pairs = [started.result() for started in self.ahead.values() if not started.exception()]
         self.ahead = {}
-        if pairs:
-            stop_pair(*(server for pair in pairs for server in pair))
+        try:
+            if pairs:
+                stop_pair(*(server for pair in pairs for server in pair))
+        finally:
+            self.stopper.shutdown(wait=True)
+            for stopped in self.stopping:
+                stopped.result()
 
     def _start(self, key: str) -> tuple[ServerProcess, ServerProcess]:
         if key == THINKING:
@@ -161,7 +172,7 @@ def servers(request: pytest.FixtureRequest, launcher: PairLauncher) -> Iterator[
     try:
         yield FormatServers(template, ngram, draft)
     finally:
-        stop_pair(ngram, draft)
+        launcher.retire(ngram, draft)
 
 
 def spec_stats(url: str) -> tuple[int, int, int]:
@@ -432,7 +443,7 @@ def thinking(thinking_model_path: Path, launcher: PairLauncher) -> Iterator[Thin
     try:
         yield ThinkingServers(ngram, draft, thinking_model_path)
     finally:
-        stop_pair(ngram, draft)
+        launcher.retire(ngram, draft)
 
 
 @pytest.mark.parametrize("speculation", SPECULATION)
