@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from runtime.server import ServerProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -39,3 +44,20 @@ def thinking_model_path() -> Path:
     from runtime.test_model import cached_test_model
 
     return cached_test_model("tiny", "qwen3", chat_template="qwen3")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
+    """One real ``arbor serve`` of the tiny model on loopback (started on first use, stopped at
+    the end), shared by every directory's tests that need a plain server: each start costs
+    seconds of CPU in three processes."""
+    from runtime.server import ServerProcess
+    from tests.server.server_process import POOL
+
+    process = ServerProcess(tiny_model_path, *POOL)
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+    assert process.process.poll() is not None

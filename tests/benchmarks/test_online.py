@@ -7,7 +7,6 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,13 +27,6 @@ def test_poisson_arrivals() -> None:
     assert poisson_arrivals(10, 5.0, seed=1) == times[:10]
     with pytest.raises(ValueError, match="rate"):
         poisson_arrivals(3, 0.0, seed=1)
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(str(tiny_model_path), "--max-total-tokens", "8192") as running:
-        yield running
-    assert running.process is not None and running.process.poll() is not None
 
 
 def test_streaming_clients_measure_every_token(server: ServerProcess) -> None:

@@ -19,10 +19,9 @@ def engine_backend(tiny_model_path: Path) -> Iterator[fl.Engine]:
 
 
 @pytest.fixture(scope="session")
-def server_url(tiny_model_path: Path) -> Iterator[str]:
-    """A live ``arbor serve`` on the tiny model, on loopback; always terminated."""
-    with ServerProcess(tiny_model_path, "--max-total-tokens", "8192") as server:
-        yield server.url
+def server_url(server: ServerProcess) -> str:
+    """The URL of the session's live ``arbor serve`` on the tiny model (tests/conftest.py)."""
+    return server.url
 
 
 @pytest.fixture(scope="session")

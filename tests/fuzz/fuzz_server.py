@@ -52,15 +52,22 @@ class FuzzServer:
         self.client = httpx.Client(timeout=HEALTH_TIMEOUT_S)
         self.restarts = -1
         self.tainted = False
+        # True from a passed check_after until the next request: the server was just seen
+        # healthy, so ensure_up need not ask /health again (one round trip less per case).
+        self.checked = False
 
     @property
     def url(self) -> str:
         return self.ensure_up().url
 
     def ensure_up(self) -> ServerProcess:
-        """The server, (re)started first unless it is alive and answers ``/health``."""
-        if self.process is not None and not self.tainted and self._answers():
-            return self.process
+        """The server, (re)started first unless it is alive and answers ``/health`` (or has
+        passed ``check_after`` since the last request)."""
+        if self.process is not None and not self.tainted:
+            if self.checked and self.process.process.poll() is None:
+                return self.process
+            if self._answers():
+                return self.process
         self.stop()
         self.tainted = False
         self.restarts += 1
@@ -77,6 +84,7 @@ class FuzzServer:
         return process
 
     def stop(self) -> None:
+        self.checked = False
         self.client.close()
         if self.process is not None:
             self.process.stop()
@@ -86,6 +94,7 @@ class FuzzServer:
     def send(self, send: Callable[[], Reply], request: str) -> Reply:
         """``send()``'s reply; a stall (no reply within REQUEST_TIMEOUT_S) or a dropped
         connection fails, naming ``request``, and the next case gets a fresh server."""
+        self.checked = False
         try:
             return send()
         except (httpx.HTTPError, requests.RequestException) as exc:
@@ -100,6 +109,7 @@ class FuzzServer:
         except BaseException:
             self.tainted = True
             raise
+        self.checked = True
 
     def _check_well(self, request: str) -> None:
         process = self.process

@@ -283,7 +283,9 @@ def test_a_token_the_mask_allows_but_the_matcher_refuses_is_redrawn(tiny_model_p
     # The state the fuzz suite found is compact JSON's.
     params = {"json_schema": schema, "max_new_tokens": 32, "seed": 0, "json_format": "compact"}
     for jump_forward_off in (False, True):
-        with Engine(tiny_model_path, disable_jump_forward=jump_forward_off) as engine:
+        with Engine(
+            tiny_model_path, max_total_tokens=4096, disable_jump_forward=jump_forward_off
+        ) as engine:
             out = engine.generate("The answer as JSON: ", params)
         assert out["text"].startswith('{"\\"q\\"":""')
         if out["meta_info"]["finish_reason"]["type"] == "stop":

@@ -1,5 +1,5 @@
-"""One real server for the server tests (started on first use, stopped at the end), and an
-OpenAI client of it."""
+"""Servers the server tests share (each started on first use, stopped at the end; the plain
+tiny-model ``server`` is in tests/conftest.py), and an OpenAI client of the plain one."""
 
 from __future__ import annotations
 
@@ -10,17 +10,22 @@ import openai
 import pytest
 
 from runtime.server import ServerProcess
-from tests.server.server_process import POOL
+from tests.server.server_process import API_KEY, POOL
 
 
 @pytest.fixture(scope="session")
-def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess(tiny_model_path, *POOL)
-    try:
-        process.wait_ready()
+def keyed_server(tiny_model_path: Path) -> Iterator[ServerProcess]:
+    """The tiny model behind ``--api-key API_KEY`` (the Messages API and authentication tests)."""
+    with ServerProcess(tiny_model_path, *POOL, api_key=API_KEY) as process:
         yield process
-    finally:
-        process.stop()
+
+
+@pytest.fixture(scope="session")
+def r1_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
+    """The thinking model with ``--reasoning-parser deepseek-r1`` (the reasoning and Messages
+    API tests)."""
+    with ServerProcess(thinking_model_path, *POOL, "--reasoning-parser", "deepseek-r1") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from typing import Any
 
 # Every test server gets the same KV pool.
 POOL = ("--max-total-tokens", "8192")
+# The key of the shared keyed server (tests/server/conftest.py).
+API_KEY = "arbor-test-key"
 
 
 def pid_alive(pid: int) -> bool:

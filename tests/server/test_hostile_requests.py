@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from runtime.server import ServerProcess
-from tests.server.server_process import POOL, sse_payloads
+from tests.server.server_process import API_KEY, POOL, sse_payloads
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -507,14 +507,12 @@ def test_rid_reused_after_disconnect_gets_its_own_result(server: ServerProcess) 
 # ---- authentication --------------------------------------------------------------------
 
 
-def test_bearer_scheme_is_case_insensitive(tiny_model_path: Path) -> None:
-    with ServerProcess(tiny_model_path, *POOL, api_key="secret") as keyed:
+def test_bearer_scheme_is_case_insensitive(keyed_server: ServerProcess) -> None:
+    def models(authorization: str) -> int:
+        headers = {"Authorization": authorization}
+        return httpx.get(f"{keyed_server.url}/v1/models", headers=headers, timeout=10.0).status_code
 
-        def models(authorization: str) -> int:
-            headers = {"Authorization": authorization}
-            return httpx.get(f"{keyed.url}/v1/models", headers=headers, timeout=10.0).status_code
-
-        assert models("Bearer secret") == 200
-        assert models("bearer secret") == 200
-        assert models("bearer wrong") == 401
-        assert models("Bearer wrong") == 401
+    assert models(f"Bearer {API_KEY}") == 200
+    assert models(f"bearer {API_KEY}") == 200
+    assert models("bearer wrong") == 401
+    assert models("Bearer wrong") == 401

@@ -35,13 +35,12 @@ from runtime.server.state import caller_is_admin
 from runtime.server.streams import Events
 from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
-from tests.server.server_process import POOL
+from tests.server.server_process import API_KEY as KEY
 from tests.server.test_server_reasoning import _sweep
 from tests.tool_fixtures import weather_tool
 
 pytestmark = pytest.mark.timeout(300)
 
-KEY = "messages-test-key"
 WEATHER = weather_tool(8)["function"]
 TOOL = {
     "name": WEATHER["name"],
@@ -54,9 +53,8 @@ GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(tiny_model_path, *POOL, api_key=KEY) as process:
-        yield process
+def server(keyed_server: ServerProcess) -> ServerProcess:
+    return keyed_server
 
 
 @pytest.fixture(scope="module")
@@ -360,9 +358,8 @@ def test_a_failure_mid_stream_is_an_error_event() -> None:
 
 
 @pytest.fixture(scope="module")
-def reasoning_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(thinking_model_path, *POOL, "--reasoning-parser", "deepseek-r1") as process:
-        yield process
+def reasoning_server(r1_server: ServerProcess) -> ServerProcess:
+    return r1_server
 
 
 def test_thinking_stays_apart_from_a_forced_call_and_a_schema(

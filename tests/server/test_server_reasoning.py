@@ -55,11 +55,6 @@ def qwen3_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
     yield from _server(thinking_model_path, "qwen3")
 
 
-@pytest.fixture(scope="module")
-def r1_server(thinking_model_path: Path) -> Iterator[ServerProcess]:
-    yield from _server(thinking_model_path, "deepseek-r1")
-
-
 def _client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60.0)
 

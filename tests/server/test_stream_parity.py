@@ -17,7 +17,7 @@ import functools
 import json
 import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +77,102 @@ def stop_pair(*servers: ServerProcess) -> None:
             done.result()
 
 
-@pytest.fixture(scope="module", params=sorted(CALLS_TEXT))
-def servers(request: pytest.FixtureRequest) -> Iterator[FormatServers]:
-    template = request.param
-    ngram, draft = start_pair(cached_test_model("tiny", "llama", chat_template=template))
+class PairLauncher:
+    """The module's server pairs, each started (on a thread: a draft model may be cut first)
+    while the tests of the pair before it run, so that a pair's start overlaps requests to
+    the previous one instead of following them. The order is that of the collected tests: a
+    pair no selected test uses never starts."""
+
+    def __init__(self, order: list[str], paths: dict[str, Path]) -> None:
+        self.order = order
+        self.paths = paths
+        self.ahead: dict[str, Future[tuple[ServerProcess, ServerProcess]]] = {}
+        self.starter = ThreadPoolExecutor(1, thread_name_prefix="stream-parity-start")
+        self.stopper = ThreadPoolExecutor(1, thread_name_prefix="stream-parity-stop")
+        self.stopping: list[Future[None]] = []
+
+    def take(self, key: str) -> tuple[ServerProcess, ServerProcess]:
+        """``key``'s pair, ready (started now unless it was started ahead); the next key's
+        pair starts before this returns. The caller stops the pair it takes."""
+        started = self.ahead.pop(key, None)
+        ngram, draft = started.result() if started is not None else self._start(key)
+        try:
+            ngram.wait_ready()
+            draft.wait_ready()
+        except BaseException:
+            stop_pair(ngram, draft)
+            raise
+        later = self.order[self.order.index(key) + 1 :] if key in self.order else []
+        if later and later[0] not in self.ahead:
+            self.ahead[later[0]] = self.starter.submit(self._start, later[0])
+        return ngram, draft
+
+    def retire(self, ngram: ServerProcess, draft: ServerProcess) -> None:
+        """Stop a taken pair on a thread while the next pair's tests run (``stop_all`` waits)."""
+        self.stopping.append(self.stopper.submit(stop_pair, ngram, draft))
+
+    def stop_all(self) -> None:
+        """Wait for the retired pairs to stop; stop the pairs started ahead and never taken."""
+        self.starter.shutdown(wait=True)
+        pairs = [started.result() for started in self.ahead.values() if not started.exception()]
+        self.ahead = {}
+        try:
+            if pairs:
+                stop_pair(*(server for pair in pairs for server in pair))
+        finally:
+            self.stopper.shutdown(wait=True)
+            for stopped in self.stopping:
+                stopped.result()
+
+    def _start(self, key: str) -> tuple[ServerProcess, ServerProcess]:
+        if key == THINKING:
+            return start_pair(self.paths[key], ("--reasoning-parser", "deepseek-r1"))
+        return start_pair(self.paths[key])
+
+
+THINKING = "thinking"
+
+
+def pair_order(session: pytest.Session, module: object) -> list[str]:
+    """The pairs this module's collected tests use, in the order they run."""
+    order: list[str] = []
+    for item in session.items:
+        if getattr(item, "module", None) is not module:
+            continue
+        params = getattr(item, "callspec", None)
+        key = params.params.get("servers") if params is not None else None
+        if key is None and "thinking" in getattr(item, "fixturenames", ()):
+            key = THINKING
+        if key is not None and key not in order:
+            order.append(key)
+    return order
+
+
+@pytest.fixture(scope="module")
+def launcher(request: pytest.FixtureRequest) -> Iterator[PairLauncher]:
+    order = pair_order(request.session, request.module)
+    # Models are built here, on the main thread, before any pair starts.
+    paths = {
+        key: request.getfixturevalue("thinking_model_path")
+        if key == THINKING
+        else cached_test_model("tiny", "llama", chat_template=key)
+        for key in order
+    }
+    pairs = PairLauncher(order, paths)
     try:
-        ngram.wait_ready()
-        draft.wait_ready()
+        yield pairs
+    finally:
+        pairs.stop_all()
+
+
+@pytest.fixture(scope="module", params=sorted(CALLS_TEXT))
+def servers(request: pytest.FixtureRequest, launcher: PairLauncher) -> Iterator[FormatServers]:
+    template = request.param
+    ngram, draft = launcher.take(template)
+    try:
         yield FormatServers(template, ngram, draft)
     finally:
-        stop_pair(ngram, draft)
+        launcher.retire(ngram, draft)
 
 
 def spec_stats(url: str) -> tuple[int, int, int]:
@@ -352,14 +438,12 @@ class ThinkingServers(FormatServers):
 
 
 @pytest.fixture(scope="module")
-def thinking(thinking_model_path: Path) -> Iterator[ThinkingServers]:
-    ngram, draft = start_pair(thinking_model_path, ("--reasoning-parser", "deepseek-r1"))
+def thinking(thinking_model_path: Path, launcher: PairLauncher) -> Iterator[ThinkingServers]:
+    ngram, draft = launcher.take(THINKING)
     try:
-        ngram.wait_ready()
-        draft.wait_ready()
         yield ThinkingServers(ngram, draft, thinking_model_path)
     finally:
-        stop_pair(ngram, draft)
+        launcher.retire(ngram, draft)
 
 
 @pytest.mark.parametrize("speculation", SPECULATION)
