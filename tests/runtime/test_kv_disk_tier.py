@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from runtime import Engine
-from runtime.kv_disk import KVDiskError
+from runtime.kv_disk import KVDiskError, chunk_keys
 from runtime.kv_disk import store as kv_disk_store
+from runtime.kv_disk.folder import chunk_path
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
 from runtime.scheduler.disk_tier import LoadCost, disk_manifest, open_disk_tier
@@ -127,6 +129,27 @@ def test_corrupt_chunk_is_recomputed(
         assert _info(engine)["kv_disk_loads"] == 0
         engine.check_invariants()
     assert [ids for ids, _ in again] == reference
+
+
+def test_a_truncated_chunk_ends_the_run_and_the_rest_is_recomputed(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompt = _prompts()[0]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, [prompt])
+        assert engine.scheduler.disk is not None
+        size, folder = engine.scheduler.disk.chunk_tokens, engine.scheduler.disk.store.folder
+    # The third chunk's file loses its checksum and half its payload.
+    path = chunk_path(folder, chunk_keys(np.array(prompt), size, None)[2])
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        ((ids, cached),) = _run(engine, [prompt])
+        info = _info(engine)
+        engine.check_invariants()
+        assert not path.exists()  # a bad file is deleted (until shutdown saves the chunk)
+    assert ids == reference[0]
+    assert cached == 2 * size  # the two chunks before it, from disk
+    assert info["kv_disk_loads"] == 2 and info["kv_disk_hits_tokens"] == 2 * size
 
 
 def test_write_through_writes_on_insert(tiny_model_path: Path, tmp_path: Path) -> None:
