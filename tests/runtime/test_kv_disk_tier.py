@@ -24,7 +24,7 @@ from runtime.kv_disk import store as kv_disk_store
 from runtime.kv_disk.folder import chunk_path
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
-from runtime.scheduler.disk_tier import LoadCost, disk_manifest, open_disk_tier
+from runtime.scheduler.disk_tier import CHUNK_TOKENS, LoadCost, disk_manifest, open_disk_tier
 from runtime.server_args import ServerArgs
 from tests.runtime.helpers import random_prompts
 
@@ -76,10 +76,10 @@ def test_evicted_prefixes_load_from_disk_with_identical_outputs(
     assert [ids for ids, _ in second] == reference
     info = _info(tier_engine)
     assert info["kv_disk_writes"] > 0 and info["kv_disk_loads"] > 0
-    assert info["kv_disk_hits_tokens"] >= 384  # at least one prompt's six chunks
+    assert info["kv_disk_hits_tokens"] >= 384  # at least one prompt's whole chunks
     # cached_tokens counts the disk's tokens: whole chunks of every prompt, not recomputed.
     for prompt, (_, cached) in zip(prompts, second, strict=True):
-        assert cached >= len(prompt) - 1 - 63, (cached, len(prompt))
+        assert cached >= len(prompt) - 1 - (CHUNK_TOKENS - 1), (cached, len(prompt))
     tier_engine.check_invariants()
 
 
@@ -95,7 +95,7 @@ def test_restart_serves_from_disk(
         info = _info(engine)
         engine.check_invariants()
     assert [ids for ids, _ in again] == reference
-    assert info["kv_disk_loads"] >= 4 * 6
+    assert info["kv_disk_loads"] >= 4 * (384 // CHUNK_TOKENS)
     assert all(cached >= 384 for _, cached in again)
 
 
@@ -158,10 +158,11 @@ def test_write_through_writes_on_insert(tiny_model_path: Path, tmp_path: Path) -
     with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **through) as engine:
         _run(engine, [prompt])
         deadline = time.monotonic() + 30
-        while _info(engine)["kv_disk_writes"] < 4 and time.monotonic() < deadline:
+        whole_chunks = 303 // CHUNK_TOKENS  # of the 303 cached tokens
+        while _info(engine)["kv_disk_writes"] < whole_chunks and time.monotonic() < deadline:
             time.sleep(0.05)  # the writer thread writes behind the scheduler
         info = _info(engine)
-        assert info["kv_disk_writes"] == 4  # 303 cached tokens: four whole chunks
+        assert info["kv_disk_writes"] == whole_chunks
         assert engine.scheduler.kv.tree is not None
         assert engine.scheduler.kv.tree.stats().evicted_tokens == 0  # nothing was evicted
 
@@ -258,7 +259,7 @@ def test_each_replica_and_chunk_size_has_its_own_folder_and_manifest(
     pool = KVPool(256, 2, 2, 8, torch.float32, torch.device("cpu"))
     tier = open_disk_tier(args, pool, "none", "cpu", replica=3)
     try:
-        assert tier.chunk_tokens == 128  # 64 rounded up to whole pages
+        assert tier.chunk_tokens == 128  # CHUNK_TOKENS rounded up to whole pages
         manifest = json.loads((tmp_path / "replica3" / "manifest.json").read_text())
         wanted = json.loads(json.dumps(disk_manifest(args, "none", 128)))
         assert wanted.items() <= manifest.items()  # the store adds its own file format
