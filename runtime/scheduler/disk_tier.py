@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 # the disk's streaming speed and its per-file costs (open, rename, checksum setup) stay small;
 # a run's chunks are gathered and scattered together (two ops per layer).
 CHUNK_TOKENS = 16
+# Chunk files hinted for read-ahead per arriving request (a 4,096-token prompt's).
+READ_AHEAD_CHUNKS = 256
 # Keys handed to the writer recently: not written yet, so ``contains`` cannot tell.
 _RECENT_KEYS = 4096
 
@@ -203,6 +205,18 @@ class KVDiskTier:
         return out.cpu()
 
     # ---- reading ----------------------------------------------------------------------------
+
+    def read_ahead(self, token_ids: np.ndarray, salt: str | None) -> int:
+        """Hint the kernel to read the chunk files of ``token_ids`` the tier holds (at most
+        READ_AHEAD_CHUNKS) while the request waits for admission: with a cold page cache the
+        disk then reads them in parallel with the forwards instead of one by one at admission.
+        Returns the chunks hinted."""
+        size = self.chunk_tokens
+        last = min(token_ids.size // size, READ_AHEAD_CHUNKS)
+        if last == 0:
+            return 0
+        ids = np.asarray(token_ids[: last * size], dtype=np.int64)
+        return self.store.read_ahead(chunk_keys(ids, size, salt))
 
     def plan(self, token_ids: np.ndarray, cached_len: int, salt: str | None) -> DiskRun | None:
         """The chunks on disk that continue the ``cached_len`` tokens of ``token_ids`` in memory

@@ -99,6 +99,28 @@ def test_restart_serves_from_disk(
     assert all(cached >= 384 for _, cached in again)
 
 
+def test_an_arriving_request_reads_its_chunks_ahead(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = _prompts()[0]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, [prompt])
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        assert engine.scheduler.disk is not None
+        store = engine.scheduler.disk.store
+        hinted: list[int] = []
+        read_ahead = store.read_ahead
+
+        def recording(keys: list[str]) -> int:
+            hinted.append(read_ahead(keys))
+            return hinted[-1]
+
+        monkeypatch.setattr(store, "read_ahead", recording)
+        _run(engine, [prompt])
+    # Every whole chunk of the prompt (its last token is computed), hinted on arrival.
+    assert hinted == [(len(prompt) - 1) // CHUNK_TOKENS]
+
+
 def test_other_kv_dtype_invalidates_the_tier(tiny_model_path: Path, tmp_path: Path) -> None:
     prompts = _prompts()[:2]
     with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
