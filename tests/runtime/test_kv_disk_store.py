@@ -212,6 +212,34 @@ def test_a_deleted_file_is_a_miss(store: KVDiskStore) -> None:
     assert not store.contains(key) and store.stats()["used_bytes"] == 0
 
 
+def test_read_ahead_hints_stored_chunks_only_and_a_later_change_is_a_miss(
+    store: KVDiskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = _tokens(3 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    for i in (0, 2):
+        store.put(keys[i], tokens[i * CHUNK : (i + 1) * CHUNK], _payload(i))
+    hinted: list[tuple[str, int]] = []
+    fadvise = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        hinted.append((os.readlink(f"/proc/self/fd/{fd}"), advice))
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    assert store.read_ahead(keys) == 2  # chunk 1 is not stored
+    assert hinted == [(str(_chunk_file(store, keys[i])), os.POSIX_FADV_WILLNEED) for i in (0, 2)]
+    _chunk_file(store, keys[2]).unlink()
+    assert store.read_ahead(keys) == 1  # a file gone behind the store's back is skipped
+    # The hint holds nothing: a file damaged after it is a miss when read, and deleted.
+    path = _chunk_file(store, keys[0])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert store.get(keys[0], tokens[:CHUNK]) is None
+    assert not path.exists() and not store.contains(keys[0])
+
+
 @pytest.mark.parametrize(
     "key", ["../../etc/passwd", "ab", "A" * 64, "g" * 64, "a" * 63 + "/", "a" * 65, 7, None]
 )
@@ -222,6 +250,7 @@ def test_only_hex_keys_of_the_right_length_reach_a_path(store: KVDiskStore, key)
         lambda: store.put(key, tokens, _payload()),
         lambda: store.put_async(key, tokens, _payload()),
         lambda: store.contains(key),
+        lambda: store.read_ahead([key]),
     ):
         with pytest.raises(ValueError, match="chunk key"):
             call()

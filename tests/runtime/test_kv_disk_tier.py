@@ -14,15 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from runtime import Engine
-from runtime.kv_disk import KVDiskError
+from runtime.kv_disk import KVDiskError, chunk_keys
 from runtime.kv_disk import store as kv_disk_store
+from runtime.kv_disk.folder import chunk_path
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
-from runtime.scheduler.disk_tier import LoadCost, disk_manifest, open_disk_tier
+from runtime.scheduler.disk_tier import CHUNK_TOKENS, LoadCost, disk_manifest, open_disk_tier
 from runtime.server_args import ServerArgs
 from tests.runtime.helpers import random_prompts
 
@@ -74,10 +76,10 @@ def test_evicted_prefixes_load_from_disk_with_identical_outputs(
     assert [ids for ids, _ in second] == reference
     info = _info(tier_engine)
     assert info["kv_disk_writes"] > 0 and info["kv_disk_loads"] > 0
-    assert info["kv_disk_hits_tokens"] >= 384  # at least one prompt's six chunks
+    assert info["kv_disk_hits_tokens"] >= 384  # at least one prompt's whole chunks
     # cached_tokens counts the disk's tokens: whole chunks of every prompt, not recomputed.
     for prompt, (_, cached) in zip(prompts, second, strict=True):
-        assert cached >= len(prompt) - 1 - 63, (cached, len(prompt))
+        assert cached >= len(prompt) - 1 - (CHUNK_TOKENS - 1), (cached, len(prompt))
     tier_engine.check_invariants()
 
 
@@ -93,8 +95,30 @@ def test_restart_serves_from_disk(
         info = _info(engine)
         engine.check_invariants()
     assert [ids for ids, _ in again] == reference
-    assert info["kv_disk_loads"] >= 4 * 6
+    assert info["kv_disk_loads"] >= 4 * (384 // CHUNK_TOKENS)
     assert all(cached >= 384 for _, cached in again)
+
+
+def test_an_arriving_request_reads_its_chunks_ahead(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = _prompts()[0]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, [prompt])
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        assert engine.scheduler.disk is not None
+        store = engine.scheduler.disk.store
+        hinted: list[int] = []
+        read_ahead = store.read_ahead
+
+        def recording(keys: list[str]) -> int:
+            hinted.append(read_ahead(keys))
+            return hinted[-1]
+
+        monkeypatch.setattr(store, "read_ahead", recording)
+        _run(engine, [prompt])
+    # Every whole chunk of the prompt (its last token is computed), hinted on arrival.
+    assert hinted == [(len(prompt) - 1) // CHUNK_TOKENS]
 
 
 def test_other_kv_dtype_invalidates_the_tier(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -129,16 +153,38 @@ def test_corrupt_chunk_is_recomputed(
     assert [ids for ids, _ in again] == reference
 
 
+def test_a_truncated_chunk_ends_the_run_and_the_rest_is_recomputed(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompt = _prompts()[0]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, [prompt])
+        assert engine.scheduler.disk is not None
+        size, folder = engine.scheduler.disk.chunk_tokens, engine.scheduler.disk.store.folder
+    # The third chunk's file loses its checksum and half its payload.
+    path = chunk_path(folder, chunk_keys(np.array(prompt), size, None)[2])
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        ((ids, cached),) = _run(engine, [prompt])
+        info = _info(engine)
+        engine.check_invariants()
+        assert not path.exists()  # a bad file is deleted (until shutdown saves the chunk)
+    assert ids == reference[0]
+    assert cached == 2 * size  # the two chunks before it, from disk
+    assert info["kv_disk_loads"] == 2 and info["kv_disk_hits_tokens"] == 2 * size
+
+
 def test_write_through_writes_on_insert(tiny_model_path: Path, tmp_path: Path) -> None:
     (prompt,) = random_prompts([300], seed=7)
     through = {**POOL, **TIER, "kv_disk_write_policy": "write_through"}
     with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **through) as engine:
         _run(engine, [prompt])
         deadline = time.monotonic() + 30
-        while _info(engine)["kv_disk_writes"] < 4 and time.monotonic() < deadline:
+        whole_chunks = 303 // CHUNK_TOKENS  # of the 303 cached tokens
+        while _info(engine)["kv_disk_writes"] < whole_chunks and time.monotonic() < deadline:
             time.sleep(0.05)  # the writer thread writes behind the scheduler
         info = _info(engine)
-        assert info["kv_disk_writes"] == 4  # 303 cached tokens: four whole chunks
+        assert info["kv_disk_writes"] == whole_chunks
         assert engine.scheduler.kv.tree is not None
         assert engine.scheduler.kv.tree.stats().evicted_tokens == 0  # nothing was evicted
 
@@ -235,7 +281,7 @@ def test_each_replica_and_chunk_size_has_its_own_folder_and_manifest(
     pool = KVPool(256, 2, 2, 8, torch.float32, torch.device("cpu"))
     tier = open_disk_tier(args, pool, "none", "cpu", replica=3)
     try:
-        assert tier.chunk_tokens == 128  # 64 rounded up to whole pages
+        assert tier.chunk_tokens == 128  # CHUNK_TOKENS rounded up to whole pages
         manifest = json.loads((tmp_path / "replica3" / "manifest.json").read_text())
         wanted = json.loads(json.dumps(disk_manifest(args, "none", 128)))
         assert wanted.items() <= manifest.items()  # the store adds its own file format

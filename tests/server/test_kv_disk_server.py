@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from runtime.scheduler.disk_tier import CHUNK_TOKENS
 from runtime.server import ServerProcess
 from tests.runtime.helpers import random_prompts
 
@@ -43,15 +44,16 @@ def test_sigterm_saves_and_a_restart_serves_from_disk(tiny_model_path: Path, tmp
     with ServerProcess(tiny_model_path, *tier) as server:
         first = _generate(server, prompt)
         assert first["meta_info"]["cached_tokens"] == 0
-    assert len(_chunk_files(tmp_path)) == 4  # 299 matchable tokens: four whole chunks
+    chunks = 299 // CHUNK_TOKENS  # whole chunks of the 299 matchable tokens
+    assert len(_chunk_files(tmp_path)) == chunks
     with ServerProcess(tiny_model_path, *tier) as server:
         again = _generate(server, prompt)
         assert again["output_ids"] == first["output_ids"]
-        assert again["meta_info"]["cached_tokens"] == 256
-        assert _metric(server, "arbor_kv_disk_loads_total") == 4
-        assert _metric(server, "arbor_kv_disk_hits_tokens_total") == 256
+        assert again["meta_info"]["cached_tokens"] == chunks * CHUNK_TOKENS
+        assert _metric(server, "arbor_kv_disk_loads_total") == chunks
+        assert _metric(server, "arbor_kv_disk_hits_tokens_total") == chunks * CHUNK_TOKENS
         assert _metric(server, "arbor_kv_disk_used_bytes") > 0
-        assert server.server_info()["kv_disk_loads"] == 4
+        assert server.server_info()["kv_disk_loads"] == chunks
         response = httpx.post(f"{server.url}/flush_cache?disk=true", timeout=10.0)
         assert response.status_code == 200
         assert _chunk_files(tmp_path) == []
