@@ -25,6 +25,7 @@ import httpx
 
 import frontend_lang as fl
 from benchmarks.quality_tasks import Item, Task, find_json_object, read_label, tool_arguments
+from runtime.server.tool_calls import parse_tool_calls
 
 NO_FIELD_NOTE = "server has no json_format: sent without it (its compact JSON)"
 
@@ -129,8 +130,10 @@ def _tools(task: Task, tool_choice: str) -> dict[str, Any]:
 
 async def unconstrained(client: Client, task: Task, item: Item) -> Generation:
     """Free generation; the answer is read from the text (and, for tools, from a call the
-    server parsed, else from a JSON object in the text)."""
-    extra = _tools(task, "auto") if task.kind == "tool" else {}
+    server parsed, else from a call envelope or a JSON object in the text). The tool tasks
+    send ``tool_choice: auto`` with ``reply_envelope: "free"``: the prompt of auto (on a
+    template without tool syntax, the generic format's envelope described), no grammar."""
+    extra = _tools(task, "auto") | {"reply_envelope": "free"} if task.kind == "tool" else {}
     message, tokens, cut, _ = await _chat(client, task, item, extra, None)
     text = message.get("content") or ""
     value: Any
@@ -140,10 +143,24 @@ async def unconstrained(client: Client, task: Task, item: Item) -> Generation:
         assert task.tool is not None
         value = _call_arguments(message, task.tool["name"])
         if value is None:
+            value = envelope_call_arguments(text, task.tool["name"])
+        if value is None:
             value = tool_arguments(find_json_object(text), task.tool["name"])
     else:
         value = find_json_object(text)
     return Generation(value, text or json.dumps(message.get("tool_calls")), tokens, cut)
+
+
+def envelope_call_arguments(text: str, tool_name: str) -> Any:
+    """The first call to ``tool_name`` in a reply envelope anywhere in ``text`` (after prose,
+    say), read by the server's envelope parser; None when there is none."""
+    start = text.find("{")
+    while start != -1:
+        _, calls = parse_tool_calls(text[start:], {tool_name}, fmt="generic")
+        if calls:
+            return _loads(calls[0].arguments)
+        start = text.find("{", start + 1)
+    return None
 
 
 def _call_arguments(message: dict[str, Any], tool_name: str) -> Any:

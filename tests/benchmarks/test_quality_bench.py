@@ -192,6 +192,28 @@ def test_json_format_unknown_to_the_server_fails_aligned_and_drops_back_for_comp
     assert seen[0]["text"] == f"<user>{task.items[0].text}"
 
 
+def test_unconstrained_tool_items_ask_for_a_free_envelope_and_read_calls_in_text() -> None:
+    """The unconstrained mode on a tool task: tools under auto with ``reply_envelope: "free"``
+    (no grammar); a call the server did not parse is read from an envelope after prose."""
+    seen: list[dict[str, Any]] = []
+    text = 'Sure! {"tool_call": {"name": "get_weather", "arguments": {"city": "Lima"}}} Bye.'
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        message = {"role": "assistant", "content": text}
+        choice = {"message": message, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [choice], "usage": {"completion_tokens": 9}})
+
+    task = load_tasks(["tool_weather"])[0]
+    generation = asyncio.run(quality_modes.unconstrained(_client(server), task, task.items[0]))
+    assert generation.value == {"city": "Lima"}
+    assert seen[0]["reply_envelope"] == "free" and seen[0]["tool_choice"] == "auto"
+    assert "response_format" not in seen[0] and "json_format" not in seen[0]
+    other = 'No call: {"tool_call": {"name": "other", "arguments": {"city": "Lima"}}}'
+    assert quality_modes.envelope_call_arguments(other, "get_weather") is None
+    assert quality_modes.envelope_call_arguments("Lima.", "get_weather") is None
+
+
 def test_arbor_bench_quality_is_the_quality_bench(capsys: pytest.CaptureFixture[str]) -> None:
     from runtime.cli import main
 
