@@ -133,11 +133,16 @@ async def unconstrained(client: Client, task: Task, item: Item) -> Generation:
     server parsed, else from a call envelope or a JSON object in the text). The tool tasks
     send ``tool_choice: auto`` with ``reply_envelope: "free"``: the prompt of auto (on a
     template without tool syntax, the generic format's envelope described), no grammar."""
-    extra = _tools(task, "auto") | {"reply_envelope": "free"} if task.kind == "tool" else {}
+    tools = task.kind in ("tool", "no_call")
+    extra = _tools(task, "auto") | {"reply_envelope": "free"} if tools else {}
     message, tokens, cut, _ = await _chat(client, task, item, extra, None)
     text = message.get("content") or ""
     value: Any
-    if task.kind == "label":
+    if task.kind == "no_call":
+        assert task.tool is not None
+        called = bool(message.get("tool_calls"))
+        value = {"called": called or envelope_call_arguments(text, task.tool["name"]) is not None}
+    elif task.kind == "label":
         value = read_label(text, task.labels)
     elif task.kind == "tool":
         assert task.tool is not None
@@ -223,6 +228,9 @@ def tool_call(tool_choice: str, fmt: str) -> Callable[[Client, Task, Item], Awai
         assert task.tool is not None
         extra = _tools(task, tool_choice)
         message, tokens, cut, note = await _chat(client, task, item, extra, fmt)
+        if task.kind == "no_call":
+            text = message.get("content") or json.dumps(message.get("tool_calls"))
+            return Generation({"called": bool(message.get("tool_calls"))}, text, tokens, cut, note)
         value = _call_arguments(message, task.tool["name"])
         text = json.dumps(message.get("tool_calls")) or ""
         return Generation(
@@ -280,7 +288,7 @@ async def _run_program(client: Client, program: Any, message: str, expr: Any) ->
 
 def all_modes() -> list[Mode]:
     """Every mode, in table order."""
-    modes = [Mode("unconstrained", ("json", "label", "tool"), unconstrained, constrained=False)]
+    modes = [Mode("unconstrained", ("json", "label", "tool", "no_call"), unconstrained, False)]
     formats = ("aligned", "compact")
     modes += [
         Mode(f"native json_schema {f}", ("json", "label"), native_json_schema(f)) for f in formats
@@ -303,9 +311,9 @@ def all_modes() -> list[Mode]:
         Mode("native choice", ("label",), native_choice),
         Mode("dsl select", ("label",), dsl_select),
     ]
-    modes += [
-        Mode(f"tools {choice} {f}", ("tool",), tool_call(choice, f))
-        for choice in ("auto", "required")
+    modes += [  # "required" always calls: no mode for the no_call task
+        Mode(f"tools {choice} {f}", kinds, tool_call(choice, f))
+        for choice, kinds in (("auto", ("tool", "no_call")), ("required", ("tool",)))
         for f in formats
     ]
     return modes
