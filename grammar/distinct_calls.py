@@ -7,6 +7,9 @@ context-free grammar cannot compare two calls, so this guard follows the output'
 the grammar: once a call in the list closes equal to an earlier one, the list may only end
 (tokens that start with ``,`` are masked until ``]``). The reply then holds that call twice at
 most, and the envelope's reader (``runtime.server.tool_call_envelope``) drops the repeat.
+One token can close a call and start the next (``}},``), so while the call being written reads
+as the start of an earlier one, tokens that close something and then write ``,`` are masked
+too: the model writes the same text in smaller tokens, and the guard sees the call close.
 
 Calls are compared as written with the whitespace outside strings removed, so a repeat in
 another layout is a repeat. Only the bytes matter: the guard works on each token's bytes, as
@@ -15,12 +18,15 @@ the tokenizer decodes them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 _LIST_HEAD = b'{"tool_calls":['
 _WHITESPACE = b" \t\n\r"
+_CLOSE_THEN_SEPARATOR = re.compile(rb"[}\]][\s}\]]*,")
 _LIST_DEPTH = 2  # the envelope's object, then its list: a call's object opens at this depth
 
 
@@ -36,6 +42,14 @@ class CallListScanner:
         self._call_start: int | None = None
         self._calls: list[bytes] = []
         self.must_close = False
+
+    @property
+    def may_repeat(self) -> bool:
+        """Whether a call of the list is being written that so far reads as an earlier one."""
+        if self._call_start is None:
+            return False
+        written = bytes(self._canonical[self._call_start :])
+        return any(call.startswith(written) for call in self._calls)
 
     def feed(self, data: bytes) -> None:
         for byte in data:
@@ -77,9 +91,9 @@ class DistinctCallsGuard:
     """One request's guard: fed the tokens its matcher accepts, it narrows the grammar's mask
     while the list must end. Not thread-safe, as the matcher it sits beside."""
 
-    def __init__(self, token_bytes: Sequence[bytes], keep_mask: torch.Tensor) -> None:
+    def __init__(self, token_bytes: Sequence[bytes], masks: GuardMasks) -> None:
         self._token_bytes = token_bytes
-        self._keep_mask = keep_mask  # packed int32 [words]: every token but the separators
+        self._masks = masks
         self._tokens: list[int] = []
         self._scanner = CallListScanner()
 
@@ -88,12 +102,18 @@ class DistinctCallsGuard:
         if token_id < len(self._token_bytes):
             self._scanner.feed(self._token_bytes[token_id])
 
+    def _mask(self) -> torch.Tensor | None:
+        if self._scanner.must_close:
+            return self._masks.no_separator
+        return self._masks.no_close_then_separator if self._scanner.may_repeat else None
+
     def refuses(self, token_id: int) -> bool:
         """Whether ``token_id`` is masked here (the grammar may still allow it)."""
-        if not self._scanner.must_close:
+        mask = self._mask()
+        if mask is None:
             return False
         word, bit = divmod(token_id, 32)
-        return word < self._keep_mask.shape[0] and not (int(self._keep_mask[word]) >> bit) & 1
+        return word < mask.shape[0] and not (int(mask[word]) >> bit) & 1
 
     def rolled_back(self, num_tokens: int) -> None:
         """Forgets the last ``num_tokens`` tokens (the scanner reads the rest again)."""
@@ -106,19 +126,31 @@ class DistinctCallsGuard:
 
     def restrict(self, bitmask: torch.Tensor, row: int) -> None:
         """Narrows the filled ``bitmask[row]``: no ``,`` after a repeated call."""
-        if self._scanner.must_close:
-            words = min(bitmask.shape[1], self._keep_mask.shape[0])
-            bitmask[row, :words] &= self._keep_mask[:words]
+        mask = self._mask()
+        if mask is not None:
+            words = min(bitmask.shape[1], mask.shape[0])
+            bitmask[row, :words] &= mask[:words]
 
 
-def keep_mask_without_separator(token_bytes: Sequence[bytes], words: int) -> torch.Tensor:
-    """A packed int32 mask [words] allowing every token but those whose first byte other than
-    whitespace is ``,`` (the list separator)."""
-    banned = [
-        i
-        for i, data in enumerate(token_bytes[: words * 32])
-        if data.lstrip(_WHITESPACE)[:1] == b","
-    ]
+@dataclass(frozen=True)
+class GuardMasks:
+    """The guard's packed int32 masks [words], built once per vocabulary (``guard_masks``):
+    every token but those that start with ``,`` (after whitespace), and every token but those
+    that close an object or list and then write ``,``."""
+
+    no_separator: torch.Tensor
+    no_close_then_separator: torch.Tensor
+
+
+def guard_masks(token_bytes: Sequence[bytes], words: int) -> GuardMasks:
+    tokens = list(enumerate(token_bytes[: words * 32]))
+    starts = [i for i, data in tokens if data.lstrip(_WHITESPACE)[:1] == b","]
+    closes = [i for i, data in tokens if _CLOSE_THEN_SEPARATOR.search(data)]
+    return GuardMasks(_packed_without(starts, words), _packed_without(closes, words))
+
+
+def _packed_without(banned: list[int], words: int) -> torch.Tensor:
+    """A packed int32 mask [words] allowing every token but ``banned``."""
     bits = torch.ones(words * 32, dtype=torch.int64)
     bits[torch.tensor(banned, dtype=torch.int64)] = 0
     weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32))

@@ -23,7 +23,7 @@ from grammar.backend import (
     LoweredGrammar,
     register_backend,
 )
-from grammar.distinct_calls import DistinctCallsGuard, keep_mask_without_separator
+from grammar.distinct_calls import DistinctCallsGuard, GuardMasks, guard_masks
 from grammar.errors import GrammarError
 from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
 from grammar.json_layout import AlignmentUnavailable
@@ -139,13 +139,12 @@ class XGrammarBackend(GrammarBackend):
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher()
         self._token_bytes: list[bytes] = list(info.decoded_vocab)
-        self._keep_mask: torch.Tensor | None = None  # built on the first envelope with a list
+        self._guard_masks: GuardMasks | None = None  # built on the first envelope with a list
 
     def _new_guard(self) -> DistinctCallsGuard:
-        if self._keep_mask is None:
-            words = (self.vocab_size + 31) // 32
-            self._keep_mask = keep_mask_without_separator(self._token_bytes, words)
-        return DistinctCallsGuard(self._token_bytes, self._keep_mask)
+        if self._guard_masks is None:
+            self._guard_masks = guard_masks(self._token_bytes, (self.vocab_size + 31) // 32)
+        return DistinctCallsGuard(self._token_bytes, self._guard_masks)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

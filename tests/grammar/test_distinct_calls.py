@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from grammar import GrammarService, GrammarSpec
 from grammar.backend import allocate_bitmask
-from grammar.distinct_calls import CallListScanner
+from grammar.distinct_calls import CallListScanner, DistinctCallsGuard, guard_masks
 
 CITY = {
     "type": "object",
@@ -82,3 +84,43 @@ def test_mask_allows_only_the_end_after_a_repeat(
     matcher.rollback(len(repeat))  # back before the repeat: the list is open again
     assert _allowed(matcher, backend.vocab_size, comma)
     assert matcher.accept_token(comma)
+
+
+def test_batched_fill_and_accept_keep_the_guard(
+    service: GrammarService, tokenizer: Any, backend: Any
+):
+    """The backend's batch paths (a native fill from 8 matchers up, a native accept) narrow
+    and feed a guarded matcher as its own calls do."""
+    spec = GrammarSpec.for_tool_calls(TOOLS, "auto", parallel=True, format="generic")
+    matchers = [service.compile(spec).new_matcher() for _ in range(8)]
+    text = _calls(PARIS, PARIS)[:-2]
+    for token in _ids(tokenizer, text):
+        assert backend.accept_tokens(matchers, [token] * 8) == [True] * 8
+    bitmask = allocate_bitmask(8, backend.vocab_size)
+    backend.fill_masks(matchers, bitmask, list(range(8)))
+    comma, close = _ids(tokenizer, ",")[0], _ids(tokenizer, "]")[0]
+    for row in range(8):
+        assert not (int(bitmask[row, comma // 32]) >> (comma % 32)) & 1
+        assert (int(bitmask[row, close // 32]) >> (close % 32)) & 1
+    assert backend.accept_tokens(matchers, [comma] * 8) == [False] * 8
+
+
+def test_no_token_closes_a_repeat_and_starts_another_call():
+    """While a call reads as an earlier one, a token like ``"}},`` (close it, then ``,``) is
+    masked: the repeat must close in smaller tokens, where the guard sees it."""
+    vocab = [b'{"tool_calls": [', PARIS.encode()[:-3], b'"}},', b'"', b"}", b",", b"]", b"x"]
+    guard = DistinctCallsGuard(vocab, guard_masks(vocab, 1))
+    joined, quote, brace, comma, close = 2, 3, 4, 5, 6
+    for token in (0, 1, quote, brace, brace, comma, 1):  # PARIS, then the repeat's start
+        assert not guard.refuses(token)
+        guard.accepted(token)
+    assert guard.refuses(joined) and not guard.refuses(quote)
+    bitmask = torch.full((1, 1), -1, dtype=torch.int32)
+    guard.restrict(bitmask, 0)
+    assert not (int(bitmask[0, 0]) >> joined) & 1 and (int(bitmask[0, 0]) >> quote) & 1
+    for token in (quote, brace, brace):  # the repeat closes: only the list's end may follow
+        guard.accepted(token)
+    assert guard.refuses(comma) and not guard.refuses(close)
+    guard.rolled_back(4)  # back before the repeat, then something else: nothing is masked
+    guard.accepted(7)
+    assert not guard.refuses(joined)
