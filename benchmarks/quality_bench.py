@@ -6,7 +6,8 @@ stopped at the end), greedy, and scores each (task, mode):
 
 - **valid**: the output parses and matches the task's schema (``json_object``: is an object;
   ``unconstrained``: the first JSON object in the text, the one label it names, or the call
-  the server parsed, else a call written as JSON in the text);
+  the server parsed, else a call in a reply envelope or written as JSON in the text; the
+  ``no_call`` task: whether the reply called, right when it did not);
 - **items right**, **fields right**: the answer's fields, compared after normalization;
 - **out tok**: mean output tokens; **cut**: items ``max_tokens`` cut (there should be none);
 - **errors**: items the server refused (e.g. ``json_format`` on a server without it).

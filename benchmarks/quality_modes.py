@@ -25,6 +25,7 @@ import httpx
 
 import frontend_lang as fl
 from benchmarks.quality_tasks import Item, Task, find_json_object, read_label, tool_arguments
+from runtime.server.tool_calls import parse_tool_calls
 
 NO_FIELD_NOTE = "server has no json_format: sent without it (its compact JSON)"
 
@@ -129,21 +130,42 @@ def _tools(task: Task, tool_choice: str) -> dict[str, Any]:
 
 async def unconstrained(client: Client, task: Task, item: Item) -> Generation:
     """Free generation; the answer is read from the text (and, for tools, from a call the
-    server parsed, else from a JSON object in the text)."""
-    extra = _tools(task, "auto") if task.kind == "tool" else {}
+    server parsed, else from a call envelope or a JSON object in the text). The tool tasks
+    send ``tool_choice: auto`` with ``reply_envelope: "free"``: the prompt of auto (on a
+    template without tool syntax, the generic format's envelope described), no grammar."""
+    tools = task.kind in ("tool", "no_call")
+    extra = _tools(task, "auto") | {"reply_envelope": "free"} if tools else {}
     message, tokens, cut, _ = await _chat(client, task, item, extra, None)
     text = message.get("content") or ""
     value: Any
-    if task.kind == "label":
+    if task.kind == "no_call":
+        assert task.tool is not None
+        called = bool(message.get("tool_calls"))
+        value = {"called": called or envelope_call_arguments(text, task.tool["name"]) is not None}
+    elif task.kind == "label":
         value = read_label(text, task.labels)
     elif task.kind == "tool":
         assert task.tool is not None
         value = _call_arguments(message, task.tool["name"])
         if value is None:
+            value = envelope_call_arguments(text, task.tool["name"])
+        if value is None:
             value = tool_arguments(find_json_object(text), task.tool["name"])
     else:
         value = find_json_object(text)
     return Generation(value, text or json.dumps(message.get("tool_calls")), tokens, cut)
+
+
+def envelope_call_arguments(text: str, tool_name: str) -> Any:
+    """The first call to ``tool_name`` in a reply envelope anywhere in ``text`` (after prose,
+    say), read by the server's envelope parser; None when there is none."""
+    start = text.find("{")
+    while start != -1:
+        _, calls = parse_tool_calls(text[start:], {tool_name}, fmt="generic")
+        if calls:
+            return _loads(calls[0].arguments)
+        start = text.find("{", start + 1)
+    return None
 
 
 def _call_arguments(message: dict[str, Any], tool_name: str) -> Any:
@@ -206,6 +228,9 @@ def tool_call(tool_choice: str, fmt: str) -> Callable[[Client, Task, Item], Awai
         assert task.tool is not None
         extra = _tools(task, tool_choice)
         message, tokens, cut, note = await _chat(client, task, item, extra, fmt)
+        if task.kind == "no_call":
+            text = message.get("content") or json.dumps(message.get("tool_calls"))
+            return Generation({"called": bool(message.get("tool_calls"))}, text, tokens, cut, note)
         value = _call_arguments(message, task.tool["name"])
         text = json.dumps(message.get("tool_calls")) or ""
         return Generation(
@@ -263,7 +288,7 @@ async def _run_program(client: Client, program: Any, message: str, expr: Any) ->
 
 def all_modes() -> list[Mode]:
     """Every mode, in table order."""
-    modes = [Mode("unconstrained", ("json", "label", "tool"), unconstrained, constrained=False)]
+    modes = [Mode("unconstrained", ("json", "label", "tool", "no_call"), unconstrained, False)]
     formats = ("aligned", "compact")
     modes += [
         Mode(f"native json_schema {f}", ("json", "label"), native_json_schema(f)) for f in formats
@@ -286,9 +311,9 @@ def all_modes() -> list[Mode]:
         Mode("native choice", ("label",), native_choice),
         Mode("dsl select", ("label",), dsl_select),
     ]
-    modes += [
-        Mode(f"tools {choice} {f}", ("tool",), tool_call(choice, f))
-        for choice in ("auto", "required")
+    modes += [  # "required" always calls: no mode for the no_call task
+        Mode(f"tools {choice} {f}", kinds, tool_call(choice, f))
+        for choice, kinds in (("auto", ("tool", "no_call")), ("required", ("tool",)))
         for f in formats
     ]
     return modes

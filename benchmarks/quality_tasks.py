@@ -23,7 +23,14 @@ import jsonschema
 
 DATA_DIR = Path(__file__).parent / "data" / "quality"
 MIN_ITEMS = 30
-KINDS = ("json", "label", "tool")
+KINDS = ("json", "label", "tool", "no_call")
+# A no_call task's answer: whether the reply called a tool (the right move is not to).
+NO_CALL_SCHEMA = {
+    "type": "object",
+    "properties": {"called": {"type": "boolean"}},
+    "required": ["called"],
+    "additionalProperties": False,
+}
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 _EDGE_PUNCTUATION = " \t\n.,;:!?'\""
 
@@ -38,7 +45,9 @@ class Item:
 @dataclass(frozen=True)
 class Task:
     """One task: ``kind`` "json" (answer with an object under ``schema``), "label" (answer
-    ``field`` with one of ``labels``) or "tool" (call ``tool``; the answer is its arguments)."""
+    ``field`` with one of ``labels``), "tool" (call ``tool``; the answer is its arguments) or
+    "no_call" (``tool`` is offered but the right move is to answer: the answer is
+    ``{"called": false}``, the value read ``{"called": <whether the reply called a tool>}``)."""
 
     name: str
     kind: str
@@ -61,6 +70,8 @@ class Task:
         if self.kind == "tool":
             assert self.tool is not None
             return dict(self.tool["parameters"])
+        if self.kind == "no_call":
+            return NO_CALL_SCHEMA
         assert self.schema is not None
         return self.schema
 

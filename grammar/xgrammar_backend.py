@@ -23,6 +23,7 @@ from grammar.backend import (
     LoweredGrammar,
     register_backend,
 )
+from grammar.distinct_calls import DistinctCallsGuard, GuardMasks, guard_masks
 from grammar.errors import GrammarError
 from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
 from grammar.json_layout import AlignmentUnavailable
@@ -40,15 +41,31 @@ _BATCH_FILL_MIN = 8
 
 
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, compiled: xgr.CompiledGrammar, encode: Encode) -> None:
+    """xgrammar's matcher, with the distinct-calls guard beside it for a reply envelope that
+    may list several calls (``grammar.distinct_calls``)."""
+
+    def __init__(
+        self,
+        compiled: xgr.CompiledGrammar,
+        encode: Encode,
+        guard: DistinctCallsGuard | None = None,
+    ) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
         self._encode = encode
+        self.guard = guard
 
     def accept_token(self, token_id: int) -> bool:
-        return self._matcher.accept_token(token_id)
+        if self.guard is not None and self.guard.refuses(token_id):
+            return False
+        accepted = self._matcher.accept_token(token_id)
+        if accepted and self.guard is not None:
+            self.guard.accepted(token_id)
+        return accepted
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self.guard is not None:
+            self.guard.restrict(bitmask, row)
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
@@ -56,6 +73,8 @@ class XGrammarMatcher(GrammarMatcher):
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
+            if self.guard is not None:
+                self.guard.rolled_back(num_tokens)
 
     def jump_forward_string(self) -> str:
         if self._matcher.is_terminated():
@@ -81,13 +100,21 @@ class XGrammarMatcher(GrammarMatcher):
 
 
 class XGrammarCompiled(CompiledGrammar):
-    def __init__(self, spec: GrammarSpec, compiled: xgr.CompiledGrammar, encode: Encode) -> None:
+    def __init__(
+        self,
+        spec: GrammarSpec,
+        compiled: xgr.CompiledGrammar,
+        encode: Encode,
+        new_guard: Callable[[], DistinctCallsGuard] | None = None,
+    ) -> None:
         self.spec = spec
         self._compiled = compiled
         self._encode = encode
+        self._new_guard = new_guard
 
     def new_matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self._compiled, self._encode)
+        guard = self._new_guard() if self._new_guard is not None else None
+        return XGrammarMatcher(self._compiled, self._encode, guard)
 
     @property
     def memory_bytes(self) -> int:
@@ -111,6 +138,13 @@ class XGrammarBackend(GrammarBackend):
         )
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher()
+        self._token_bytes: list[bytes] = list(info.decoded_vocab)
+        self._guard_masks: GuardMasks | None = None  # built on the first envelope with a list
+
+    def _new_guard(self) -> DistinctCallsGuard:
+        if self._guard_masks is None:
+            self._guard_masks = guard_masks(self._token_bytes, (self.vocab_size + 31) // 32)
+        return DistinctCallsGuard(self._token_bytes, self._guard_masks)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -146,7 +180,15 @@ class XGrammarBackend(GrammarBackend):
                 f"cannot compile the {kind} grammar: the grammar backend refused it (see the "
                 "server log)"
             ) from None
-        return XGrammarCompiled(lowered.spec, compiled, self._encode)
+        return XGrammarCompiled(lowered.spec, compiled, self._encode, self._guard_for(lowered))
+
+    def _guard_for(self, lowered: LoweredGrammar) -> Callable[[], DistinctCallsGuard] | None:
+        """The guard's factory for a reply envelope that may list several calls, else None."""
+        spec = lowered.spec
+        if spec.kind != "tool_calls":
+            return None
+        payload = json.loads(spec.spec)
+        return self._new_guard if payload.get("envelope") and payload["parallel"] else None
 
     def ebnf(self, spec: GrammarSpec) -> tuple[str, str]:
         """(EBNF text, start rule) for ``spec``; GrammarError if the spec is invalid."""
@@ -192,13 +234,16 @@ class XGrammarBackend(GrammarBackend):
         if len(inner) != len(matchers):
             raise TypeError("fill_masks takes matchers of this backend only")
         self._batch.batch_fill_next_token_bitmask(inner, bitmask, list(rows))
+        for matcher, row in zip(matchers, rows, strict=True):
+            if isinstance(matcher, XGrammarMatcher) and matcher.guard is not None:
+                matcher.guard.restrict(bitmask, row)
 
     def accept_tokens(
         self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int]
     ) -> list[bool]:
         # One native call: 0.08 ms for 16 matchers against 0.22 ms one by one.
-        inner = [m._matcher for m in matchers if isinstance(m, XGrammarMatcher)]
-        if len(inner) != len(matchers) or len(matchers) < 2:
+        inner = [m._matcher for m in matchers if isinstance(m, XGrammarMatcher) and m.guard is None]
+        if len(inner) != len(matchers) or len(matchers) < 2:  # guarded ones one by one
             return super().accept_tokens(matchers, tokens)
         return [bool(ok) for ok in xgr.BatchGrammarMatcher.batch_accept_token(inner, list(tokens))]
 

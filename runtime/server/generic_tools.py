@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammar.tool_call_formats import GENERIC
+from runtime.server.errors import ApiError
 
 # The call syntax the system text describes is the one the grammar writes and the parser reads.
 CALL_OPEN, CALL_CLOSE = GENERIC.marker, GENERIC.item_close
@@ -94,10 +95,13 @@ class ReplyEnvelope:
     answers (the grammar ``grammar.tool_calls.reply_envelope_ebnf`` holds it to that; the
     parser is ``runtime.server.tool_call_envelope``): ``{"tool_call": CALL}`` (``parallel``:
     ``{"tool_calls": [CALL, ...]}``) or ``{"response": ANSWER}``, ANSWER a string
-    (``text_answer``) or JSON in the request's response format."""
+    (``text_answer``) or JSON in the request's response format. ``constrained``: whether the
+    grammar holds the reply to it; a free reply (the request's ``reply_envelope: "free"``)
+    gets the same prompt and the same reader, and whatever the model writes."""
 
     parallel: bool
     text_answer: bool = True
+    constrained: bool = True
 
     @property
     def calls_key(self) -> str:
@@ -123,6 +127,20 @@ class ReplyEnvelope:
         if self.parallel or len(objects) != 1:
             return f'{{"tool_calls": [{", ".join(objects)}]}}'
         return f'{{"tool_call": {objects[0]}}}'
+
+
+def reply_envelope(parallel: bool, text_answer: bool, mode: str | None) -> ReplyEnvelope:
+    """The envelope of a request whose ``reply_envelope`` field is ``mode`` ("constrained",
+    the default, or "free"). A free reply cannot promise a response format (only the grammar
+    could hold an answer to it): ApiError 400 naming the field."""
+    if mode == "free" and not text_answer:
+        raise ApiError(
+            400,
+            'reply_envelope "free" leaves the reply unconstrained, so it cannot be held to a '
+            'response format: drop the format or use "constrained"',
+            param="reply_envelope",
+        )
+    return ReplyEnvelope(parallel, text_answer, constrained=mode != "free")
 
 
 def generic_system_text(

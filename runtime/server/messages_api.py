@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.generate_input import SubRequest
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import ReplyEnvelope
+from runtime.server.generic_tools import ReplyEnvelope, reply_envelope
 from runtime.server.messages_input import chat_messages
 from runtime.server.messages_protocol import (
     CountTokensRequest,
@@ -104,7 +104,7 @@ async def create_message(request: Request) -> Response:
     callable_tools = [f for f in turn.functions if f["name"] in turn.names]
     name = next(iter(turn.names)) if turn.mode == "named" else None
     fmt = state.tool_call_format
-    envelope = turn.envelope is not None
+    envelope = turn.envelope is not None and turn.envelope.constrained
     constraints = turn_constraint(callable_tools, turn.mode, name, parallel, fmt, answer, envelope)
     sampling = _sampling(state, body, constraints)
     run = MessageRun(new_message(state.args.model_name), list(body.stop_sequences or []))
@@ -160,7 +160,9 @@ async def _prompt(state: ServerState, body: PromptRequest) -> _Turn:
         if mode == "auto" and state.tool_call_format == GENERIC_FORMAT:
             # The generic format's reply envelope: a call or an answer (as chat's auto).
             parallel = not _parallel_disabled(body)
-            envelope = ReplyEnvelope(parallel, text_answer=not _answer_format(body))
+            text_answer = not _answer_format(body)
+            mode_asked = getattr(body, "reply_envelope", None)  # count_tokens: the same prompt
+            envelope = reply_envelope(parallel, text_answer, mode_asked)
     text, ids = await render_prompt(state, messages, tools, variables, envelope)
     return _Turn(text, ids, functions, mode, names, envelope)
 

@@ -201,5 +201,9 @@ class MessagesRequest(PromptRequest):
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     # output_config.format and tool inputs: "aligned" (the default) or "compact" JSON.
     json_format: JsonFormat | None = None
+    # tool_choice "auto" in the generic tool format: "constrained" (the default: a grammar
+    # holds the reply to the envelope its prompt describes) or "free" (the same prompt, no
+    # constraint; the reply is read as an envelope where it is one).
+    reply_envelope: Literal["constrained", "free"] | None = None
     # Share cached KV only with requests of the same salt (as in the OpenAI API).
     cache_salt: CacheSalt | None = None

@@ -24,7 +24,7 @@ from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import ReplyEnvelope, generic_messages
+from runtime.server.generic_tools import ReplyEnvelope, generic_messages, reply_envelope
 from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
@@ -153,11 +153,12 @@ async def chat_completions(request: Request) -> Response:
     own_grammar = any(name in GRAMMAR_FIELDS for name in given_fields(body, _PASSTHROUGH))
     envelope = None
     if tools_on and choice == "auto" and fmt == GENERIC_FORMAT and not own_grammar:
-        envelope = ReplyEnvelope(body.parallel_tool_calls, text_answer=not answer)
+        envelope = reply_envelope(body.parallel_tool_calls, not answer, body.reply_envelope)
     tag = forced
     if choice == "auto":
         parallel = body.parallel_tool_calls
-        tag = calls_or_answer(functions, parallel, fmt, answer, envelope is not None)
+        held = envelope is not None and envelope.constrained
+        tag = calls_or_answer(functions, parallel, fmt, answer, held)
     constraints = answer if tag is None else {"structural_tag": tag}
     max_tokens = body.max_completion_tokens
     if max_tokens is None:

@@ -178,6 +178,10 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Extension: tool_choice "auto" in the generic tool format, "constrained" (the default: a
+    # grammar holds the reply to the envelope its prompt describes) or "free" (the same
+    # prompt, no constraint; the reply is read as an envelope where it is one).
+    reply_envelope: Literal["constrained", "free"] | None = None
     # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
     # {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.generate_input import LogprobOptions, SubRequest
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import ReplyEnvelope
+from runtime.server.generic_tools import reply_envelope
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
     after_reasoning,
@@ -87,10 +87,10 @@ async def create_response(request: Request) -> Response:
     if tools_on and choice == "auto" and state.tool_call_format == GENERIC_FORMAT:
         parallel = body.parallel_tool_calls and _max_calls(body) != 1
         fmt = body.text.format if body.text else None
-        envelope = ReplyEnvelope(bool(parallel), text_answer=fmt is None or fmt.type == "text")
-    constraints = _constraints(
-        body, functions, choice, names, state.tool_call_format, envelope is not None
-    )
+        text_answer = fmt is None or fmt.type == "text"
+        envelope = reply_envelope(bool(parallel), text_answer, body.reply_envelope)
+    held = envelope is not None and envelope.constrained
+    constraints = _constraints(body, functions, choice, names, state.tool_call_format, held)
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
     if body.reasoning is not None and body.reasoning.effort == "none":
         variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it

@@ -120,6 +120,10 @@ class ResponsesRequest(OpenAIModel):
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     # text.format and tool-call arguments: "aligned" (the default) or "compact" JSON.
     json_format: JsonFormat | None = None
+    # tool_choice "auto" in the generic tool format: "constrained" (the default: a grammar
+    # holds the reply to the envelope its prompt describes) or "free" (the same prompt, no
+    # constraint; the reply is read as an envelope where it is one).
+    reply_envelope: Literal["constrained", "free"] | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
     # Share cached KV only with requests of the same salt (as in chat completions).

@@ -10,7 +10,11 @@ describes it in the prompt)::
 ``EnvelopeParser`` turns it into the events of ``runtime.server.tool_calls``'s contract as it
 streams in: a call starts once its name is read, its arguments go out as written, and it ends
 when its object closes; a string response goes out as content, unescaped, as it is written
-(any other response value, from a response format, as its JSON text once complete). A reply
+(any other response value, from a response format, as its JSON text once complete). A call
+equal in name and arguments to an earlier one of the reply (whitespace outside strings aside)
+is dropped without a trace: its events are held back while it reads as the start of an
+earlier call, and go out once it differs (the grammar's guard, ``grammar.distinct_calls``,
+ends the list after such a repeat). A reply
 that is no envelope (a grammar of the request's own shaped it) is read as free text in the
 generic call syntax (``<tool_call>...</tool_call>``).
 """
@@ -72,6 +76,7 @@ class EnvelopeParser:
         self._in_string = False
         self._escaped = False
         self._started = 0
+        self._held: list[ToolCallEvent] | None = None  # the events of a possible repeat
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -141,6 +146,8 @@ class EnvelopeParser:
         elif self._state == "open" and rest:
             events.append(rest)
         elif self._state in ("arguments", "call_close") and self._index is not None:
+            events += self._held or []  # a cut-off start of a repeat is kept as cut off
+            self._held = None
             events.append(ToolCallDropped(self._index))
         self._state, self._pos = "done", len(self._text)
         return [e for e in events if e != ""]
@@ -218,7 +225,11 @@ class EnvelopeParser:
         if known and (self.max_calls is None or self._started < self.max_calls):
             self._index, self._id = self._started, new_call_id()
             self._started += 1
-            events.append(ToolCallStart(self._index, self._id, self._name))
+            start = ToolCallStart(self._index, self._id, self._name)
+            if any(call.name == self._name for call in self._calls):
+                self._held = [start]
+            else:
+                events.append(start)
         return True
 
     def _arguments_step(self, events: list[ToolCallEvent]) -> bool:
@@ -246,17 +257,42 @@ class EnvelopeParser:
                     end = i + 1
                     break
         stop = len(text) if end is None else end
-        if self._index is not None and stop > start:
-            events.append(ToolCallArguments(self._index, text[start:stop]))
         self._pos = stop
+        if self._index is not None and stop > start:
+            fragment = ToolCallArguments(self._index, text[start:stop])
+            if self._held is None:
+                events.append(fragment)
+            else:
+                self._held.append(fragment)
+                self._release_unless_repeat(events, stop, complete=False)
         if end is None:
             return False
         self._state, self._arguments_end = "call_close", end
         return True
 
+    def _release_unless_repeat(self, events: list[ToolCallEvent], end: int, complete: bool) -> None:
+        """Sends the held events once the call's arguments so far (up to ``end``;
+        ``complete``: whole) no longer read as an earlier call's of the same name."""
+        assert self._held is not None
+        written = _without_layout(self._text[self._arguments_start : end])
+        for call in self._calls:
+            earlier = _without_layout(call.arguments)
+            if call.name == self._name and (
+                earlier == written if complete else earlier.startswith(written)
+            ):
+                return
+        events += self._held
+        self._held = None
+
     def _end_call(self, events: list[ToolCallEvent]) -> None:
         if self._index is None:
             return
+        if self._held is not None:
+            self._release_unless_repeat(events, self._arguments_end, complete=True)
+            if self._held is not None:  # a repeat: as if it had never started
+                self._held, self._index = None, None
+                self._started -= 1
+                return
         arguments = self._text[self._arguments_start : self._arguments_end]
         call = ToolCall(self._name, arguments, self._id)
         self._calls.append(call)
@@ -290,6 +326,26 @@ class EnvelopeParser:
         if pieces:
             events.append("".join(pieces))
         return False
+
+
+def _without_layout(json_text: str) -> str:
+    """``json_text`` without the whitespace outside its strings."""
+    kept: list[str] = []
+    in_string = escaped = False
+    for char in json_text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char.isspace():
+            continue
+        else:
+            in_string = char == '"'
+        kept.append(char)
+    return "".join(kept)
 
 
 def _lone_high_surrogate(escape: re.Match[str]) -> bool:

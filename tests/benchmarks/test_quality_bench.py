@@ -31,6 +31,7 @@ def test_every_task_set_has_enough_items_each_with_a_checkable_answer() -> None:
     tasks = load_tasks()
     assert {t.name for t in tasks} == {
         "extraction", "booking", "classification", "tool_weather", "tool_weather_unit",
+        "no_call",
     }  # fmt: skip
     for task in tasks:
         assert len(task.items) >= MIN_ITEMS, task.name
@@ -190,6 +191,55 @@ def test_json_format_unknown_to_the_server_fails_aligned_and_drops_back_for_comp
     assert generation == Generation({"city": "Oslo"}, '{"city": "Oslo"}', 5, False, NO_FIELD_NOTE)
     assert [b["sampling_params"].get("json_format") for b in seen] == ["compact", None]
     assert seen[0]["text"] == f"<user>{task.items[0].text}"
+
+
+def test_unconstrained_tool_items_ask_for_a_free_envelope_and_read_calls_in_text() -> None:
+    """The unconstrained mode on a tool task: tools under auto with ``reply_envelope: "free"``
+    (no grammar); a call the server did not parse is read from an envelope after prose."""
+    seen: list[dict[str, Any]] = []
+    text = 'Sure! {"tool_call": {"name": "get_weather", "arguments": {"city": "Lima"}}} Bye.'
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        message = {"role": "assistant", "content": text}
+        choice = {"message": message, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [choice], "usage": {"completion_tokens": 9}})
+
+    task = load_tasks(["tool_weather"])[0]
+    generation = asyncio.run(quality_modes.unconstrained(_client(server), task, task.items[0]))
+    assert generation.value == {"city": "Lima"}
+    assert seen[0]["reply_envelope"] == "free" and seen[0]["tool_choice"] == "auto"
+    assert "response_format" not in seen[0] and "json_format" not in seen[0]
+    other = 'No call: {"tool_call": {"name": "other", "arguments": {"city": "Lima"}}}'
+    assert quality_modes.envelope_call_arguments(other, "get_weather") is None
+    assert quality_modes.envelope_call_arguments("Lima.", "get_weather") is None
+
+
+def test_no_call_items_are_right_when_the_reply_answers() -> None:
+    """The no_call task: the tool offered under auto, right when the reply does not call
+    (a call the server parsed, or one written in an envelope in free text, is a miss)."""
+    replies = iter([
+        {"content": "Forty-two."},
+        {"content": None, "tool_calls": [{"function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"content": 'Sure: {"tool_call": {"name": "get_weather", "arguments": {"city": "X"}}}'},
+    ])  # fmt: skip
+
+    def server(request: httpx.Request) -> httpx.Response:
+        message = {"role": "assistant", **next(replies)}
+        choice = {"message": message, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [choice], "usage": {"completion_tokens": 3}})
+
+    task = load_tasks(["no_call"])[0]
+    assert task.tool is not None and task.tool["name"] == "get_weather"
+    modes = {m.name: m for m in quality_modes.all_modes() if "no_call" in m.kinds}
+    assert set(modes) == {"unconstrained", "tools auto aligned", "tools auto compact"}
+    client, item = _client(server), task.items[0]
+    answered = asyncio.run(modes["unconstrained"].run(client, task, item))
+    called = asyncio.run(modes["tools auto aligned"].run(client, task, item))
+    written = asyncio.run(modes["unconstrained"].run(client, task, item))
+    row = quality_bench.score(task, [answered, called, written] + [answered] * 29, True)
+    assert [g.value for g in (answered, called, written)] == [{"called": b} for b in (0, 1, 1)]
+    assert row["items_right"] == 30 and row["valid"] == 32
 
 
 def test_arbor_bench_quality_is_the_quality_bench(capsys: pytest.CaptureFixture[str]) -> None:

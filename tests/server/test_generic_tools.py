@@ -249,3 +249,33 @@ def test_auto_asks_for_the_envelope_only_when_told():
     formatted = calls_or_answer(tools, False, "generic", {"json_object": True}, envelope=True)
     assert formatted is not None and formatted["answer"] == {"type": "object"}
     assert calls_or_answer(tools, False, "generic", {}) is None  # free text, as before
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_repeated_call_is_dropped_without_a_trace(step: int):
+    """A call equal in name and arguments to an earlier one of the reply (in any layout) sends
+    no event at all; a call that only starts like one goes out whole, in order."""
+    paris = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    text = (
+        '{"tool_calls": [' + paris + ', {"name": "get_weather", "arguments": {"city":"Paris"}},'
+        ' {"name": "get_weather", "arguments": {"city": "Paris Nord"}}]}'
+    )
+    events, parser = _events(text, step)
+    assert [c.arguments for c in parser.calls] == ['{"city": "Paris"}', '{"city": "Paris Nord"}']
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    assert [s.index for s in starts] == [0, 1]
+    fragments = [e for e in events if isinstance(e, ToolCallArguments)]
+    assert "".join(f.fragment for f in fragments if f.index == 1) == '{"city": "Paris Nord"}'
+    assert [e.index for e in events if isinstance(e, ToolCallEnd)] == [0, 1]
+    assert parser.reported == parser.calls and not parser.incomplete
+    # The same arguments under another tool's name are another call.
+    other = text.replace('"get_weather", "arguments": {"city":"Paris"}', '"nope2", "arguments": {}')
+    assert len(parse_tool_calls(other, {"get_weather", "nope2"}, fmt="generic")[1]) == 3
+
+
+def test_a_cut_off_repeat_is_kept_as_cut_off():
+    text = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}, '
+    text += '{"name": "get_weather", "arguments": {"city": "Ro'
+    events, parser = _events(text, 5)
+    assert [c.arguments for c in parser.reported] == ['{"city": "Rome"}', '{"city": "Ro']
+    assert parser.incomplete == {1} and isinstance(events[-1], ToolCallDropped)

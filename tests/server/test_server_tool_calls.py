@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
@@ -460,3 +461,55 @@ def test_generic_auto_envelope_in_the_messages_api(tools_server: ToolServer):
             else:
                 assert [b.type for b in message.content] == ["text"]
                 assert not message.content[0].text.lstrip().startswith("{")
+
+
+def test_generic_auto_free_reply_envelope(tools_server: ToolServer):
+    """``reply_envelope: "free"``: the prompt of the envelope, no constraint on the reply (a
+    bias towards a word the envelope's grammar refuses writes that word), in chat, the
+    Responses API and the Messages API; with a response format it is a 400 naming the field."""
+    if tools_server.template != "plain":
+        pytest.skip("the generic format's envelope only")
+    word = tools_server.tokenizer("Hello", add_special_tokens=False).input_ids[0]
+    options: dict[str, Any] = {"max_tokens": 8, "logit_bias": {str(word): 100.0}}
+    held = tools_server.chat(**options)
+    free = tools_server.chat(**options, extra_body={"reply_envelope": "free"})
+    assert held.usage.prompt_tokens == free.usage.prompt_tokens  # the same prompt
+    assert not (held.choices[0].message.content or "").startswith("Hello")
+    assert free.choices[0].message.content.startswith("HelloHello")
+    assert not free.choices[0].message.tool_calls
+    response = tools_server.client.responses.create(
+        model=tools_server.model,
+        input=MESSAGES[1]["content"],
+        tools=[responses_tool(tool) for tool in TOOLS],
+        max_output_tokens=8,
+        temperature=0,
+        extra_body={"logit_bias": {str(word): 100.0}, "reply_envelope": "free"},
+    )
+    assert response.output_text.startswith("HelloHello")
+    url = str(tools_server.client.base_url).removesuffix("/v1/")
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+    ]
+    with anthropic.Anthropic(base_url=url, api_key="unused", timeout=120.0, max_retries=0) as c:
+        message = c.messages.create(
+            model=tools_server.model,
+            max_tokens=8,
+            messages=[MESSAGES[1]],
+            tools=tools,
+            extra_body={
+                "temperature": 0.0,
+                "logit_bias": {str(word): 100.0},
+                "reply_envelope": "free",
+            },
+        )
+    assert message.content[0].type == "text" and message.content[0].text.startswith("Hello")
+    for extra in (
+        {"reply_envelope": "free", "response_format": {"type": "json_object"}},
+        {"reply_envelope": "loose"},
+    ):
+        reply = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": tools_server.model, "messages": MESSAGES, "tools": TOOLS, **extra},
+            timeout=60.0,
+        )
+        assert reply.status_code == 400 and "reply_envelope" in reply.text
