@@ -21,6 +21,7 @@ unconstrained - 1 on every task; >= 90% right on ``tool_weather``.
 
     python -m benchmarks.quality_bench [--model-path M] [--tasks a,b] [--modes substr,...]
                                        [--limit N] [--max-tokens 256] [--concurrency 64]
+                                       [--sampling '{"dry_multiplier": 0.8}']
     arbor bench quality ...   (the same)
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import json
 import os
 import statistics
 import sys
@@ -59,9 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=256, help="per request")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     parser.add_argument("--max-total-tokens", type=int, default=32768, help="server KV tokens")
+    parser.add_argument(
+        "--sampling",
+        type=_sampling_fields,
+        default={},
+        help="extra sampling fields for every mode, as a JSON object: '{\"dry_multiplier\": 0.8}'",
+    )
     parser.add_argument("--url", help="an arbor serve already running (not started here)")
     parser.add_argument("--out", help="result JSON (default benchmarks/results/quality_bench.json)")
     return parser
+
+
+def _sampling_fields(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--sampling must be a JSON object")
+    return value
 
 
 def score(
@@ -193,7 +208,9 @@ async def run_all(args: argparse.Namespace, url: str, model_path: str) -> dict[s
     limits = httpx.Limits(max_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as http:
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
-        client = Client(http, model, render_chat, fl.RuntimeEndpoint(url), args.max_tokens)
+        client = Client(
+            http, model, render_chat, fl.RuntimeEndpoint(url), args.max_tokens, args.sampling
+        )
         results = {}
         for task in tasks:
             start = time.perf_counter()
@@ -215,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         with ServerProcess(model_path, *flags, startup_timeout_s=600.0) as server:
             results = asyncio.run(run_all(args, server.url, model_path))
     wall = time.perf_counter() - start
-    print(f"\nquality on {model_path} (greedy, max_tokens {args.max_tokens}), {wall:.0f} s\n")
+    extra = f", sampling {json.dumps(args.sampling)}" if args.sampling else ""
+    print(
+        f"\nquality on {model_path} (greedy, max_tokens {args.max_tokens}{extra}), {wall:.0f} s\n"
+    )
     headers = [
         "task",
         "mode",
@@ -236,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": ["quality_bench", *(argv if argv is not None else sys.argv[1:])],
         "model_path": model_path,
         "max_tokens": args.max_tokens,
+        "sampling": args.sampling,
         "limit": args.limit,
         "wall_s": wall,
         "load_average": {"before": load_before, "after": os.getloadavg()},

@@ -11,6 +11,10 @@ tools), ``fl.gen(json_format=...)`` in the DSL. A server that does not know the 
 it (400 naming it); a ``compact`` request is then sent again without it, which is the same
 request on such a server (compact JSON is then its only format), and says so in its note; an
 ``aligned`` one fails as a ``Refused`` item.
+
+``Client.sampling`` (``--sampling``: e.g. ``{"dry_multiplier": 0.8}``) goes into every request
+where its sampling fields go: into ``sampling_params``, at the OpenAI body's top level, as
+``fl.gen`` keywords (the DSL's ``select`` only scores, and takes none).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -57,6 +61,7 @@ class Client:
     render_chat: Callable[[str], str]
     dsl: fl.RuntimeEndpoint
     max_tokens: int
+    sampling: dict[str, Any] = field(default_factory=dict)  # extra fields for every request
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ async def _post(
     """POST with ``json_format`` set to ``fmt`` (native: inside sampling_params); returns the
     response body and the note. Raises Refused on a 4xx/5xx."""
     target = body["sampling_params"] if "sampling_params" in body else body
+    target.update(client.sampling)
     if fmt is not None:
         target["json_format"] = fmt
     response = await client.http.post(path, json=body)
@@ -247,7 +253,7 @@ def dsl_json_schema(fmt: str) -> Callable[[Client, Task, Item], Awaitable[Genera
         kwargs: dict[str, Any] = {"json_format": fmt} if with_format else {}
         return fl.gen(
             "answer", max_tokens=client.max_tokens, temperature=0,
-            json_schema=task.output_schema, **kwargs,
+            json_schema=task.output_schema, **kwargs, **client.sampling,
         )  # fmt: skip
 
     async def run(client: Client, task: Task, item: Item) -> Generation:

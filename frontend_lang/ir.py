@@ -15,6 +15,14 @@ from typing import Any
 from runtime.dsl_api import CHOICES_METHODS, JSON_FORMATS, TOKEN_LENGTH_NORMALIZED
 
 ROLES = ("system", "user", "assistant")
+# gen's fields for the runtime's DRY repetition penalty, sent under their own names.
+DRY_FIELDS = (
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+)
 
 
 # The regex a typed gen is constrained to; its text is parsed back with the type.
@@ -64,6 +72,11 @@ class Gen(Expr):
     choices: tuple[str, ...] | None = None
     dtype: type | None = None
     json_format: str | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: tuple[str, ...] | None = None
 
     def sampling_params(self) -> dict[str, Any]:
         """The runtime's native sampling params (SGLang names) for this gen."""
@@ -81,6 +94,7 @@ class Gen(Expr):
             "regex",
             "json_schema",
             "json_format",
+            *DRY_FIELDS,
         ):
             value = getattr(self, name)
             if value is not None:
@@ -161,13 +175,20 @@ def gen(
     choices: list[str] | None = None,
     dtype: type | None = None,
     json_format: str | None = None,
+    dry_multiplier: float | None = None,
+    dry_base: float | None = None,
+    dry_allowed_length: int | None = None,
+    dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: list[str] | None = None,
 ) -> Gen:
     """Generate into ``s[name]`` (the text). At most one constraint: ``regex``, ``json_schema``
     (a dict, a JSON string or a pydantic model class; ``s.parsed(name)`` is the object),
     ``choices`` or ``dtype`` (int, float, bool, str: the output is constrained to a literal of
     that type and ``s[name]`` is its value). ``json_format`` with ``json_schema``: "aligned"
     (the runtime's default: the whitespace a pretty-printer writes) or "compact". Constrained
-    output that does not parse (cut short by max_tokens) raises ProgramError."""
+    output that does not parse (cut short by max_tokens) raises ProgramError. The ``dry_*``
+    fields set the runtime's DRY repetition penalty (docs/serving.md); the runtime checks
+    them."""
     if hasattr(json_schema, "model_json_schema"):
         json_schema = json_schema.model_json_schema()  # type: ignore[union-attr]
     constraints = [n for n, v in _constraints(regex, json_schema, choices, dtype) if v is not None]
@@ -200,6 +221,11 @@ def gen(
         tuple(choices) if choices is not None else None,
         dtype,
         json_format,
+        dry_multiplier,
+        dry_base,
+        dry_allowed_length,
+        dry_penalty_last_n,
+        tuple(dry_sequence_breakers) if dry_sequence_breakers is not None else None,
     )
 
 

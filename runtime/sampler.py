@@ -1,11 +1,11 @@
 """The sampling pipeline, batched: bias, penalties, grammar mask, temperature, top-k/p, min-p, draw.
 
 The order is fixed (docs/architecture.md, step 3): logit_bias, repetition / presence /
-frequency penalties, the grammar mask and the stop-token mask below min_new_tokens (which
-yields where the grammar allows only its end), then temperature, top-k, top-p, min-p and
-the draw. Greedy rows (temperature below GREEDY_TEMPERATURE, or top_k 1) take the argmax of
-the processed logits. A row's draw depends only on its request's seed and output length, never
-on the batch.
+frequency penalties, the DRY penalty (runtime/dry_penalty.py), the grammar mask and the
+stop-token mask below min_new_tokens (which yields where the grammar allows only its end),
+then temperature, top-k, top-p, min-p and the draw. Greedy rows (temperature below
+GREEDY_TEMPERATURE, or top_k 1) take the argmax of the processed logits. A row's draw depends
+only on its request's seed and output length, never on the batch.
 
 Numerically safe: logits are scaled by the temperature after subtracting the row's maximum, so
 no temperature or bias can overflow them (tiny temperatures give the argmax, huge biases the
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import kernels
+from runtime.dry_penalty import BreakerMask, apply_dry, draft_matches, no_breakers
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -88,14 +89,18 @@ class Sampler:
         eos_token_ids: Sequence[int],
         grammar_mask: GrammarMaskFn | None = None,
         grammar_accept: GrammarAcceptFn | None = None,
+        dry_breakers: BreakerMask | None = None,
     ) -> None:
         """grammar_mask: applies the constrained rows' masks (GrammarManager.apply_masks);
         grammar_accept: advances matchers by their tokens, all at once
-        (GrammarBackend.accept_tokens). Without them, rows are unconstrained."""
+        (GrammarBackend.accept_tokens). Without them, rows are unconstrained. dry_breakers:
+        the tokens [V] that are DRY sequence breakers, per breaker list
+        (dry_penalty.tokenizer_breakers); without it no token is one."""
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.grammar_mask = grammar_mask
         self.grammar_accept = grammar_accept
+        self.dry_breakers = dry_breakers or no_breakers(vocab_size)
 
     def sample(
         self, logits: torch.Tensor, reqs: Sequence[Req], in_place: bool = False, ahead: int = 0
@@ -112,7 +117,7 @@ class Sampler:
         raw = take_rows(logits, wants_logprobs) if wants_logprobs else None
         if not in_place:
             logits = logits.clone()
-        self._apply_bias_and_penalties(logits, reqs)
+        self._apply_bias_and_penalties(logits, reqs, ahead)
         if self.grammar_mask is not None and any(r.constraint.masks_next_token for r in reqs):
             self.grammar_mask(logits, reqs)
         for i, req in enumerate(reqs):
@@ -191,15 +196,29 @@ class Sampler:
         ids = list(req.sampling.stop_token_ids)
         return ids if req.sampling.ignore_eos else ids + self.eos_token_ids
 
-    def _apply_bias_and_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def _apply_bias_and_penalties(
+        self, logits: torch.Tensor, reqs: Sequence[Req], ahead: int = 0
+    ) -> None:
         for i, req in enumerate(reqs):
             params = req.sampling
             if params.logit_bias:  # most rows have none: no slice view for them
                 add_logit_bias(logits[i : i + 1], params)
-            if not params.has_penalties:
-                continue
-            counts, seen = req.penalties.get(req, self.vocab_size, logits.device)
-            logits[i] = penalised(logits[i], params, counts, seen)
+            if params.has_penalties:
+                counts, seen = req.penalties.get(req, self.vocab_size, logits.device)
+                logits[i] = penalised(logits[i], params, counts, seen)
+            if params.has_dry:
+                self.apply_dry_rows(logits[i : i + 1], req, req.draft.tokens[:ahead])
+
+    def apply_dry_rows(self, logits: torch.Tensor, req: Req, draft: Sequence[int]) -> None:
+        """The DRY penalty on ``logits`` [m, V] in place: row r predicts the token after the
+        request's context, then ``draft[:len(draft) - m + 1 + r]`` (its last row follows the
+        whole draft). Advances ``req.dry`` to the context, never into the draft."""
+        params = req.sampling
+        breakers = self.dry_breakers(params.dry_sequence_breakers)
+        matches = req.dry.current(req.token_ids.array(), params, breakers)
+        prefixes = draft_matches(matches, draft, params, breakers)[-logits.shape[0] :]
+        for row, prefix in zip(logits, prefixes, strict=True):
+            apply_dry(row, prefix, params, breakers)
 
     def mask_stop_below_min(self, row: torch.Tensor, req: Req, produced: int) -> None:
         """Forbid stop tokens while fewer than min_new_tokens are out (row [V], in place) —

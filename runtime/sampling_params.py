@@ -41,6 +41,10 @@ MAX_STOP_REGEXES = 16
 MAX_STOP_REGEX_LENGTH = 1024
 MAX_CHOICES = 4096
 MAX_GRAMMAR_WHITESPACE = MAX_WHITESPACE
+MAX_DRY_BREAKERS = 64
+MAX_DRY_BREAKER_LENGTH = 64  # characters
+# llama.cpp's and text-generation-webui's default DRY sequence breakers.
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 DEFAULT_MAX_N = 128
 # Temperatures below this sample greedily: dividing logits by less overflows float32.
 GREEDY_TEMPERATURE = 1e-5
@@ -89,11 +93,17 @@ def _sent_fields() -> type[BaseModel]:
         constraints = dict(spec.metadata)
         accepts = constraints.pop("accepts", None) or hints[spec.name]
         default = None if spec.default == () else spec.default
+        if isinstance(default, tuple):  # a list, as a request sends it
+            default = list(default)
         fields[spec.name] = (accepts, Field(default, **constraints))
     return create_model("SamplingParamsFields", **fields)
 
 
 StopStrings = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
+DryBreakers = Annotated[
+    list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_DRY_BREAKER_LENGTH)]],
+    Field(max_length=MAX_DRY_BREAKERS),
+]
 StopRegexes = (
     StopRegexPattern | Annotated[list[StopRegexPattern], Field(max_length=MAX_STOP_REGEXES)]
 ) | None
@@ -115,6 +125,20 @@ class SamplingParams:
     frequency_penalty: float = _sent(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = _sent(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = _sent(1.0, gt=0.0, le=2.0**16)
+    # DRY, the sequence repetition penalty (runtime/dry_penalty.py); dry_multiplier 0: off.
+    dry_multiplier: float = _sent(0.0, ge=0.0, le=1e3, description="DRY strength; 0: off")
+    dry_base: float = _sent(1.75, ge=1.0, le=1e3, description="DRY growth per repeated token")
+    dry_allowed_length: int = _sent(
+        2, ge=1, le=INT64_MAX, description="DRY: repeats this long are not penalised"
+    )
+    dry_penalty_last_n: int = _sent(
+        -1, ge=-1, le=INT64_MAX, description="DRY: the last N context tokens; -1 all, 0 off"
+    )
+    dry_sequence_breakers: tuple[str, ...] = _sent(
+        DEFAULT_DRY_BREAKERS,
+        DryBreakers,
+        description="DRY: a token whose text contains one of these ends a repeat",
+    )
     logit_bias: dict[int, float] | None = _sent(
         None, LogitBias, description="token id -> bias; -Infinity bans the token"
     )
@@ -208,6 +232,10 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    @property
+    def has_dry(self) -> bool:
+        return self.dry_multiplier > 0.0 and self.dry_penalty_last_n != 0
+
     def for_sample(self, index: int) -> SamplingParams:
         """The params of sample ``index`` of ``n``: n == 1 and, with a seed, seed + index
         (wrapping around within int64, so any valid seed works with any n)."""
@@ -257,6 +285,7 @@ class SamplingParams:
         for name in ("stop", "stop_regex"):
             values[name] = values[name] or ()
         values["stop_token_ids"] = tuple(values["stop_token_ids"] or ())
+        values["dry_sequence_breakers"] = tuple(values["dry_sequence_breakers"])
         if values["logit_bias"] is not None:
             values["logit_bias"] = {
                 _token_id(k): _clamped_bias(v) for k, v in values["logit_bias"].items()

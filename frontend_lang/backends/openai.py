@@ -4,7 +4,8 @@ A program without role blocks is sent to ``/v1/completions`` as text; a program 
 blocks is sent to ``/v1/chat/completions`` as messages, so a gen there must open an assistant
 turn. Constraints go where OpenAI-compatible servers take them: ``json_schema`` as the chat
 ``response_format`` (or ``json_schema`` in the completions body, SGLang's extension);
-``regex`` (choices become an alternation regex), ``top_k``, ``min_p`` and ``json_format`` in
+``regex`` (choices become an alternation regex), ``top_k``, ``min_p``, ``json_format`` and the
+``dry_*`` fields in
 the request body.
 A server that ignores a regex is caught: the output is checked against it. ``select`` needs
 prompt logprobs, which only ``/v1/completions`` with ``echo`` and ``logprobs`` gives, and only
@@ -30,8 +31,9 @@ from frontend_lang.backends.base import (
 )
 from frontend_lang.backends.client_pool import ClientPool, shared_ssl_context
 from frontend_lang.chat import CHATML, ChatTemplate
+from frontend_lang.ir import DRY_FIELDS
 
-_BODY_FIELDS = ("top_k", "min_p", "regex", "json_format")
+_BODY_FIELDS = ("top_k", "min_p", "regex", "json_format", *DRY_FIELDS)
 
 
 class OpenAI(Backend):

@@ -8,6 +8,7 @@ reads it or calls its methods:
   stop regexes;
 - ``out`` (``OutputCursor``, output_processor.py): logprobs recorded and outputs sent;
 - ``penalties`` (``PenaltyCounts``, sampler.py): token counts for the penalties;
+- ``dry`` (``DryState``, dry_penalty.py, written by the sampler): DRY's match lengths;
 - ``draft`` (``DraftState``, runtime/speculative/drafts.py): the draft to verify next.
 """
 
@@ -17,6 +18,7 @@ import enum
 import logging
 import time
 
+from runtime.dry_penalty import DryState
 from runtime.ipc import FinishReason, GenerateRequest, PhaseTimes, ProgramStep
 from runtime.sampler import PenaltyCounts
 from runtime.sampling_params import SamplingParams
@@ -73,6 +75,7 @@ class Req:
         self.constraint = ConstraintState()
         self.out = OutputCursor()
         self.penalties = PenaltyCounts()
+        self.dry = DryState()
         self.draft = DraftState()
 
     @property

@@ -36,6 +36,7 @@ import torch
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
 from runtime.cpu_features import cpu_flags
+from runtime.dry_penalty import tokenizer_breakers
 from runtime.forward_batch import ForwardBatch
 from runtime.ipc import (
     AbortRequest,
@@ -165,6 +166,7 @@ class Scheduler:
             config.eos_token_ids,
             grammar_mask=self.grammar.apply_masks,
             grammar_accept=self.grammar.backend.accept_tokens,
+            dry_breakers=tokenizer_breakers(self.tokenizer, config.vocab_size),
         )
         self.outputs = OutputProcessor(
             StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval

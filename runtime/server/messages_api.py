@@ -79,6 +79,11 @@ _SAMPLING_FIELDS = {
         "strict_mode",
         "validation_attempts",
         "json_format",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
     )
 } | {"stop_sequences": "stop"}
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
-from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS
+from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS, DryBreakers
 from runtime.server.openai_protocol import JsonFormat, StopString, TemplateKwargs
 
 MAX_MESSAGES = 4096
@@ -205,5 +205,11 @@ class MessagesRequest(PromptRequest):
     # holds the reply to the envelope its prompt describes) or "free" (the same prompt, no
     # constraint; the reply is read as an envelope where it is one).
     reply_envelope: Literal["constrained", "free"] | None = None
+    # DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md).
+    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
+    dry_base: float | None = Field(None, ge=1.0, le=1e3)
+    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
+    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
+    dry_sequence_breakers: DryBreakers | None = None
     # Share cached KV only with requests of the same salt (as in the OpenAI API).
     cache_salt: CacheSalt | None = None

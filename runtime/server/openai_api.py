@@ -80,6 +80,11 @@ SHARED_SAMPLING_FIELDS = (
     "strict_mode",
     "validation_attempts",
     "json_format",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
 )
 # Completions and chat: request field -> sampling param, copied when set.
 _PASSTHROUGH = {

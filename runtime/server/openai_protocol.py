@@ -28,6 +28,7 @@ from runtime.sampling_params import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_VALIDATION_ATTEMPTS,
+    DryBreakers,
 )
 
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
@@ -107,6 +108,12 @@ class SamplingRequest(OpenAIModel):
     # JSON output (response_format, json_schema, tool-call arguments): "aligned" (the default:
     # the whitespace a pretty-printer writes, bounded) or "compact".
     json_format: JsonFormat | None = None
+    # DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md).
+    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
+    dry_base: float | None = Field(None, ge=1.0, le=1e3)
+    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
+    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
+    dry_sequence_breakers: DryBreakers | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
     ebnf: str | None = None

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
-from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
+from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS, DryBreakers
 from runtime.server.openai_protocol import JsonFormat, OpenAIModel, TemplateKwargs
 
 MAX_INPUT_ITEMS = 4096
@@ -124,6 +124,12 @@ class ResponsesRequest(OpenAIModel):
     # holds the reply to the envelope its prompt describes) or "free" (the same prompt, no
     # constraint; the reply is read as an envelope where it is one).
     reply_envelope: Literal["constrained", "free"] | None = None
+    # DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md).
+    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
+    dry_base: float | None = Field(None, ge=1.0, le=1e3)
+    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
+    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
+    dry_sequence_breakers: DryBreakers | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
     # Share cached KV only with requests of the same salt (as in chat completions).

@@ -89,8 +89,8 @@ class DraftVerifier:
     ) -> torch.Tensor:
         """Process, in place, rows of ``req``'s logits as its token-by-token steps would:
         row r predicts the token after draft[:first + r] (output length len(output_ids) +
-        first + r). Bias, penalties counting those draft tokens too, the grammar's ``bitmask``
-        rows (None: unconstrained) and the stop-token mask below min_new_tokens."""
+        first + r). Bias, penalties (and DRY) counting those draft tokens too, the grammar's
+        ``bitmask`` rows (None: unconstrained) and the stop-token mask below min_new_tokens."""
         params = req.sampling
         add_logit_bias(logits, params)
         if params.has_penalties:
@@ -102,6 +102,8 @@ class DraftVerifier:
                 if i < len(draft):
                     counts[draft[i]] += 1
                     seen[draft[i]] = True
+        if params.has_dry:
+            self.sampler.apply_dry_rows(logits, req, draft[: first + logits.shape[0] - 1])
         if bitmask is not None:
             kernels.apply_token_bitmask(logits, bitmask.to(logits.device), None)
         for r in range(logits.shape[0]):

@@ -253,3 +253,29 @@ def test_arbor_bench_quality_is_the_quality_bench(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         main(["bench", "quality", "--tasks"])  # quality_bench's own flags, not the suite's
     assert "--tasks: expected one argument" in capsys.readouterr().err
+
+
+def test_sampling_fields_reach_every_api_where_it_takes_them() -> None:
+    """--sampling: inside sampling_params natively, at the top level of an OpenAI body."""
+    seen: list[dict[str, Any]] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        if request.url.path == "/generate":
+            meta = {"finish_reason": {"type": "stop"}, "completion_tokens": 5}
+            return httpx.Response(200, json={"text": '{"city": "Oslo"}', "meta_info": meta})
+        choice = {"message": {"content": '{"city": "Oslo"}'}, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [choice], "usage": {"completion_tokens": 5}})
+
+    task = load_tasks(["tool_weather"])[0]
+    client = _client(server)
+    client.sampling = {"dry_multiplier": 0.8}
+    asyncio.run(quality_modes.native_json_schema("aligned")(client, task, task.items[0]))
+    asyncio.run(quality_modes.unconstrained(client, task, task.items[0]))
+    assert seen[0]["sampling_params"]["dry_multiplier"] == 0.8
+    assert seen[1]["dry_multiplier"] == 0.8
+    args = quality_bench.build_parser().parse_args(["--sampling", '{"dry_base": 2.0}'])
+    assert args.sampling == {"dry_base": 2.0}
+    with pytest.raises(SystemExit):
+        quality_bench.build_parser().parse_args(["--sampling", "[1]"])

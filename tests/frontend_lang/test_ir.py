@@ -113,3 +113,13 @@ def test_gen_json_format():
         fl.gen("x", json_schema=schema, json_format="pretty")
     with pytest.raises(ValueError, match="json_format needs a json_schema"):
         fl.gen("x", json_format="compact")
+
+
+def test_gen_passes_the_dry_fields_to_the_runtime():
+    expr = fl.gen("x", dry_multiplier=0.8, dry_allowed_length=3, dry_sequence_breakers=["\n"])
+    assert expr.sampling_params() == {
+        "dry_multiplier": 0.8,
+        "dry_allowed_length": 3,
+        "dry_sequence_breakers": ["\n"],
+    }
+    assert not any(name.startswith("dry_") for name in fl.gen("x").sampling_params())
