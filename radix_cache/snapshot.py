@@ -48,7 +48,9 @@ class TreeSnapshot(NamedTuple):
     """``nodes`` in depth-first order, each node's shown children heaviest first, and
     ``tree_nodes`` the TreeNodes they show (same order; for the tree's owner, not to be sent
     anywhere); ``stats`` and ``clock`` read at the same moment; ``scanned`` nodes were looked
-    at to choose them; ``namespaces`` maps the uid of each root shown to its namespace."""
+    at to choose them; ``namespaces`` maps the uid of each root shown to its namespace;
+    ``folded_roots`` namespace roots (cache salts) were not shown, holding
+    ``folded_root_tokens`` tokens: no shown node folds them."""
 
     nodes: list[NodeView]
     tree_nodes: list[TreeNode]
@@ -56,6 +58,8 @@ class TreeSnapshot(NamedTuple):
     clock: int
     scanned: int
     namespaces: dict[int, Hashable]
+    folded_roots: int = 0
+    folded_root_tokens: int = 0
 
 
 def snapshot_tree(
@@ -112,7 +116,17 @@ def snapshot_tree(
     views, nodes = _views(chosen, head_tokens, tail_tokens)
     shown_roots = {node.uid for node, _ in chosen if node.parent is None}
     namespaces = {r.uid: ns for ns, r in cache._roots.items() if r.uid in shown_roots}
-    return TreeSnapshot(views, nodes, cache.stats(), cache.clock, scanned, namespaces)
+    unshown = [r for r in cache._roots.values() if r.uid not in shown_roots]
+    return TreeSnapshot(
+        views,
+        nodes,
+        cache.stats(),
+        cache.clock,
+        scanned,
+        namespaces,
+        folded_roots=len(unshown),
+        folded_root_tokens=sum(root.subtree_tokens for root in unshown),
+    )
 
 
 def _views(

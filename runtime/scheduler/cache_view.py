@@ -130,6 +130,8 @@ class CacheView:
             "requests": self._request_paths(requests),
             # Each shown namespace root's label (uid -> salt_label).
             "namespaces": {uid: salt_label(ns) for uid, ns in snap.namespaces.items()},
+            "folded_roots": snap.folded_roots,
+            "folded_root_tokens": snap.folded_root_tokens,
             "snapshot_ms": 1e3 * (time.perf_counter() - started),
         }
 

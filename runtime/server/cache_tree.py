@@ -130,7 +130,10 @@ async def render_cache_tree(state: ServerState, raw: dict[str, Any], max_nodes: 
         "stats": dataclasses.asdict(raw["stats"]),
         "shown_nodes": sum(view.parent_uid != 0 for view in views),
         "shown_tokens": sum(view.tokens for view in views),
-        "folded_tokens": sum(view.folded_tokens for view in views),
+        # Folded under the nodes shown, and in the namespaces (cache salts) whose roots were
+        # not shown: with folded_namespaces, shown + folded is every cached token.
+        "folded_tokens": sum(view.folded_tokens for view in views) + raw["folded_root_tokens"],
+        "folded_namespaces": raw["folded_roots"],
         "scanned_nodes": raw["scanned"],
         "snapshot_ms": round(raw["snapshot_ms"], 3),
         "nodes": nodes,

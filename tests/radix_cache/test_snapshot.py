@@ -118,6 +118,13 @@ def test_each_namespace_is_a_root_of_its_own_named_in_the_snapshot():
         (child,) = [view for view in snap.nodes if view.parent_uid == root.uid]
         assert child.tokens == 40 and np.array_equal(child.head, ids)
     assert list(snapshot_tree(cache, 1).namespaces.values()) in ([None], ["tenant-a"], ["tenant-b"])
+    assert (snap.folded_roots, snap.folded_root_tokens) == (0, 0)
+    for max_nodes in (1, 2):  # roots left out: their tokens are counted apart, not lost
+        small = snapshot_tree(cache, max_nodes)
+        assert small.folded_roots == 3 - len(small.namespaces) >= 1
+        assert small.folded_root_tokens == 40 * small.folded_roots
+        counted = sum(v.tokens + v.folded_tokens for v in small.nodes) + small.folded_root_tokens
+        assert counted == cache.stats().cached_tokens == 120
     check_consistent(cache, 10)
 
 
