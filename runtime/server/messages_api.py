@@ -37,6 +37,7 @@ from runtime.server.messages_protocol import (
 )
 from runtime.server.messages_run import MessageRun, new_message, run_message, stream_message
 from runtime.server.openai_api import (
+    SHARED_SAMPLING_FIELDS,
     after_reasoning,
     checked_sampling,
     given_fields,
@@ -61,31 +62,11 @@ PARAM_NAMES = {
     "structural_tag": "tool_choice",
     "json_schema": "output_config.format",
 }
-# Request field -> sampling param, copied when set.
-_SAMPLING_FIELDS = {
-    name: name
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
-        "min_p",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "ignore_eos",
-        "no_speculation",
-        "strict_mode",
-        "validation_attempts",
-        "json_format",
-        "dry_multiplier",
-        "dry_base",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "dry_sequence_breakers",
-    )
-} | {"stop_sequences": "stop"}
+# Request field -> sampling param, copied when set: the OpenAI-style APIs' shared fields, with
+# Anthropic's name for the stop strings.
+_SAMPLING_FIELDS = {name: name for name in SHARED_SAMPLING_FIELDS if name != "stop"} | {
+    "stop_sequences": "stop"
+}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
-from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS, DryBreakers
-from runtime.server.openai_protocol import JsonFormat, StopString, TemplateKwargs
+from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS
+from runtime.server.openai_protocol import (
+    DryFields,
+    JsonFormat,
+    ReplyEnvelopeMode,
+    StopString,
+    TemplateKwargs,
+)
 
 MAX_MESSAGES = 4096
 
@@ -177,7 +183,7 @@ class CountTokensRequest(PromptRequest):
     pass
 
 
-class MessagesRequest(PromptRequest):
+class MessagesRequest(PromptRequest, DryFields):
     max_tokens: int = Field(ge=1, le=INT64_MAX)
     stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)
@@ -201,15 +207,7 @@ class MessagesRequest(PromptRequest):
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     # output_config.format and tool inputs: "aligned" (the default) or "compact" JSON.
     json_format: JsonFormat | None = None
-    # tool_choice "auto" in the generic tool format: "constrained" (the default: a grammar
-    # holds the reply to the envelope its prompt describes) or "free" (the same prompt, no
-    # constraint; the reply is read as an envelope where it is one).
-    reply_envelope: Literal["constrained", "free"] | None = None
-    # DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md).
-    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
-    dry_base: float | None = Field(None, ge=1.0, le=1e3)
-    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
-    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
-    dry_sequence_breakers: DryBreakers | None = None
+    # How tool_choice "auto" replies in the generic tool format (ReplyEnvelopeMode).
+    reply_envelope: ReplyEnvelopeMode | None = None
     # Share cached KV only with requests of the same salt (as in the OpenAI API).
     cache_salt: CacheSalt | None = None

@@ -54,13 +54,33 @@ TemplateKwargs = Annotated[
 ]
 
 
+# Strict types (no "no" for false, no 1.0 for 1), finite numbers, no unknown fields: every
+# API's request models.
+STRICT_MODEL = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
+# tool_choice "auto" in the generic tool format (chat, Responses, Messages): "constrained" (the
+# default: a grammar holds the reply to the envelope its prompt describes) or "free" (the same
+# prompt, no constraint; the reply is read as an envelope where it is one).
+ReplyEnvelopeMode = Literal["constrained", "free"]
+
+
+class DryFields(BaseModel):
+    """DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md): the
+    extension fields every API's request takes."""
+
+    model_config = STRICT_MODEL
+
+    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
+    dry_base: float | None = Field(None, ge=1.0, le=1e3)
+    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
+    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
+    dry_sequence_breakers: DryBreakers | None = None
+
+
 class OpenAIModel(BaseModel):
     """Strict types (no "no" for false, no 1.0 for 1), finite numbers; ``null`` means the
     field's default, as OpenAI's API treats it."""
 
-    model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False
-    )
+    model_config = STRICT_MODEL
 
     @model_validator(mode="before")
     @classmethod
@@ -75,7 +95,7 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
-class SamplingRequest(OpenAIModel):
+class SamplingRequest(OpenAIModel, DryFields):
     """Fields shared by completions and chat completions."""
 
     model: str
@@ -108,12 +128,6 @@ class SamplingRequest(OpenAIModel):
     # JSON output (response_format, json_schema, tool-call arguments): "aligned" (the default:
     # the whitespace a pretty-printer writes, bounded) or "compact".
     json_format: JsonFormat | None = None
-    # DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md).
-    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
-    dry_base: float | None = Field(None, ge=1.0, le=1e3)
-    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
-    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
-    dry_sequence_breakers: DryBreakers | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
     ebnf: str | None = None
@@ -185,10 +199,8 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    # Extension: tool_choice "auto" in the generic tool format, "constrained" (the default: a
-    # grammar holds the reply to the envelope its prompt describes) or "free" (the same
-    # prompt, no constraint; the reply is read as an envelope where it is one).
-    reply_envelope: Literal["constrained", "free"] | None = None
+    # Extension: how tool_choice "auto" replies in the generic tool format (ReplyEnvelopeMode).
+    reply_envelope: ReplyEnvelopeMode | None = None
     # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
     # {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None

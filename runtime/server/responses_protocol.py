@@ -18,8 +18,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
-from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS, DryBreakers
-from runtime.server.openai_protocol import JsonFormat, OpenAIModel, TemplateKwargs
+from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
+from runtime.server.openai_protocol import (
+    DryFields,
+    JsonFormat,
+    OpenAIModel,
+    ReplyEnvelopeMode,
+    TemplateKwargs,
+)
 
 MAX_INPUT_ITEMS = 4096
 
@@ -71,7 +77,7 @@ class ResponseStreamOptions(OpenAIModel):
     include_obfuscation: bool | None = None  # nothing to obfuscate: accepted and ignored
 
 
-class ResponsesRequest(OpenAIModel):
+class ResponsesRequest(OpenAIModel, DryFields):
     model: str
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
     instructions: str | None = None
@@ -120,16 +126,8 @@ class ResponsesRequest(OpenAIModel):
     validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
     # text.format and tool-call arguments: "aligned" (the default) or "compact" JSON.
     json_format: JsonFormat | None = None
-    # tool_choice "auto" in the generic tool format: "constrained" (the default: a grammar
-    # holds the reply to the envelope its prompt describes) or "free" (the same prompt, no
-    # constraint; the reply is read as an envelope where it is one).
-    reply_envelope: Literal["constrained", "free"] | None = None
-    # DRY, the sequence repetition penalty, as llama.cpp names it (docs/serving.md).
-    dry_multiplier: float | None = Field(None, ge=0.0, le=1e3)
-    dry_base: float | None = Field(None, ge=1.0, le=1e3)
-    dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
-    dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
-    dry_sequence_breakers: DryBreakers | None = None
+    # How tool_choice "auto" replies in the generic tool format (ReplyEnvelopeMode).
+    reply_envelope: ReplyEnvelopeMode | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
     # Share cached KV only with requests of the same salt (as in chat completions).
