@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -92,6 +92,7 @@ class CompileSandbox:
         self._in_flight: dict[str, Future[Prepared]] = {}
         self._threads: list[threading.Thread] = []
         self._processes: set[WorkerProcess] = set()
+        self._starting: set[WorkerProcess] = set()  # spawned, not yet ready: shutdown aborts them
         self._queued = 0  # jobs submitted and not yet taken by a slot
         self._busy = 0  # slots working on a job
         self._closed = False
@@ -144,6 +145,10 @@ class CompileSandbox:
                 job.future.set_exception(GrammarError("the server is shutting down"))
         for _ in threads:
             self._jobs.put(None)
+        with self._lock:
+            starting = list(self._starting)
+        for worker in starting:
+            worker.abort()  # its slot's thread sees the pipe close and gives up at once
         for worker in list(self._processes):
             worker.kill()
         for thread in threads:
@@ -227,12 +232,26 @@ class CompileSandbox:
         if not start or self._closed:
             return None
         try:
-            worker = WorkerProcess([_WORKER_CODE], self._backend_args)
+            worker = WorkerProcess(
+                [_WORKER_CODE], self._backend_args, on_spawn=self._spawned, on_ready=self._ready
+            )
         except Exception:
-            logger.exception("the grammar worker failed to start")
+            if not self._closed:  # a start aborted by shutdown is no failure
+                logger.exception("the grammar worker failed to start")
             return None
         self._processes.add(worker)
         return worker
+
+    def _spawned(self, worker: WorkerProcess) -> None:
+        with self._lock:
+            self._starting.add(worker)
+            closed = self._closed
+        if closed:  # shut down while this slot was spawning it
+            worker.abort()
+
+    def _ready(self, worker: WorkerProcess) -> None:
+        with self._lock:
+            self._starting.discard(worker)
 
 
 class WorkerOverrun(Exception):
@@ -248,7 +267,16 @@ class WorkerProcess:
     pipes to it. The worker reads ``init`` first and answers ("ready", None) when it can serve;
     then one reply per message."""
 
-    def __init__(self, argv: Sequence[str], init: Any) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        init: Any,
+        on_spawn: Callable[[WorkerProcess], None] | None = None,
+        on_ready: Callable[[WorkerProcess], None] | None = None,
+    ) -> None:
+        """``on_spawn`` is called once the process exists, before waiting for it to be ready
+        (seconds: it imports its backend), so an owner can ``abort()`` a start; ``on_ready``
+        when the wait is over, ready or not."""
         package_root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -265,11 +293,16 @@ class WorkerProcess:
         self._from = Connection(os.dup(self.process.stdout.fileno()), writable=False)
         self.process.stdin.close()
         self.process.stdout.close()
+        if on_spawn is not None:
+            on_spawn(self)
         try:
             self._to.send(init)
             ready = self._from.poll(STARTUP_TIMEOUT_S) and self._from.recv() == ("ready", None)
         except (EOFError, OSError):
             ready = False
+        finally:
+            if on_ready is not None:
+                on_ready(self)
         if not ready:
             self.kill()
             raise RuntimeError(f"worker process {self.process.pid} did not start")
@@ -292,6 +325,12 @@ class WorkerProcess:
                 logger.error("the worker process %s died (%r)", self.process.pid, exc)
             raise WorkerDied(str(exc)) from None
         return status, payload
+
+    def abort(self) -> None:
+        """Kill the process only (no wait, pipes left open): safe while another thread waits
+        on the pipes, which then read end-of-file."""
+        if self.alive:
+            self.process.kill()
 
     def kill(self) -> None:
         """Kill the process and close the pipes; idempotent, and safe from two threads (a

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import grammar.sandbox as sandbox_module
 from grammar import (
     CompileSandbox,
     GrammarBackend,
@@ -105,3 +106,25 @@ def test_deep_schemas_are_refused_by_nesting_not_recursion(sandbox: CompileSandb
         schema = {"type": "object", "properties": {"a": schema}}
     with pytest.raises(GrammarError, match="nests deeper than"):
         _prepare(sandbox, {"json_schema": schema})
+
+
+def test_shutdown_aborts_a_worker_still_starting(
+    backend: GrammarBackend, monkeypatch: pytest.MonkeyPatch
+):
+    """A server stopped while its grammar worker starts (seconds: it imports its backend) must
+    not wait for the start: the starting worker is killed and its slot gives up at once."""
+    monkeypatch.setattr(sandbox_module, "_WORKER_CODE", "import time; time.sleep(600)")
+    args = ("xgrammar", backend.tokenizer, backend.vocab_size, backend.stop_token_ids)
+    box = CompileSandbox(args, workers=1, timeout=3.0)
+    box.prestart()
+    threads = list(box._threads)
+    deadline = time.monotonic() + 30.0
+    while not box._starting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    starting = list(box._starting)
+    assert starting, "the prestarted worker never spawned"
+    box.shutdown()
+    # Before the abort, the slot's thread sat in the worker's 120 s ready wait past the
+    # shutdown's join, and the never-ready process lived on.
+    assert not any(thread.is_alive() for thread in threads)
+    assert not any(worker.alive for worker in starting)
