@@ -14,16 +14,24 @@ refuses, at exactly that point, the tokens that open an object or a list. The me
 is then a scalar (a string, a number, ``true``, ``false`` or ``null``), and the output can
 close.
 
+The same guard bounds the other loop seen there, a list repeating one element (``"guests":
+[{}, {}, {}, ...``): once the last ``REPEATS_BEFORE_CLOSE`` (3) elements of a list are equal
+objects or lists, the list may only end (tokens that start with ``,`` are refused until
+``]``), as the distinct-calls guard ends a list of calls. Lists of equal scalars
+(``[0, 0, 0, 0]``) are data, not loops, and are left alone.
+
 Objects are compared as written with the whitespace outside strings removed (so a copy in
 another indentation is a copy). A token may finish the copy and open the container in one
 piece (``": [{"``): while an object still reads as the start of its template, the tokens
-whose bytes would do that are refused as well. Outputs that never copy a parent this way are
+whose bytes would do that are refused as well; likewise, while a list's element reads as the
+start of an element that already repeated twice, tokens that close it and write ``,`` (``},``). Outputs that never copy a parent this way are
 not changed. The guard only narrows the grammar's mask where the grammar allows something
 else (a scalar always is, in a ``json_object`` value).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +41,9 @@ from grammar.distinct_calls import packed_without
 
 _WHITESPACE = b" \t\n\r"
 _OPENERS = b"{["
+# A list whose last elements are this many equal objects or lists may only end.
+REPEATS_BEFORE_CLOSE = 3
+_CLOSE_THEN_SEPARATOR = re.compile(rb"[}\]][\s}\]]*,")
 # The refusals of the last few template tails (the states a loop passes through again).
 _CACHE_LIMIT = 64
 
@@ -48,6 +59,12 @@ class _Frame:
     value_start: int = -1
     members: int = 0  # for an object: members before the one being written
     template: bytes | None = None
+    # For a list: where its element being written starts, its last element if that was an
+    # object or a list, how many elements in a row ended equal to it, and whether it must end.
+    element_start: int = -1
+    last: bytes | None = None
+    run: int = 0
+    must_close: bool = False
 
 
 @dataclass
@@ -85,10 +102,26 @@ class NestingScanner:
         elif byte == ord(",") and top is not None and top.opener == ord("{"):
             top.value_start = -1
             top.members += 1
+        elif byte == ord(",") and top is not None:
+            if self.canonical[top.element_start : top.element_start + 1] not in (b"{", b"["):
+                top.last, top.run = None, 0  # a scalar ends the run
+            top.element_start, top.must_close = len(self.canonical), False
         elif byte in _OPENERS:
-            self.frames.append(_Frame(byte, len(self.canonical) - 1, template=self._template(byte)))
+            start = len(self.canonical) - 1
+            self.frames.append(_Frame(byte, start, template=self._template(byte)))
+            if byte == ord("["):
+                self.frames[-1].element_start = len(self.canonical)
         elif byte in b"}]" and self.frames:
             self.frames.pop()
+            if self.frames and self.frames[-1].opener == ord("["):
+                self._element_closed(self.frames[-1])
+
+    def _element_closed(self, frame: _Frame) -> None:
+        """An object or list that is an element of ``frame`` has closed."""
+        element = bytes(self.canonical[frame.element_start :])
+        frame.run = frame.run + 1 if element == frame.last else 1
+        frame.last = element
+        frame.must_close = frame.run >= REPEATS_BEFORE_CLOSE
 
     def _template(self, opener: int) -> bytes | None:
         """For a new object: the enclosing object's text from its ``{`` up to the start of the
@@ -102,6 +135,22 @@ class NestingScanner:
                     return None
                 return bytes(self.canonical[frame.start : frame.value_start])
         return None
+
+    def must_close_list(self) -> bool:
+        """Whether the innermost container is a list whose last elements repeat one object or
+        list ``REPEATS_BEFORE_CLOSE`` times: it may only end."""
+        return bool(self.frames) and self.frames[-1].must_close
+
+    def may_repeat(self) -> bool:
+        """Whether an open list's element being written reads as the start of its last one,
+        which repeated ``REPEATS_BEFORE_CLOSE - 1`` times: closing it could end the run."""
+        return any(
+            frame.opener == ord("[")
+            and frame.last is not None
+            and frame.run >= REPEATS_BEFORE_CLOSE - 1
+            and frame.last.startswith(bytes(self.canonical[frame.element_start :]))
+            for frame in self.frames
+        )
 
     def remaining(self) -> bytes | None:
         """What the innermost object has left to write of its template before the point where
@@ -161,11 +210,14 @@ class NestingGuard:
             self.accepted(token_id)
 
     def _refused(self) -> frozenset[int]:
-        remaining = self._scanner.remaining()
-        if remaining is None:
-            return frozenset()
         scanner = self._scanner
-        return self._vocabulary.refused(remaining, scanner.in_string, scanner.escaped)
+        if scanner.must_close_list():
+            return self._vocabulary.separators
+        refused = self._vocabulary.close_then_separator if scanner.may_repeat() else frozenset()
+        remaining = scanner.remaining()
+        if remaining is None:
+            return refused
+        return refused | self._vocabulary.refused(remaining, scanner.in_string, scanner.escaped)
 
     def refuses(self, token_id: int) -> bool:
         """Whether ``token_id`` is refused here (the grammar may still allow it)."""
@@ -193,6 +245,12 @@ class NestingVocabulary:
             (i, data) for i, data in enumerate(token_bytes) if b"{" in data or b"[" in data
         ]
         self._longest = max((len(data) for _, data in self._openers), default=0)
+        self.separators = frozenset(
+            i for i, data in enumerate(token_bytes) if data.lstrip(_WHITESPACE)[:1] == b","
+        )
+        self.close_then_separator = frozenset(
+            i for i, data in enumerate(token_bytes) if _CLOSE_THEN_SEPARATOR.search(data)
+        )
         self._cache: dict[tuple[bytes, bool, bool], frozenset[int]] = {}
 
     def refused(self, remaining: bytes, in_string: bool, escaped: bool) -> frozenset[int]:

@@ -1,6 +1,7 @@
 """``json_object`` refuses an object that copies its parent into itself: once a nested object has
 written the enclosing object's text up to the member that holds it, that member's value may not
-open an object or a list again; every other output is left as the grammar allows it."""
+open an object or a list again. A list whose last three elements are one object or list
+repeated may only end. Every other output is left as the grammar allows it."""
 
 from __future__ import annotations
 
@@ -110,3 +111,40 @@ def test_restrict_never_leaves_nothing():
     both = torch.tensor([[0b110]], dtype=torch.int32)
     guard.restrict(both, 0)
     assert int(both[0, 0]) == 0b100
+
+
+def test_scanner_counts_repeated_elements():
+    scanner = NestingScanner()
+    scanner.feed(b'{"g": [{}, { }, {}')
+    assert scanner.must_close_list()
+    scanner.feed(b"]")
+    assert not scanner.must_close_list()
+    for text in (b'{"g": [{}, {}, 1, {}', b'{"g": [{"a": 1}, {"a": 2}, {"a": 1}', b"[1, 1, 1"):
+        other = NestingScanner()
+        other.feed(text)
+        assert not other.must_close_list(), text
+    twice = NestingScanner()
+    twice.feed(b"[[1], [1], [")
+    assert twice.may_repeat() and not twice.must_close_list()
+
+
+def test_json_object_ends_a_list_of_one_repeated_element(service: GrammarService, tokenizer: Any):
+    assert _admits(service, tokenizer, '{"g": [{}, {}, {}]}')
+    assert not _admits(service, tokenizer, '{"g": [{}, {}, {}, {}]}')
+    assert not _admits(service, tokenizer, '{"g": [[1], [1], [1], [2]]}')
+    assert _admits(service, tokenizer, '{"g": [[1], [1], [2], [2], [1]]}')
+    assert _admits(service, tokenizer, '{"g": [0, 0, 0, 0, 0], "h": ["a", "a", "a", "a"]}')
+
+
+def test_no_token_closes_a_third_repeat_and_writes_a_separator():
+    vocab = [b'{"g": [{"a": 1}, {"a": 1}, {"a": 1', b"}, {", b"}", b",", b"]", b"2"]
+    guard = NestingGuard(NestingVocabulary(vocab))
+    joined, brace, comma, close, other = 1, 2, 3, 4, 5
+    guard.accepted(0)
+    assert guard.refuses(joined) and not guard.refuses(brace)
+    guard.accepted(brace)
+    assert guard.refuses(comma) and not guard.refuses(close)
+    guard.rolled_back(2)  # back inside the third element: write another value
+    guard.accepted(other)
+    guard.accepted(brace)
+    assert not guard.refuses(comma)
