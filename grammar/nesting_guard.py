@@ -24,9 +24,10 @@ Objects are compared as written with the whitespace outside strings removed (so 
 another indentation is a copy). A token may finish the copy and open the container in one
 piece (``": [{"``): while an object still reads as the start of its template, the tokens
 whose bytes would do that are refused as well; likewise, while a list's element reads as the
-start of an element that already repeated twice, tokens that close it and write ``,`` (``},``). Outputs that never copy a parent this way are
+start of an element that already repeated twice, tokens that close it and write ``,``
+(``},``). Outputs that neither copy a parent this way nor repeat an element three times are
 not changed. The guard only narrows the grammar's mask where the grammar allows something
-else (a scalar always is, in a ``json_object`` value).
+else (a scalar always is, in a ``json_object`` value; so is ``]`` after an element).
 """
 
 from __future__ import annotations
