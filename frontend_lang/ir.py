@@ -22,6 +22,7 @@ DRY_FIELDS = (
     "dry_allowed_length",
     "dry_penalty_last_n",
     "dry_sequence_breakers",
+    "dry_output_only",
 )
 
 
@@ -77,6 +78,7 @@ class Gen(Expr):
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: tuple[str, ...] | None = None
+    dry_output_only: bool | None = None
 
     def sampling_params(self) -> dict[str, Any]:
         """The runtime's native sampling params (SGLang names) for this gen."""
@@ -180,6 +182,7 @@ def gen(
     dry_allowed_length: int | None = None,
     dry_penalty_last_n: int | None = None,
     dry_sequence_breakers: list[str] | None = None,
+    dry_output_only: bool | None = None,
 ) -> Gen:
     """Generate into ``s[name]`` (the text). At most one constraint: ``regex``, ``json_schema``
     (a dict, a JSON string or a pydantic model class; ``s.parsed(name)`` is the object),
@@ -226,6 +229,7 @@ def gen(
         dry_allowed_length,
         dry_penalty_last_n,
         tuple(dry_sequence_breakers) if dry_sequence_breakers is not None else None,
+        dry_output_only,
     )
 
 

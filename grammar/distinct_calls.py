@@ -146,10 +146,10 @@ def guard_masks(token_bytes: Sequence[bytes], words: int) -> GuardMasks:
     tokens = list(enumerate(token_bytes[: words * 32]))
     starts = [i for i, data in tokens if data.lstrip(_WHITESPACE)[:1] == b","]
     closes = [i for i, data in tokens if _CLOSE_THEN_SEPARATOR.search(data)]
-    return GuardMasks(_packed_without(starts, words), _packed_without(closes, words))
+    return GuardMasks(packed_without(starts, words), packed_without(closes, words))
 
 
-def _packed_without(banned: list[int], words: int) -> torch.Tensor:
+def packed_without(banned: list[int], words: int) -> torch.Tensor:
     """A packed int32 mask [words] allowing every token but ``banned``."""
     bits = torch.ones(words * 32, dtype=torch.int64)
     bits[torch.tensor(banned, dtype=torch.int64)] = 0

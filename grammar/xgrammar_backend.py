@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import xgrammar as xgr
@@ -27,6 +27,7 @@ from grammar.distinct_calls import DistinctCallsGuard, GuardMasks, guard_masks
 from grammar.errors import GrammarError
 from grammar.json_grammar import backend_message, json_schema_ebnf, printed_ebnf
 from grammar.json_layout import AlignmentUnavailable
+from grammar.nesting_guard import NestingGuard, NestingVocabulary
 from grammar.regex import to_backend_regex
 from grammar.spec import GrammarSpec
 from grammar.structural_tag import structural_tag_ebnf
@@ -40,15 +41,29 @@ Encode = Callable[[str], list[int]]
 _BATCH_FILL_MIN = 8
 
 
+class MatcherGuard(Protocol):
+    """A check beside a matcher that narrows what its grammar allows, from the output so far:
+    fed each accepted token, forgetting rolled-back ones."""
+
+    def accepted(self, token_id: int) -> None: ...
+
+    def refuses(self, token_id: int) -> bool: ...
+
+    def rolled_back(self, num_tokens: int) -> None: ...
+
+    def restrict(self, bitmask: torch.Tensor, row: int) -> None: ...
+
+
 class XGrammarMatcher(GrammarMatcher):
-    """xgrammar's matcher, with the distinct-calls guard beside it for a reply envelope that
-    may list several calls (``grammar.distinct_calls``)."""
+    """xgrammar's matcher, with a guard beside it where its kind has one: the distinct-calls
+    guard for a reply envelope that may list several calls (``grammar.distinct_calls``), the
+    nesting guard for ``json_object`` (``grammar.nesting_guard``)."""
 
     def __init__(
         self,
         compiled: xgr.CompiledGrammar,
         encode: Encode,
-        guard: DistinctCallsGuard | None = None,
+        guard: MatcherGuard | None = None,
     ) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
         self._encode = encode
@@ -105,7 +120,7 @@ class XGrammarCompiled(CompiledGrammar):
         spec: GrammarSpec,
         compiled: xgr.CompiledGrammar,
         encode: Encode,
-        new_guard: Callable[[], DistinctCallsGuard] | None = None,
+        new_guard: Callable[[], MatcherGuard] | None = None,
     ) -> None:
         self.spec = spec
         self._compiled = compiled
@@ -140,11 +155,17 @@ class XGrammarBackend(GrammarBackend):
         self._batch = xgr.BatchGrammarMatcher()
         self._token_bytes: list[bytes] = list(info.decoded_vocab)
         self._guard_masks: GuardMasks | None = None  # built on the first envelope with a list
+        self._nesting_vocabulary: NestingVocabulary | None = None  # on the first json_object
 
     def _new_guard(self) -> DistinctCallsGuard:
         if self._guard_masks is None:
             self._guard_masks = guard_masks(self._token_bytes, (self.vocab_size + 31) // 32)
         return DistinctCallsGuard(self._token_bytes, self._guard_masks)
+
+    def _new_nesting_guard(self) -> NestingGuard:
+        if self._nesting_vocabulary is None:
+            self._nesting_vocabulary = NestingVocabulary(self._token_bytes)
+        return NestingGuard(self._nesting_vocabulary)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -182,9 +203,12 @@ class XGrammarBackend(GrammarBackend):
             ) from None
         return XGrammarCompiled(lowered.spec, compiled, self._encode, self._guard_for(lowered))
 
-    def _guard_for(self, lowered: LoweredGrammar) -> Callable[[], DistinctCallsGuard] | None:
-        """The guard's factory for a reply envelope that may list several calls, else None."""
+    def _guard_for(self, lowered: LoweredGrammar) -> Callable[[], MatcherGuard] | None:
+        """The guard's factory: the nesting guard for ``json_object``, the distinct-calls guard
+        for a reply envelope that may list several calls, else None."""
         spec = lowered.spec
+        if spec.kind == "json_object":
+            return self._new_nesting_guard
         if spec.kind != "tool_calls":
             return None
         payload = json.loads(spec.spec)

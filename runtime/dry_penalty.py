@@ -2,8 +2,9 @@
 
 A token that would continue a repeat of an earlier stretch of the context is made less likely
 in proportion to how long that repeat already is: if the last L tokens of the context (the
-request's prompt and outputs, within its last ``dry_penalty_last_n`` tokens) also occur
-earlier, followed by token t, and L >= ``dry_allowed_length``, then t's logit loses
+request's prompt and outputs, or with ``dry_output_only`` its outputs alone, within its last
+``dry_penalty_last_n`` tokens) also occur earlier, followed by token t, and L >=
+``dry_allowed_length``, then t's logit loses
 ``dry_multiplier * dry_base ** (L - dry_allowed_length)`` (the longest such L per token; the
 penalty is capped at ``MAX_DRY_PENALTY``). A sequence breaker (a token whose text contains one
 of ``dry_sequence_breakers``) ends every match: no repeat runs across one, and a breaker is

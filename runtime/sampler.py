@@ -212,10 +212,14 @@ class Sampler:
     def apply_dry_rows(self, logits: torch.Tensor, req: Req, draft: Sequence[int]) -> None:
         """The DRY penalty on ``logits`` [m, V] in place: row r predicts the token after the
         request's context, then ``draft[:len(draft) - m + 1 + r]`` (its last row follows the
-        whole draft). Advances ``req.dry`` to the context, never into the draft."""
+        whole draft). Advances ``req.dry`` to the context, never into the draft. The context
+        is the prompt and the outputs, or the outputs alone with ``dry_output_only``."""
         params = req.sampling
         breakers = self.dry_breakers(params.dry_sequence_breakers)
-        matches = req.dry.current(req.token_ids.array(), params, breakers)
+        context = req.token_ids.array()
+        if params.dry_output_only:
+            context = context[len(req.input_ids) :]
+        matches = req.dry.current(context, params, breakers)
         prefixes = draft_matches(matches, draft, params, breakers)[-logits.shape[0] :]
         for row, prefix in zip(logits, prefixes, strict=True):
             apply_dry(row, prefix, params, breakers)

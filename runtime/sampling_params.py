@@ -139,6 +139,9 @@ class SamplingParams:
         DryBreakers,
         description="DRY: a token whose text contains one of these ends a repeat",
     )
+    dry_output_only: bool = _sent(
+        False, description="DRY: look for repeats in the output only, never in the prompt"
+    )
     logit_bias: dict[int, float] | None = _sent(
         None, LogitBias, description="token id -> bias; -Infinity bans the token"
     )

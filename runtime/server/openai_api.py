@@ -85,6 +85,7 @@ SHARED_SAMPLING_FIELDS = (
     "dry_allowed_length",
     "dry_penalty_last_n",
     "dry_sequence_breakers",
+    "dry_output_only",
 )
 # Completions and chat: request field -> sampling param, copied when set.
 _PASSTHROUGH = {

@@ -74,6 +74,7 @@ class DryFields(BaseModel):
     dry_allowed_length: int | None = Field(None, ge=1, le=INT64_MAX)
     dry_penalty_last_n: int | None = Field(None, ge=-1, le=INT64_MAX)
     dry_sequence_breakers: DryBreakers | None = None
+    dry_output_only: bool | None = None
 
 
 class OpenAIModel(BaseModel):

@@ -116,10 +116,17 @@ def test_gen_json_format():
 
 
 def test_gen_passes_the_dry_fields_to_the_runtime():
-    expr = fl.gen("x", dry_multiplier=0.8, dry_allowed_length=3, dry_sequence_breakers=["\n"])
+    expr = fl.gen(
+        "x",
+        dry_multiplier=0.8,
+        dry_allowed_length=3,
+        dry_sequence_breakers=["\n"],
+        dry_output_only=True,
+    )
     assert expr.sampling_params() == {
         "dry_multiplier": 0.8,
         "dry_allowed_length": 3,
         "dry_sequence_breakers": ["\n"],
+        "dry_output_only": True,
     }
     assert not any(name.startswith("dry_") for name in fl.gen("x").sampling_params())

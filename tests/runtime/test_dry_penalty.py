@@ -206,6 +206,23 @@ def test_greedy_output_is_the_argmax_of_the_penalised_logits(engine: Engine, tin
         assert int(row.argmax()) == token, i
 
 
+def test_output_only_looks_for_repeats_in_the_output_alone(engine: Engine, tiny_model_path):
+    """With ``dry_output_only`` the prompt is never a repeat's source: each token is the argmax
+    of the model's distribution minus the definition's penalty over the outputs so far. The
+    prompt ends inside the model's own loop, so the full context's penalty differs."""
+    prompt = PROMPT + greedy(engine)[:28]
+    fields = {**DRY, "dry_output_only": True}
+    out = greedy(engine, prompt, **fields)
+    assert out != greedy(engine, prompt, **DRY)
+    p = SamplingParams.from_dict(fields)
+    logprobs = hf_logprobs(tiny_model_path, prompt + out)
+    for i, token in enumerate(out):
+        row = logprobs[len(prompt) - 1 + i].clone()
+        for t, penalty in reference(out[:i], p).items():
+            row[t] -= penalty
+        assert int(row.argmax()) == token, i
+
+
 def test_batch_rows_are_independent(engine: Engine):
     other = random_prompts([20], seed=5)[0]
     batch = engine.generate(
@@ -251,15 +268,38 @@ def test_same_output_without_overlap_and_with_speculation(engine: Engine, tiny_m
 def test_penalty_changes_logits_only_where_a_repeat_continues():
     """Sampler level: the penalty is subtracted from the continuation's logit alone."""
 
-    class FakeReq:
-        def __init__(self, ids: list[int]) -> None:
-            self.sampling = params(dry_sequence_breakers=[])
-            self.token_ids = TokenArray(ids)
-            self.dry = DryState()
-
     sampler = Sampler(vocab_size=16, eos_token_ids=[0])
     logits = torch.zeros(1, 16)
     sampler.apply_dry_rows(logits, FakeReq([5, 6, 7, 8, 9, 5, 6, 7]), [])  # type: ignore[arg-type]
     expected = torch.zeros(16)
     expected[8] = -0.8 * 1.75
     assert torch.allclose(logits[0], expected)
+
+
+class FakeReq:
+    def __init__(self, ids: list[int], prompt_len: int = 0, **fields: object) -> None:
+        self.sampling = params(dry_sequence_breakers=[], **fields)
+        self.input_ids = ids[:prompt_len]
+        self.token_ids = TokenArray(ids)
+        self.dry = DryState()
+
+
+def test_output_only_ignores_repeats_of_the_prompt():
+    """The same tokens: a repeat of the prompt is penalised by default, not with
+    ``dry_output_only``; a repeat inside the outputs is penalised either way."""
+    sampler = Sampler(vocab_size=16, eos_token_ids=[0])
+    ids = [5, 6, 7, 8, 9, 5, 6, 7]
+    for prompt_len, output_only, penalised in [
+        (5, False, {8: 0.8 * 1.75}),
+        (5, True, {}),
+        (0, True, {8: 0.8 * 1.75}),
+        (1, True, {8: 0.8}),  # the first 5 is the prompt's: the repeat is [6, 7], 2 long
+        (3, True, {}),
+    ]:
+        logits = torch.zeros(1, 16)
+        req = FakeReq(ids, prompt_len, dry_output_only=output_only)
+        sampler.apply_dry_rows(logits, req, [])  # type: ignore[arg-type]
+        expected = torch.zeros(16)
+        for token, penalty in penalised.items():
+            expected[token] = -penalty
+        assert torch.allclose(logits[0], expected), (prompt_len, output_only)

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from runtime.server import ServerProcess
+from tests.runtime.helpers import random_prompts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,6 +52,36 @@ def test_every_api_applies_the_penalty(
     assert response.output_text == chat
 
 
+def test_output_only_reaches_the_sampler(
+    server: ServerProcess, client: openai.OpenAI, model: str
+) -> None:
+    """A token prompt ending inside the model's own loop: the penalty over the output alone
+    differs from the one over the whole context, alike on /generate and completions."""
+    dry = {"dry_multiplier": 0.8, "dry_sequence_breakers": []}
+    start = random_prompts([12], seed=11)[0]
+    ids = start + _native_ids(server, start, {"max_new_tokens": 28})
+    output_only = _native_ids(server, ids, dry | {"dry_output_only": True})
+    assert output_only != _native_ids(server, ids, dry)
+    completion = client.completions.create(
+        model=model, prompt=ids, max_tokens=N, temperature=0,
+        extra_body={"ignore_eos": True, **dry, "dry_output_only": True},
+    )  # fmt: skip
+    native = httpx.post(
+        f"{server.url}/generate",
+        json={"input_ids": ids, "sampling_params": _GREEDY | dry | {"dry_output_only": True}},
+        timeout=120.0,
+    ).json()
+    assert completion.choices[0].text == native["text"]
+
+
+_GREEDY = {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}
+
+
+def _native_ids(server: ServerProcess, ids: list[int], params: dict[str, Any]) -> list[int]:
+    body = {"input_ids": ids, "sampling_params": _GREEDY | params}
+    return httpx.post(f"{server.url}/generate", json=body, timeout=120.0).json()["output_ids"]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -59,6 +90,7 @@ def test_every_api_applies_the_penalty(
         ("dry_allowed_length", 0),
         ("dry_penalty_last_n", -2),
         ("dry_sequence_breakers", [""]),
+        ("dry_output_only", "yes"),
     ],
 )
 def test_out_of_range_is_a_400_naming_the_field(

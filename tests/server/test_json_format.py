@@ -164,9 +164,22 @@ def test_openai_and_responses_bad_json_format(client: openai.OpenAI, model: str)
     assert "json_format" in str(responses_error.value)
 
 
-def test_json_object_cut_at_max_tokens_says_length(client: openai.OpenAI, model: str) -> None:
-    """Only a cut output can fail to parse, and it says so (OpenAI's contract)."""
+def test_json_object_cut_at_max_tokens_says_length(
+    server: ServerProcess, client: openai.OpenAI, model: str
+) -> None:
+    """Only a cut output can fail to parse, and it says so (OpenAI's contract), on every API
+    that takes json_object: chat's and the native finish_reason "length", the Responses API's
+    "incomplete" for max_output_tokens."""
     for fmt in ("aligned", "compact"):
+        native = _native(server, {"json_object": True, "json_format": fmt, "max_new_tokens": 2})
+        assert native.json()["meta_info"]["finish_reason"]["type"] == "length"
+        response = client.responses.create(
+            model=model, input="Answer in JSON.", max_output_tokens=2, temperature=0,
+            text={"format": {"type": "json_object"}}, extra_body={"json_format": fmt},
+        )  # fmt: skip
+        assert response.status == "incomplete"
+        assert response.incomplete_details is not None
+        assert response.incomplete_details.reason == "max_output_tokens"
         chat = client.chat.completions.create(
             model=model, messages=MESSAGES, max_tokens=2, temperature=0,
             response_format={"type": "json_object"}, extra_body={"json_format": fmt},
