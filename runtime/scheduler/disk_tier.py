@@ -21,14 +21,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from kernels import gather_kv_chunks
 from radix_cache import RadixCache
 from runtime.kv_disk import KVDiskStore, chunk_keys
+from runtime.kv_disk.staging import StagingArena
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
 from runtime.server_args import ServerArgs
@@ -46,6 +49,10 @@ logger = logging.getLogger(__name__)
 CHUNK_TOKENS = 16
 # Chunk files hinted for read-ahead per arriving request (a 4,096-token prompt's).
 READ_AHEAD_CHUNKS = 256
+# Host memory kept for chunks on their way to the writer (write_back): reused, it spares the
+# scheduler's thread a page fault per 4 KB of every copy; 88 of SmolLM2's 16-token chunks. A
+# copy that finds too few entries free (the writer is behind) takes fresh memory instead.
+STAGING_BYTES = 64 << 20
 # Keys handed to the writer recently: not written yet, so ``contains`` cannot tell.
 _RECENT_KEYS = 4096
 
@@ -138,6 +145,11 @@ class KVDiskTier:
         k = pool.k_buffers[0]  # [slots, kv_heads, head_dim]
         self.chunk_shape = (pool.num_layers, 2, chunk_tokens, *k.shape[1:])
         self.chunk_bytes = int(np.prod(self.chunk_shape)) * k.element_size()
+        # Host buffers for write_back's copies: CPU pools only (a GPU pool's chunks are
+        # gathered on the GPU, then copied to fresh host memory), and none when one chunk is
+        # larger than STAGING_BYTES.
+        entries = STAGING_BYTES // self.chunk_bytes if k.device.type == "cpu" else 0
+        self.staging = StagingArena(self.chunk_shape, k.dtype, entries) if entries else None
 
     # ---- writing ----------------------------------------------------------------------------
 
@@ -175,12 +187,18 @@ class KVDiskTier:
         if not todo:
             return
         index = np.concatenate([slots[i * size : (i + 1) * size] for i in todo])
-        payloads = self._gather(index, len(todo))
-        for i, payload in zip(todo, payloads, strict=True):
+        staging = None if wait else self.staging
+        entries = None if staging is None else staging.take(len(todo))
+        payloads = self._gather(index, len(todo), entries)
+        for n, (i, payload) in enumerate(zip(todo, payloads, strict=True)):
             key, span = keys[i], slice(i * size, (i + 1) * size)
             if wait:
                 self.store.put(key, ids[span], payload)
-            elif self.store.put_async(key, ids[span].copy(), payload):
+                continue
+            release = None
+            if staging is not None and entries is not None:
+                release = partial(staging.give_back, entries[n])
+            if self.store.put_async(key, ids[span].copy(), payload, release):
                 self._recent[key] = None
                 if len(self._recent) > _RECENT_KEYS:
                     self._recent.popitem(last=False)
@@ -189,44 +207,50 @@ class KVDiskTier:
         """Whether the chunk ``key`` is stored, or queued for writing."""
         return key in self._recent or self.store.contains(key)
 
-    def _gather(self, slots: np.ndarray, chunks: int) -> torch.Tensor:
-        """A CPU copy of the K/V at ``slots`` (``chunks`` whole chunks' slots, in order), one
-        contiguous payload per chunk: ``[chunks, layers, 2, chunk_tokens, kv_heads, head_dim]``.
-        Gathered on the pool's device with two ops per layer whatever the number of chunks,
-        then one copy to the host."""
+    def _gather(
+        self, slots: np.ndarray, chunks: int, entries: list[int] | None
+    ) -> list[torch.Tensor]:
+        """CPU copies of the K/V at ``slots`` (``chunks`` whole chunks' slots, in order), one
+        contiguous payload per chunk: ``[layers, 2, chunk_tokens, kv_heads, head_dim]`` each.
+        One op (``kernels.gather_kv_chunks``) copies them into the staging arena's
+        ``entries`` (one per chunk; CPU pools only), else into fresh memory on the pool's
+        device, then to the host."""
         k0 = self.pool.k_buffers[0]
         index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(k0.device)
+        if entries is not None:
+            assert self.staging is not None
+            arena = self.staging.buffer  # [capacity, layers, 2, chunk_tokens, heads, dim]
+            rows = torch.tensor(entries, dtype=torch.int64)
+            gather_kv_chunks(arena, rows, self.pool.k_buffers, self.pool.v_buffers, index)
+            return [arena[entry] for entry in entries]
         out = torch.empty((chunks, *self.chunk_shape), dtype=k0.dtype, device=k0.device)
-        by_chunk = (chunks, self.chunk_tokens, *k0.shape[1:])
-        for layer in range(self.pool.num_layers):
-            for kind, buffers in enumerate((self.pool.k_buffers, self.pool.v_buffers)):
-                gathered = torch.index_select(buffers[layer], 0, index)
-                out[:, layer, kind] = gathered.view(by_chunk)
-        return out.cpu()
+        rows = torch.arange(chunks, dtype=torch.int64, device=k0.device)
+        gather_kv_chunks(out, rows, self.pool.k_buffers, self.pool.v_buffers, index)
+        return list(out.cpu().unbind(0))
 
     # ---- reading ----------------------------------------------------------------------------
 
-    def read_ahead(self, token_ids: np.ndarray, salt: str | None) -> int:
-        """Hint the kernel to read the chunk files of ``token_ids`` the tier holds (at most
-        READ_AHEAD_CHUNKS) while the request waits for admission: with a cold page cache the
-        disk then reads them in parallel with the forwards instead of one by one at admission.
-        Returns the chunks hinted."""
-        size = self.chunk_tokens
-        last = min(token_ids.size // size, READ_AHEAD_CHUNKS)
-        if last == 0:
-            return 0
-        ids = np.asarray(token_ids[: last * size], dtype=np.int64)
-        return self.store.read_ahead(chunk_keys(ids, size, salt))
+    def keys(
+        self, token_ids: np.ndarray, salt: str | None, known: list[str] | None = None
+    ) -> list[str]:
+        """The chunk keys of ``token_ids`` (its whole chunks), reusing ``known``: what an
+        earlier call returned for a prefix of the same tokens and salt."""
+        return chunk_keys(token_ids, self.chunk_tokens, salt, known or ())
 
-    def plan(self, token_ids: np.ndarray, cached_len: int, salt: str | None) -> DiskRun | None:
-        """The chunks on disk that continue the ``cached_len`` tokens of ``token_ids`` in memory
-        (up to the last whole chunk of ``token_ids``), if loading them pays; else None."""
+    def read_ahead(self, keys: list[str], first: int) -> int:
+        """Hint the kernel to read the files of the chunks ``keys[first:]`` that the tier holds
+        (at most READ_AHEAD_CHUNKS; ``first``: the chunk where the prefix in memory ends) while
+        the request waits for admission: with a cold page cache the disk then reads them in
+        parallel with the forwards instead of one by one at admission. Returns the chunks
+        hinted."""
+        return self.store.read_ahead(keys[first : first + READ_AHEAD_CHUNKS])
+
+    def plan(self, keys: list[str], cached_len: int) -> DiskRun | None:
+        """The chunks on disk that continue the ``cached_len`` tokens in memory of the tokens
+        whose chunk ``keys`` these are (up to their last whole chunk), if loading them pays;
+        else None."""
         size = self.chunk_tokens
-        last = token_ids.size // size
         first = cached_len // size
-        if first >= last:
-            return None
-        keys = chunk_keys(np.asarray(token_ids[: last * size], dtype=np.int64), size, salt)
         run: list[str] = []
         for key in keys[first:]:
             if not self.store.contains(key):

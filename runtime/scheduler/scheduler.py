@@ -498,7 +498,7 @@ class Scheduler:
                 msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
             req = Req(msg, seed, self.drafts.speculates(msg.sampling_params))
             if self.disk is not None:
-                self.disk.read_ahead(req.token_ids.prefix(req.match_limit), req.cache_salt)
+                self.kv.read_ahead(req)
             if needs_preparing(req.sampling):
                 req.status = Status.CONSTRAINING
                 self.grammar.enqueue(req)
