@@ -12,6 +12,12 @@ admission), and whether reading pays (``LoadCost``).
 
 Threads: everything here runs on the scheduler's thread, between forwards (the pool is read
 and written only then); the store's writer thread gets CPU copies.
+
+Tensor parallelism: each rank holds its shard of every layer's K/V heads, so each rank keeps its
+own tier, in its own subfolder. Rank 0's tier decides (what to write, what to load) and has
+every other rank's tier run the same call on its shard first (``followers``: the workers' tiers
+run it between forwards, runtime/tp_worker.py); a load keeps only the chunks every rank read
+(``TPGroup.min``), so a chunk one rank lacks is a miss on all.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +41,9 @@ from runtime.kv_disk.staging import StagingArena
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
 from runtime.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from runtime.distributed import TPGroup
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +129,17 @@ class DiskTierStats:
     skipped_runs: int = 0  # runs on disk that recomputing was expected to beat
 
 
+class DiskFollowers(Protocol):
+    """The other ranks' tiers, as rank 0's tier reaches them."""
+
+    def __call__(self, method: str, *args: Any) -> None:
+        """Have each of them run ``method(*args)`` now, on its own shard."""
+
+
 class KVDiskTier:
     """Chunks of one pool's KV on disk. ``always_load``: load whatever is on disk (tests);
-    else only what ``cost`` says pays."""
+    else only what ``cost`` says pays. ``group``: the tensor-parallel group whose ranks agree
+    on what a load read (rank 0 sets ``followers``)."""
 
     def __init__(
         self,
@@ -133,8 +150,11 @@ class KVDiskTier:
         write_through: bool,
         always_load: bool,
         device_type: str,
+        group: TPGroup | None = None,
     ) -> None:
         self.store = store
+        self.group = group
+        self.followers: DiskFollowers | None = None
         self.pool = pool
         self.chunk_tokens = chunk_tokens
         self.write_through = write_through
@@ -159,16 +179,22 @@ class KVDiskTier:
         """Queue for writing the chunks that end inside ``[start, len(tokens))`` of a
         root-to-node path (``slots``: their KV, valid now) and that the store does not hold
         yet: the tree's eviction hook, and its inserts with write_through."""
+        if self.followers is not None:
+            self.followers("save_run", namespace, tokens, slots, start)
         self._save(namespace, tokens, slots, start, wait=False)
+
+    def save_now(
+        self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int
+    ) -> None:
+        """``save_run``, written before this returns (``save_tree``, on each rank)."""
+        if self.followers is not None:
+            self.followers("save_now", namespace, tokens, slots, start)
+        self._save(namespace, tokens, slots, start, wait=True)
 
     def save_tree(self, tree: RadixCache) -> None:
         """Write every chunk ``tree`` holds that the store does not (a graceful stop), each
         before the next: the write queue's bound would drop most of a large cache."""
-        tree.report_runs(
-            lambda namespace, tokens, slots, start: self._save(
-                namespace, tokens, slots, start, wait=True
-            )
-        )
+        tree.report_runs(self.save_now)
 
     def _save(
         self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int, wait: bool
@@ -272,6 +298,8 @@ class KVDiskTier:
         Each chunk file is read straight into its place in one host staging tensor; the
         chunks read are then written into the pool with two ops per layer, whatever their
         number."""
+        if self.followers is not None:
+            self.followers("load", run, token_ids, start, slots.clone())
         size = self.chunk_tokens
         began = time.perf_counter()
         staging = torch.empty((len(run.keys), *self.chunk_shape), dtype=self.pool.dtype)
@@ -282,6 +310,8 @@ class KVDiskTier:
             if not self.store.get_into(key, ids, staging[i]):
                 break
             read += 1
+        if self.group is not None:
+            read = self.group.min(read)  # a chunk one rank could not read is a miss on all
         if read == 0:
             return start
         end = (run.first + read) * size
@@ -312,6 +342,8 @@ class KVDiskTier:
 
     def clear(self) -> None:
         """Delete every chunk (``flush_cache`` with disk)."""
+        if self.followers is not None:
+            self.followers("clear")
         self.store.flush()
         self.store.clear()
         self._recent.clear()
@@ -354,8 +386,11 @@ NO_TIER_INFO = {
 }
 
 
-def disk_manifest(args: ServerArgs, quantization: str, chunk_tokens: int) -> dict[str, Any]:
-    """What makes stored KV valid for this server (``args`` with device defaults filled in)."""
+def disk_manifest(
+    args: ServerArgs, quantization: str, chunk_tokens: int, tp_rank: int = 0
+) -> dict[str, Any]:
+    """What makes stored KV valid for rank ``tp_rank`` of this server (``args`` with device
+    defaults filled in)."""
     return {
         "model": model_identity(args.model_path),
         "dtype": args.dtype,
@@ -364,28 +399,69 @@ def disk_manifest(args: ServerArgs, quantization: str, chunk_tokens: int) -> dic
         "page_size": args.page_size,
         "chunk_tokens": chunk_tokens,
         "tp_size": args.tp_size,
-        "tp_rank": 0,
+        "tp_rank": tp_rank,
     }
+
+
+@dataclass(frozen=True)
+class DiskTierSpec:
+    """What a rank needs to open its tier (picklable: rank 0 sends it to the others)."""
+
+    path: str
+    max_bytes: int
+    manifest: dict[str, Any]  # rank 0's; each rank's says its own tp_rank
+    chunk_tokens: int
+    write_through: bool
+    always_load: bool
+    replica: int
+    tp_size: int
+
+    def subfolder(self, tp_rank: int) -> str:
+        """``replica{i}``, and with tensor parallelism ``replica{i}-rank{r}``."""
+        replica = f"replica{self.replica}"
+        return replica if self.tp_size == 1 else f"{replica}-rank{tp_rank}"
+
+    def open(self, pool: KVPool, device_type: str, group: TPGroup | None = None) -> KVDiskTier:
+        """This rank's tier on its shard ``pool`` (rank ``group.rank``; 0 without a group).
+        Raises KVDiskError when the folder is locked by another server or unusable."""
+        rank = group.rank if group is not None else 0
+        store = KVDiskStore(
+            Path(self.path).expanduser(),
+            self.max_bytes,
+            {**self.manifest, "tp_rank": rank},
+            subfolder=self.subfolder(rank),
+        )
+        return KVDiskTier(
+            store,
+            pool,
+            self.chunk_tokens,
+            write_through=self.write_through,
+            always_load=self.always_load,
+            device_type=device_type,
+            group=group if self.tp_size > 1 else None,
+        )
+
+
+def disk_tier_spec(args: ServerArgs, quantization: str, replica: int = 0) -> DiskTierSpec:
+    """The tier ``args`` ask for (``kv_disk_path`` set), for replica ``replica``."""
+    assert args.kv_disk_path is not None
+    chunk = chunk_tokens_for(args.page_size)
+    return DiskTierSpec(
+        path=args.kv_disk_path,
+        max_bytes=int(args.kv_disk_max_gb * (1 << 30)),
+        manifest=disk_manifest(args, quantization, chunk),
+        chunk_tokens=chunk,
+        write_through=args.kv_disk_write_policy == "write_through",
+        always_load=args.kv_disk_load_policy == "always",
+        replica=replica,
+        tp_size=args.tp_size,
+    )
 
 
 def open_disk_tier(
     args: ServerArgs, pool: KVPool, quantization: str, device_type: str, replica: int = 0
 ) -> KVDiskTier:
-    """The tier ``args`` ask for (``kv_disk_path`` set), on the folder's ``replica{replica}``
-    subfolder. Raises KVDiskError when the folder is locked by another server or unusable."""
-    assert args.kv_disk_path is not None
-    chunk = chunk_tokens_for(args.page_size)
-    store = KVDiskStore(
-        Path(args.kv_disk_path).expanduser(),
-        int(args.kv_disk_max_gb * (1 << 30)),
-        disk_manifest(args, quantization, chunk),
-        subfolder=f"replica{replica}",
-    )
-    return KVDiskTier(
-        store,
-        pool,
-        chunk,
-        write_through=args.kv_disk_write_policy == "write_through",
-        always_load=args.kv_disk_load_policy == "always",
-        device_type=device_type,
-    )
+    """Rank 0's tier of the tier ``args`` ask for (``kv_disk_path`` set), on the folder's
+    ``replica{replica}`` subfolder. Raises KVDiskError when the folder is locked by another
+    server or unusable."""
+    return disk_tier_spec(args, quantization, replica).open(pool, device_type)

@@ -161,6 +161,34 @@ def test_a_request_hashes_its_chunks_once_and_hints_only_what_memory_lacks(
     assert cached == chunks * CHUNK_TOKENS and loaded == cached - held
 
 
+def test_tensor_parallel_ranks_keep_their_own_shards_and_restart_warm(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    tp = {"tp_size": 2, **POOL, **TIER}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **tp) as engine:
+        first = _run(engine, prompts + prompts)  # the second round loads what the first evicted
+        info = _info(engine)
+        engine.check_invariants()
+    assert [ids for ids, _ in first] == reference + reference
+    assert info["kv_disk_loads"] > 0
+    folders = [tmp_path / f"replica0-rank{rank}" for rank in (0, 1)]
+    for rank, folder in enumerate(folders):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert (manifest["tp_size"], manifest["tp_rank"]) == (2, rank)
+    names = [sorted(p.name for p in folder.rglob("*.kv")) for folder in folders]
+    assert names[0] == names[1] and len(names[0]) >= 4 * (384 // CHUNK_TOKENS)
+    # Rank 1 loses chunk 5 of the first prompt: that prompt's load stops there on both ranks.
+    keys = chunk_keys(np.asarray(prompts[0][:384]), CHUNK_TOKENS, None)
+    chunk_path(folders[1], keys[5]).unlink()
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **tp) as engine:
+        again = _run(engine, prompts)
+        engine.check_invariants()
+    assert [ids for ids, _ in again] == reference
+    assert again[0][1] == 5 * CHUNK_TOKENS
+    assert all(cached >= 384 for _, cached in again[1:])
+
+
 def test_other_kv_dtype_invalidates_the_tier(tiny_model_path: Path, tmp_path: Path) -> None:
     prompts = _prompts()[:2]
     with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
