@@ -46,16 +46,16 @@ void gather_kv_chunks(torch::Tensor out, torch::Tensor out_rows, std::vector<tor
     TORCH_CHECK(row[c] >= 0 && row[c] < capacity, "out row ", row[c], " is out of range");
   char* base = static_cast<char*>(out.data_ptr());
   const size_t span = static_cast<size_t>(tokens) * row_bytes;  // one (layer, K/V) of a chunk
-  // Work items: (chunk, layer, K/V); each copies its T rows.
-  arbor_cpu::parallel_for(0, chunks * 2 * layers, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / (2 * layers), source = item % (2 * layers);
+  // One thread: a few MB of copies are bound by memory, and a second thread would wait for a
+  // core the store's writer thread may hold (measured on 2 loaded cores: slower, not faster).
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t source = 0; source < 2 * layers; ++source) {
       char* target = base + (row[c] * 2 * layers + source) * span;
       const char* from = sources[source];
       for (int64_t t = 0; t < tokens; ++t)
         std::memcpy(target + t * row_bytes, from + slot[c * tokens + t] * row_bytes, row_bytes);
     }
-  });
+  }
 }
 
 }  // namespace
