@@ -4,8 +4,8 @@ A chunk copied out of the pool into freshly allocated host memory pays a page fa
 4 KB page it touches (the allocator maps large blocks anew and unmaps them when the writer
 frees them): on SmolLM2 that was most of the write path's cost on the scheduler's thread, more
 than the copy itself. ``StagingArena`` keeps ``capacity`` chunk-sized entries in one tensor,
-touched once when first used, and hands out entries that the writer gives back when it is done
-with them.
+zeroed (its pages faulted in) once, when it is made, and hands out entries that the writer gives
+back when it is done with them.
 
 Threads: one thread takes entries (the scheduler's); any thread gives them back.
 """
@@ -26,16 +26,10 @@ class StagingArena:
         self.chunk_shape = chunk_shape
         self.dtype = dtype
         self.capacity = capacity
-        self._buffer: torch.Tensor | None = None  # [capacity, *chunk_shape], on first take
+        # All entries, [capacity, *chunk_shape]: zeroed now, so no copy pays its page faults.
+        self.buffer = torch.zeros((capacity, *chunk_shape), dtype=dtype)
         # deque's append and popleft are atomic: the writer appends while the taker pops.
         self._free: deque[int] = deque(range(capacity))
-
-    @property
-    def buffer(self) -> torch.Tensor:
-        """All entries, ``[capacity, *chunk_shape]``; zeroed (its pages faulted in) once."""
-        if self._buffer is None:
-            self._buffer = torch.zeros((self.capacity, *self.chunk_shape), dtype=self.dtype)
-        return self._buffer
 
     def available(self) -> int:
         return len(self._free)

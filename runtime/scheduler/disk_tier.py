@@ -58,10 +58,11 @@ logger = logging.getLogger(__name__)
 CHUNK_TOKENS = 16
 # Chunk files hinted for read-ahead per arriving request (a 4,096-token prompt's).
 READ_AHEAD_CHUNKS = 256
-# Host memory kept for chunks on their way to the writer (write_back): reused, it spares the
-# scheduler's thread a page fault per 4 KB of every copy; 88 of SmolLM2's 16-token chunks. A
-# copy that finds too few entries free (the writer is behind) takes fresh memory instead.
-STAGING_BYTES = 64 << 20
+# Host memory kept for chunks on their way to the writer (write_back), allocated at start:
+# reused, it spares the scheduler's thread a page fault per 4 KB of every copy; 44 of SmolLM2's
+# 16-token chunks (a step of the write-path benchmark evicts 8 or 9). A copy that finds too few
+# entries free (the writer is behind) takes fresh memory instead.
+STAGING_BYTES = 32 << 20
 # Keys handed to the writer recently: not written yet, so ``contains`` cannot tell.
 _RECENT_KEYS = 4096
 
