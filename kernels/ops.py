@@ -5,7 +5,7 @@ implementation ``dispatch.resolve`` picks for its first argument's device."""
 from __future__ import annotations
 
 from kernels.dispatch import dispatched
-from kernels.reference import attention, cascade, elementwise, quantized, sampling
+from kernels.reference import attention, cascade, elementwise, kv_chunks, quantized, sampling
 
 extend_attention = dispatched(attention.extend_attention)
 decode_attention = dispatched(attention.decode_attention)
@@ -22,3 +22,4 @@ quantized_rows = dispatched(quantized.quantized_rows)
 apply_token_bitmask = dispatched(sampling.apply_token_bitmask)
 row_max_argmax = dispatched(sampling.row_max_argmax)
 sample_from_probs = dispatched(sampling.sample_from_probs)
+gather_kv_chunks = dispatched(kv_chunks.gather_kv_chunks)

@@ -112,6 +112,20 @@ class RadixCache:
         node = self._roots.get(namespace) or TreeNode.new_root()
         return self._match_below(node, 0, [], key)
 
+    def prefix_length(self, token_ids: TokensLike, namespace: Hashable = None) -> int:
+        """The length ``match_prefix`` would return, changing nothing: no split, no access
+        time, no hit counts (a look ahead, e.g. at a request's arrival)."""
+        key = as_token_array(token_ids)
+        node, length = self._roots.get(namespace), 0
+        while node is not None and length + self.page_size <= key.size:
+            found = matching_child(node, key[length:], self.page_size)
+            if found is None:
+                break
+            child, k = found
+            length += k
+            node = child if k == child.key.size else None
+        return length
+
     def match_from(
         self, node: TreeNode, length: int, token_ids: TokensLike, namespace: Hashable = None
     ) -> MatchResult:

@@ -406,7 +406,7 @@ class ServerArgs:
 
     def _check_kv_disk(self) -> None:
         """The disk tier's flags: a size > 0, a folder this process may create and write, a
-        radix cache to sit under, one rank (each tp rank would need its own shards)."""
+        radix cache to sit under."""
         if not math.isfinite(self.kv_disk_max_gb) or self.kv_disk_max_gb <= 0:
             raise ValueError(f"kv_disk_max_gb must be a number > 0, got {self.kv_disk_max_gb}")
         if self.kv_disk_path is None:
@@ -416,8 +416,6 @@ class ServerArgs:
                 "kv_disk_path needs the radix cache: the disk tier keeps what the cache evicts "
                 "(drop disable_radix_cache or kv_disk_path)"
             )
-        if self.tp_size > 1:
-            raise ValueError("kv_disk_path does not support tp_size > 1 yet")
         folder = Path(self.kv_disk_path).expanduser()
         existing = folder
         while not existing.exists() and existing != existing.parent:

@@ -19,6 +19,7 @@ import pickle
 import subprocess
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ from runtime.distributed.group import (
 )
 from runtime.forward_batch import ForwardBatch
 from runtime.model_runner import ModelRunner, RunnerConfig
-from runtime.tp_worker import Step, WorkerSpec, joined_key
+from runtime.tp_worker import DiskCall, Step, WorkerSpec, joined_key
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,11 @@ class TensorParallelRunner(ModelRunner):
             if dead is not None:
                 raise RuntimeError(dead) from exc
             raise
+
+    def run_on_workers(self, method: str, *args: Any) -> None:
+        """Have every worker's disk tier run ``method(*args)`` now (see ``DiskCall``). Only
+        between forwards, never while one runs (the workers wait in the next broadcast)."""
+        self.tp.broadcast(DiskCall(method, args))
 
     def shutdown(self) -> None:
         """Stop the workers (a None step; SIGKILL for any that has not exited in time), leave

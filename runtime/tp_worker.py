@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,6 +39,17 @@ class Step:
 
     inputs: BatchInputs
     table_writes: list[tuple[int, int, list[int]]]  # ReqToTokenPool.take_writes()
+
+
+@dataclass(frozen=True)
+class DiskCall:
+    """A KV disk tier method the leader's tier runs between forwards, for each worker's tier
+    to run on its own shard of the pool (runtime/scheduler/disk_tier.py): ``"open"`` (its one
+    argument the tier's spec, whose ``open`` builds a worker's tier), then the tier's methods
+    by name."""
+
+    method: str
+    args: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -94,14 +106,34 @@ def run_worker(spec: WorkerSpec) -> None:
 
 def follow(runner: ModelRunner) -> None:
     """Run the leader's steps on ``runner`` (a ModelRunner of a rank other than 0) until the
-    leader broadcasts ``None``."""
-    while (step := runner.tp.broadcast()) is not None:
-        runner.req_to_token_pool.replay(step.table_writes)
-        inputs = step.inputs
-        batch = runner.build_batch(
-            inputs.rows, inputs.prefix_lens, inputs.new_token_ids, inputs.logits
-        )
-        runner.forward(batch)
+    leader broadcasts ``None``, and its disk tier's calls on this rank's tier (closed, its
+    writes done, at the end)."""
+    disk: Any = None
+    try:
+        while (step := runner.tp.broadcast()) is not None:
+            if isinstance(step, DiskCall):
+                disk = _run_disk_call(runner, disk, step)
+            else:
+                _run_step(runner, step)
+    finally:
+        if disk is not None:
+            disk.close()
+
+
+def _run_disk_call(runner: ModelRunner, disk: Any, call: DiskCall) -> Any:
+    """Run ``call`` on this rank's disk tier ``disk``; returns the tier (new after "open")."""
+    if call.method == "open":
+        (spec,) = call.args
+        return spec.open(runner.kv_pool, runner.device.type, runner.tp)
+    getattr(disk, call.method)(*call.args)
+    return disk
+
+
+def _run_step(runner: ModelRunner, step: Step) -> None:
+    runner.req_to_token_pool.replay(step.table_writes)
+    inputs = step.inputs
+    batch = runner.build_batch(inputs.rows, inputs.prefix_lens, inputs.new_token_ids, inputs.logits)
+    runner.forward(batch)
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -23,7 +23,14 @@ import torch
 logger = logging.getLogger(__name__)
 
 NAME = "arbor_cpu_kernels"
-SOURCES = ("module.cpp", "attention.cpp", "elementwise.cpp", "quantized.cpp", "sampling.cpp")
+SOURCES = (
+    "module.cpp",
+    "attention.cpp",
+    "elementwise.cpp",
+    "quantized.cpp",
+    "sampling.cpp",
+    "kv_chunks.cpp",
+)
 HEADERS = ("common.h", "spin_pool.h")
 # -march=native: AVX-512 where the building CPU has it, AVX2 or SSE where not. No -ffast-math:
 # the kernels rely on -inf for masked keys; the reductions vectorize through `omp simd`.

@@ -25,6 +25,7 @@ _SAME_ARGUMENTS = (
     "apply_rotary_emb",
     "silu_and_mul",
     "row_max_argmax",
+    "gather_kv_chunks",
 )
 
 

@@ -1,4 +1,11 @@
 """Torch reference implementations: each op's declaration (signature and contract), the CPU
 fallback and the oracle for the triton and native kernels."""
 
-from kernels.reference import attention, cascade, elementwise, quantized, sampling  # noqa: F401  (registers the ops)
+from kernels.reference import (  # noqa: F401  (registers the ops)
+    attention,
+    cascade,
+    elementwise,
+    kv_chunks,
+    quantized,
+    sampling,
+)

@@ -6,6 +6,7 @@ collision, which the token ids stored in each file catch for the chunk's own tok
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,21 +30,32 @@ def _namespace_seed(namespace: str | None) -> bytes:
     return hashlib.blake2b(_SCHEME + tagged, digest_size=_DIGEST_BYTES).digest()
 
 
-def chunk_keys(token_ids: np.ndarray, chunk_tokens: int, namespace: str | None) -> list[str]:
+def chunk_keys(
+    token_ids: np.ndarray,
+    chunk_tokens: int,
+    namespace: str | None,
+    known: Sequence[str] = (),
+) -> list[str]:
     """Hex keys of the full chunks of ``token_ids`` (1-D integer array; any int dtype gives the
     same keys): key ``i`` names tokens ``[i*chunk_tokens, (i+1)*chunk_tokens)`` and is
     ``blake2b(key_{i-1} || chunk i's tokens as int64 little-endian)``, starting from a seed of
     ``namespace`` (the request's cache_salt: tenants never share chunks). A trailing partial
-    chunk gets no key."""
+    chunk gets no key.
+
+    ``known``: keys a previous call returned for a prefix of these tokens in this namespace
+    (the caller vouches for that); they are reused and only the chunks after them hashed."""
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     tokens = np.asarray(token_ids)
     if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
         raise ValueError(f"token_ids must be 1-D integers, got {tokens.dtype} {tokens.shape}")
     tokens = tokens.astype("<i8", copy=False)
-    previous = _namespace_seed(namespace)
-    keys = []
-    for start in range(0, len(tokens) - chunk_tokens + 1, chunk_tokens):
+    full = len(tokens) // chunk_tokens
+    if len(known) >= full:
+        return list(known[:full])
+    keys = list(known)
+    previous = bytes.fromhex(keys[-1]) if keys else _namespace_seed(namespace)
+    for start in range(len(keys) * chunk_tokens, full * chunk_tokens, chunk_tokens):
         digest = hashlib.blake2b(previous, digest_size=_DIGEST_BYTES)
         digest.update(tokens[start : start + chunk_tokens].tobytes())
         previous = digest.digest()

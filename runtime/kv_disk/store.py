@@ -73,6 +73,7 @@ class _QueuedWrite:
     payload: torch.Tensor
     nbytes: int
     generation: int  # clear() bumps the store's: a write queued before it is dropped
+    release: Callable[[], None] | None  # called when the payload is no longer needed
 
 
 class KVDiskStore:
@@ -257,15 +258,40 @@ class KVDiskStore:
         if not self._touch_if_stored(key):
             self._write(key, token_ids, payload, generation)
 
-    def put_async(self, key: str, token_ids: np.ndarray, payload: torch.Tensor) -> bool:
+    def put_async(
+        self,
+        key: str,
+        token_ids: np.ndarray,
+        payload: torch.Tensor,
+        release: Callable[[], None] | None = None,
+    ) -> bool:
         """Queue ``put`` for the writer thread. ``payload`` must be a CPU copy the caller does
-        not touch again. True when queued or already stored (see ``put``); False (and counted in
-        dropped_writes) when writes are disabled, the store is closing, or the queue would
-        exceed write_queue_bytes."""
+        not touch again until ``release`` (if given) is called: once, on the writer thread
+        after the write (or its drop), or before this returns when nothing was queued. True
+        when queued or already stored (see ``put``); False (and counted in dropped_writes)
+        when writes are disabled, the store is closing, or the queue would exceed
+        write_queue_bytes."""
         _check_key(key)
         check_payload(payload)
-        if self._touch_if_stored(key):
-            return True
+        queued = False
+        try:
+            if self._touch_if_stored(key):
+                return True
+            queued = self._enqueue(key, token_ids, payload, release)
+            return queued
+        finally:
+            if not queued and release is not None:
+                release()
+
+    def _enqueue(
+        self,
+        key: str,
+        token_ids: np.ndarray,
+        payload: torch.Tensor,
+        release: Callable[[], None] | None,
+    ) -> bool:
+        """Queue the write of ``key`` unless the queue cannot take it (dropped: counted);
+        whether it was queued."""
         nbytes = payload.numel() * payload.element_size()
         with self._lock:
             if (
@@ -278,7 +304,8 @@ class KVDiskStore:
             self._queued_writes += 1
             self._queued_bytes += nbytes
             generation = self._generation
-        self._queue.put(_QueuedWrite(key, np.array(token_ids), payload, nbytes, generation))
+        write = _QueuedWrite(key, np.array(token_ids), payload, nbytes, generation, release)
+        self._queue.put(write)
         return True
 
     def flush(self, timeout: float | None = None) -> None:
@@ -354,6 +381,8 @@ class KVDiskStore:
                 with self._lock:
                     self._counters["write_errors"] += 1
             finally:
+                if item.release is not None:
+                    item.release()
                 with self._idle:
                     self._queued_writes -= 1
                     self._queued_bytes -= item.nbytes

@@ -12,6 +12,12 @@ admission), and whether reading pays (``LoadCost``).
 
 Threads: everything here runs on the scheduler's thread, between forwards (the pool is read
 and written only then); the store's writer thread gets CPU copies.
+
+Tensor parallelism: each rank holds its shard of every layer's K/V heads, so each rank keeps its
+own tier, in its own subfolder. Rank 0's tier decides (what to write, what to load) and has
+every other rank's tier run the same call on its shard first (``followers``: the workers' tiers
+run it between forwards, runtime/tp_worker.py); a load keeps only the chunks every rank read
+(``TPGroup.min``), so a chunk one rank lacks is a miss on all.
 """
 
 from __future__ import annotations
@@ -21,17 +27,23 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
+from kernels import gather_kv_chunks
 from radix_cache import RadixCache
 from runtime.kv_disk import KVDiskStore, chunk_keys
+from runtime.kv_disk.staging import StagingArena
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
 from runtime.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from runtime.distributed import TPGroup
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +58,11 @@ logger = logging.getLogger(__name__)
 CHUNK_TOKENS = 16
 # Chunk files hinted for read-ahead per arriving request (a 4,096-token prompt's).
 READ_AHEAD_CHUNKS = 256
+# Host memory kept for chunks on their way to the writer (write_back), allocated at start:
+# reused, it spares the scheduler's thread a page fault per 4 KB of every copy; 44 of SmolLM2's
+# 16-token chunks (a step of the write-path benchmark evicts 8 or 9). A copy that finds too few
+# entries free (the writer is behind) takes fresh memory instead.
+STAGING_BYTES = 32 << 20
 # Keys handed to the writer recently: not written yet, so ``contains`` cannot tell.
 _RECENT_KEYS = 4096
 
@@ -113,9 +130,17 @@ class DiskTierStats:
     skipped_runs: int = 0  # runs on disk that recomputing was expected to beat
 
 
+class DiskFollowers(Protocol):
+    """The other ranks' tiers, as rank 0's tier reaches them."""
+
+    def __call__(self, method: str, *args: Any) -> None:
+        """Have each of them run ``method(*args)`` now, on its own shard."""
+
+
 class KVDiskTier:
     """Chunks of one pool's KV on disk. ``always_load``: load whatever is on disk (tests);
-    else only what ``cost`` says pays."""
+    else only what ``cost`` says pays. ``group``: the tensor-parallel group whose ranks agree
+    on what a load read (rank 0 sets ``followers``)."""
 
     def __init__(
         self,
@@ -126,8 +151,11 @@ class KVDiskTier:
         write_through: bool,
         always_load: bool,
         device_type: str,
+        group: TPGroup | None = None,
     ) -> None:
         self.store = store
+        self.group = group
+        self.followers: DiskFollowers | None = None
         self.pool = pool
         self.chunk_tokens = chunk_tokens
         self.write_through = write_through
@@ -138,6 +166,11 @@ class KVDiskTier:
         k = pool.k_buffers[0]  # [slots, kv_heads, head_dim]
         self.chunk_shape = (pool.num_layers, 2, chunk_tokens, *k.shape[1:])
         self.chunk_bytes = int(np.prod(self.chunk_shape)) * k.element_size()
+        # Host buffers for write_back's copies: CPU pools only (a GPU pool's chunks are
+        # gathered on the GPU, then copied to fresh host memory), and none when one chunk is
+        # larger than STAGING_BYTES.
+        entries = STAGING_BYTES // self.chunk_bytes if k.device.type == "cpu" else 0
+        self.staging = StagingArena(self.chunk_shape, k.dtype, entries) if entries else None
 
     # ---- writing ----------------------------------------------------------------------------
 
@@ -147,16 +180,22 @@ class KVDiskTier:
         """Queue for writing the chunks that end inside ``[start, len(tokens))`` of a
         root-to-node path (``slots``: their KV, valid now) and that the store does not hold
         yet: the tree's eviction hook, and its inserts with write_through."""
+        if self.followers is not None:
+            self.followers("save_run", namespace, tokens, slots, start)
         self._save(namespace, tokens, slots, start, wait=False)
+
+    def save_now(
+        self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int
+    ) -> None:
+        """``save_run``, written before this returns (``save_tree``, on each rank)."""
+        if self.followers is not None:
+            self.followers("save_now", namespace, tokens, slots, start)
+        self._save(namespace, tokens, slots, start, wait=True)
 
     def save_tree(self, tree: RadixCache) -> None:
         """Write every chunk ``tree`` holds that the store does not (a graceful stop), each
         before the next: the write queue's bound would drop most of a large cache."""
-        tree.report_runs(
-            lambda namespace, tokens, slots, start: self._save(
-                namespace, tokens, slots, start, wait=True
-            )
-        )
+        tree.report_runs(self.save_now)
 
     def _save(
         self, namespace: Hashable, tokens: np.ndarray, slots: np.ndarray, start: int, wait: bool
@@ -175,12 +214,18 @@ class KVDiskTier:
         if not todo:
             return
         index = np.concatenate([slots[i * size : (i + 1) * size] for i in todo])
-        payloads = self._gather(index, len(todo))
-        for i, payload in zip(todo, payloads, strict=True):
+        staging = None if wait else self.staging
+        entries = None if staging is None else staging.take(len(todo))
+        payloads = self._gather(index, len(todo), entries)
+        for n, (i, payload) in enumerate(zip(todo, payloads, strict=True)):
             key, span = keys[i], slice(i * size, (i + 1) * size)
             if wait:
                 self.store.put(key, ids[span], payload)
-            elif self.store.put_async(key, ids[span].copy(), payload):
+                continue
+            release = None
+            if staging is not None and entries is not None:
+                release = partial(staging.give_back, entries[n])
+            if self.store.put_async(key, ids[span].copy(), payload, release):
                 self._recent[key] = None
                 if len(self._recent) > _RECENT_KEYS:
                     self._recent.popitem(last=False)
@@ -189,44 +234,50 @@ class KVDiskTier:
         """Whether the chunk ``key`` is stored, or queued for writing."""
         return key in self._recent or self.store.contains(key)
 
-    def _gather(self, slots: np.ndarray, chunks: int) -> torch.Tensor:
-        """A CPU copy of the K/V at ``slots`` (``chunks`` whole chunks' slots, in order), one
-        contiguous payload per chunk: ``[chunks, layers, 2, chunk_tokens, kv_heads, head_dim]``.
-        Gathered on the pool's device with two ops per layer whatever the number of chunks,
-        then one copy to the host."""
+    def _gather(
+        self, slots: np.ndarray, chunks: int, entries: list[int] | None
+    ) -> list[torch.Tensor]:
+        """CPU copies of the K/V at ``slots`` (``chunks`` whole chunks' slots, in order), one
+        contiguous payload per chunk: ``[layers, 2, chunk_tokens, kv_heads, head_dim]`` each.
+        One op (``kernels.gather_kv_chunks``) copies them into the staging arena's
+        ``entries`` (one per chunk; CPU pools only), else into fresh memory on the pool's
+        device, then to the host."""
         k0 = self.pool.k_buffers[0]
         index = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(k0.device)
+        if entries is not None:
+            assert self.staging is not None
+            arena = self.staging.buffer  # [capacity, layers, 2, chunk_tokens, heads, dim]
+            rows = torch.tensor(entries, dtype=torch.int64)
+            gather_kv_chunks(arena, rows, self.pool.k_buffers, self.pool.v_buffers, index)
+            return [arena[entry] for entry in entries]
         out = torch.empty((chunks, *self.chunk_shape), dtype=k0.dtype, device=k0.device)
-        by_chunk = (chunks, self.chunk_tokens, *k0.shape[1:])
-        for layer in range(self.pool.num_layers):
-            for kind, buffers in enumerate((self.pool.k_buffers, self.pool.v_buffers)):
-                gathered = torch.index_select(buffers[layer], 0, index)
-                out[:, layer, kind] = gathered.view(by_chunk)
-        return out.cpu()
+        rows = torch.arange(chunks, dtype=torch.int64, device=k0.device)
+        gather_kv_chunks(out, rows, self.pool.k_buffers, self.pool.v_buffers, index)
+        return list(out.cpu().unbind(0))
 
     # ---- reading ----------------------------------------------------------------------------
 
-    def read_ahead(self, token_ids: np.ndarray, salt: str | None) -> int:
-        """Hint the kernel to read the chunk files of ``token_ids`` the tier holds (at most
-        READ_AHEAD_CHUNKS) while the request waits for admission: with a cold page cache the
-        disk then reads them in parallel with the forwards instead of one by one at admission.
-        Returns the chunks hinted."""
-        size = self.chunk_tokens
-        last = min(token_ids.size // size, READ_AHEAD_CHUNKS)
-        if last == 0:
-            return 0
-        ids = np.asarray(token_ids[: last * size], dtype=np.int64)
-        return self.store.read_ahead(chunk_keys(ids, size, salt))
+    def keys(
+        self, token_ids: np.ndarray, salt: str | None, known: list[str] | None = None
+    ) -> list[str]:
+        """The chunk keys of ``token_ids`` (its whole chunks), reusing ``known``: what an
+        earlier call returned for a prefix of the same tokens and salt."""
+        return chunk_keys(token_ids, self.chunk_tokens, salt, known or ())
 
-    def plan(self, token_ids: np.ndarray, cached_len: int, salt: str | None) -> DiskRun | None:
-        """The chunks on disk that continue the ``cached_len`` tokens of ``token_ids`` in memory
-        (up to the last whole chunk of ``token_ids``), if loading them pays; else None."""
+    def read_ahead(self, keys: list[str], first: int) -> int:
+        """Hint the kernel to read the files of the chunks ``keys[first:]`` that the tier holds
+        (at most READ_AHEAD_CHUNKS; ``first``: the chunk where the prefix in memory ends) while
+        the request waits for admission: with a cold page cache the disk then reads them in
+        parallel with the forwards instead of one by one at admission. Returns the chunks
+        hinted."""
+        return self.store.read_ahead(keys[first : first + READ_AHEAD_CHUNKS])
+
+    def plan(self, keys: list[str], cached_len: int) -> DiskRun | None:
+        """The chunks on disk that continue the ``cached_len`` tokens in memory of the tokens
+        whose chunk ``keys`` these are (up to their last whole chunk), if loading them pays;
+        else None."""
         size = self.chunk_tokens
-        last = token_ids.size // size
         first = cached_len // size
-        if first >= last:
-            return None
-        keys = chunk_keys(np.asarray(token_ids[: last * size], dtype=np.int64), size, salt)
         run: list[str] = []
         for key in keys[first:]:
             if not self.store.contains(key):
@@ -248,6 +299,8 @@ class KVDiskTier:
         Each chunk file is read straight into its place in one host staging tensor; the
         chunks read are then written into the pool with two ops per layer, whatever their
         number."""
+        if self.followers is not None:
+            self.followers("load", run, token_ids, start, slots.clone())
         size = self.chunk_tokens
         began = time.perf_counter()
         staging = torch.empty((len(run.keys), *self.chunk_shape), dtype=self.pool.dtype)
@@ -258,6 +311,8 @@ class KVDiskTier:
             if not self.store.get_into(key, ids, staging[i]):
                 break
             read += 1
+        if self.group is not None:
+            read = self.group.min(read)  # a chunk one rank could not read is a miss on all
         if read == 0:
             return start
         end = (run.first + read) * size
@@ -288,6 +343,8 @@ class KVDiskTier:
 
     def clear(self) -> None:
         """Delete every chunk (``flush_cache`` with disk)."""
+        if self.followers is not None:
+            self.followers("clear")
         self.store.flush()
         self.store.clear()
         self._recent.clear()
@@ -330,8 +387,11 @@ NO_TIER_INFO = {
 }
 
 
-def disk_manifest(args: ServerArgs, quantization: str, chunk_tokens: int) -> dict[str, Any]:
-    """What makes stored KV valid for this server (``args`` with device defaults filled in)."""
+def disk_manifest(
+    args: ServerArgs, quantization: str, chunk_tokens: int, tp_rank: int = 0
+) -> dict[str, Any]:
+    """What makes stored KV valid for rank ``tp_rank`` of this server (``args`` with device
+    defaults filled in)."""
     return {
         "model": model_identity(args.model_path),
         "dtype": args.dtype,
@@ -340,28 +400,69 @@ def disk_manifest(args: ServerArgs, quantization: str, chunk_tokens: int) -> dic
         "page_size": args.page_size,
         "chunk_tokens": chunk_tokens,
         "tp_size": args.tp_size,
-        "tp_rank": 0,
+        "tp_rank": tp_rank,
     }
+
+
+@dataclass(frozen=True)
+class DiskTierSpec:
+    """What a rank needs to open its tier (picklable: rank 0 sends it to the others)."""
+
+    path: str
+    max_bytes: int
+    manifest: dict[str, Any]  # rank 0's; each rank's says its own tp_rank
+    chunk_tokens: int
+    write_through: bool
+    always_load: bool
+    replica: int
+    tp_size: int
+
+    def subfolder(self, tp_rank: int) -> str:
+        """``replica{i}``, and with tensor parallelism ``replica{i}-rank{r}``."""
+        replica = f"replica{self.replica}"
+        return replica if self.tp_size == 1 else f"{replica}-rank{tp_rank}"
+
+    def open(self, pool: KVPool, device_type: str, group: TPGroup | None = None) -> KVDiskTier:
+        """This rank's tier on its shard ``pool`` (rank ``group.rank``; 0 without a group).
+        Raises KVDiskError when the folder is locked by another server or unusable."""
+        rank = group.rank if group is not None else 0
+        store = KVDiskStore(
+            Path(self.path).expanduser(),
+            self.max_bytes,
+            {**self.manifest, "tp_rank": rank},
+            subfolder=self.subfolder(rank),
+        )
+        return KVDiskTier(
+            store,
+            pool,
+            self.chunk_tokens,
+            write_through=self.write_through,
+            always_load=self.always_load,
+            device_type=device_type,
+            group=group if self.tp_size > 1 else None,
+        )
+
+
+def disk_tier_spec(args: ServerArgs, quantization: str, replica: int = 0) -> DiskTierSpec:
+    """The tier ``args`` ask for (``kv_disk_path`` set), for replica ``replica``."""
+    assert args.kv_disk_path is not None
+    chunk = chunk_tokens_for(args.page_size)
+    return DiskTierSpec(
+        path=args.kv_disk_path,
+        max_bytes=int(args.kv_disk_max_gb * (1 << 30)),
+        manifest=disk_manifest(args, quantization, chunk),
+        chunk_tokens=chunk,
+        write_through=args.kv_disk_write_policy == "write_through",
+        always_load=args.kv_disk_load_policy == "always",
+        replica=replica,
+        tp_size=args.tp_size,
+    )
 
 
 def open_disk_tier(
     args: ServerArgs, pool: KVPool, quantization: str, device_type: str, replica: int = 0
 ) -> KVDiskTier:
-    """The tier ``args`` ask for (``kv_disk_path`` set), on the folder's ``replica{replica}``
-    subfolder. Raises KVDiskError when the folder is locked by another server or unusable."""
-    assert args.kv_disk_path is not None
-    chunk = chunk_tokens_for(args.page_size)
-    store = KVDiskStore(
-        Path(args.kv_disk_path).expanduser(),
-        int(args.kv_disk_max_gb * (1 << 30)),
-        disk_manifest(args, quantization, chunk),
-        subfolder=f"replica{replica}",
-    )
-    return KVDiskTier(
-        store,
-        pool,
-        chunk,
-        write_through=args.kv_disk_write_policy == "write_through",
-        always_load=args.kv_disk_load_policy == "always",
-        device_type=device_type,
-    )
+    """Rank 0's tier of the tier ``args`` ask for (``kv_disk_path`` set), on the folder's
+    ``replica{replica}`` subfolder. Raises KVDiskError when the folder is locked by another
+    server or unusable."""
+    return disk_tier_spec(args, quantization, replica).open(pool, device_type)

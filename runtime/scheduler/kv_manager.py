@@ -10,7 +10,7 @@ scheduler's ``KVCacheManager`` places requests with it; the draft model's ``Draf
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -42,6 +42,9 @@ class KVPlacement:
     last_node: TreeNode | None = None
     cached_tokens: int = 0  # prompt tokens served from the cache, for the client
     disk_tokens: int = 0  # of the cached prefix, those its last admission loaded from disk
+    # With a disk tier: the chunk keys of its tokens, hashed once (on arrival, for the
+    # read-ahead) and extended as its matched tokens grow.
+    disk_keys: list[str] = field(default_factory=list)
     # A loan in this step (KVCacheManager.lend): the cached length the request had before it
     # borrowed a step-mate's slots (None: no loan), and whether it lent its own.
     loan_start: int | None = None
@@ -235,6 +238,16 @@ class KVCacheManager(KVAccounting):
         if disk.write_through:
             self.insert_hook = disk.save_run
 
+    def read_ahead(self, req: Req) -> int:
+        """On ``req``'s arrival, with a disk tier: hash its chunk keys (kept for its admission)
+        and hint the tier's files of the chunks after the prefix that memory holds now (see
+        ``KVDiskTier.read_ahead``). Changes nothing in the tree. Returns the chunks hinted."""
+        assert self.disk is not None and self.tree is not None
+        ids = req.token_ids.prefix(req.match_limit)
+        req.kv.disk_keys = self.disk.keys(ids, req.cache_salt, req.kv.disk_keys)
+        in_memory = self.tree.prefix_length(ids, req.cache_salt)
+        return self.disk.read_ahead(req.kv.disk_keys, in_memory // self.disk.chunk_tokens)
+
     def available_tokens(self) -> int:
         """Slots a new allocation can get: free now, or freed by evicting unlocked cache."""
         evictable = self.tree.evictable_size() if self.tree else 0
@@ -279,7 +292,8 @@ class KVCacheManager(KVAccounting):
         kv, salt = req.kv, req.cache_salt
         ids = req.token_ids.prefix(req.match_limit)
         start = kv.cached_len
-        run = self.disk.plan(ids, start, salt)
+        kv.disk_keys = self.disk.keys(ids, salt, kv.disk_keys)
+        run = self.disk.plan(kv.disk_keys, start)
         if run is None or not self.alloc_extend(req, run.end - start):
             return 0
         slots = self.req_to_token_pool.host[kv.row, start : run.end]

@@ -58,7 +58,7 @@ from runtime.sampler import SampleOutput, Sampler, take_rows
 from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.cache_view import CacheView
 from runtime.scheduler.decode_manager import DecodeManager
-from runtime.scheduler.disk_tier import NO_TIER_INFO, KVDiskTier, open_disk_tier
+from runtime.scheduler.disk_tier import NO_TIER_INFO, KVDiskTier, disk_tier_spec
 from runtime.scheduler.grammar_manager import GrammarManager, needs_preparing
 from runtime.scheduler.kv_manager import KVCacheManager
 from runtime.scheduler.output_processor import OutputProcessor
@@ -72,7 +72,7 @@ from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 from runtime.speculative.drafts import JUMP, DraftManager, SpeculationConfig
 from runtime.speculative.verify import DraftVerifier
-from runtime.tp_runner import start_model_runner
+from runtime.tp_runner import TensorParallelRunner, start_model_runner
 
 logger = logging.getLogger(__name__)
 
@@ -139,13 +139,12 @@ class Scheduler:
         )
         self.disk: KVDiskTier | None = None
         if args.kv_disk_path is not None:
-            self.disk = open_disk_tier(
-                args,
-                self.runner.kv_pool,
-                self.runner.quantization,
-                self.runner.device.type,
-                self.replica,
-            )
+            spec = disk_tier_spec(args, self.runner.quantization, self.replica)
+            tp = self.runner.tp if args.tp_size > 1 else None
+            self.disk = spec.open(self.runner.kv_pool, self.runner.device.type, tp)
+            if isinstance(self.runner, TensorParallelRunner):
+                self.runner.run_on_workers("open", spec)  # each rank its own shard's tier
+                self.disk.followers = self.runner.run_on_workers
             self.kv.attach_disk_tier(self.disk)
         # What observers (/cache_tree, the dashboard) see: snapshots and recent activity.
         self.cache_view = CacheView(tree)
@@ -498,7 +497,7 @@ class Scheduler:
                 msg.sampling_params = dataclasses.replace(params, max_new_tokens=room)
             req = Req(msg, seed, self.drafts.speculates(msg.sampling_params))
             if self.disk is not None:
-                self.disk.read_ahead(req.token_ids.prefix(req.match_limit), req.cache_salt)
+                self.kv.read_ahead(req)
             if needs_preparing(req.sampling):
                 req.status = Status.CONSTRAINING
                 self.grammar.enqueue(req)

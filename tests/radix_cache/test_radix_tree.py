@@ -305,3 +305,20 @@ def test_continuation_reads_what_followed_a_cached_sequence(page_size: int) -> N
     assert cache.continuation(first[:6], 6).tolist() == first[6:12]
     assert cache.continuation(first[:8], 3, namespace="elsewhere").tolist() == []
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_prefix_length_is_match_prefix_length_and_changes_nothing(page_size: int) -> None:
+    cache = make_cache(page_size)
+    insert_fresh(cache, list(range(16)))
+    insert_fresh(cache, [*range(8), 50, 51, 52, 53], "tenant")
+    nodes, stats, clock = cache._num_nodes, cache.stats(), cache.clock
+    queries = [list(range(16)), [*range(10), 99, 99, 99], [*range(8), 50, 51, 52, 53, 54], [7]]
+    lengths = [cache.prefix_length(q) for q in queries]
+    tenant = cache.prefix_length([*range(8), 50, 51, 52, 53, 54], "tenant")
+    # Nothing moved: no node split at 10 tokens, no hit counted, the LRU clock unchanged.
+    assert (cache._num_nodes, cache.stats(), cache.clock) == (nodes, stats, clock)
+    assert lengths == [cache.match_prefix(q).length for q in queries]
+    assert lengths == [16, 10 - 10 % page_size, 8, 0]
+    assert tenant == cache.match_prefix([*range(8), 50, 51, 52, 53, 54], "tenant").length == 12
+    cache.check_invariants()

@@ -20,6 +20,7 @@ import torch
 
 from runtime.kv_disk import KVDiskError, KVDiskStore, chunk_keys
 from runtime.kv_disk import store as store_module
+from runtime.kv_disk.staging import StagingArena
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = {"model": "abc123", "dtype": "float32", "kv_dtype": "fp32", "page_size": 16}
@@ -73,6 +74,10 @@ def test_chunk_keys_name_the_whole_prefix_and_namespace() -> None:
     assert chunk_keys(changed, CHUNK, None)[:2] == keys[:2]
     assert chunk_keys(changed, CHUNK, None)[2] != keys[2]
 
+    # Keys known for a prefix are reused and the chain goes on from the last one.
+    assert chunk_keys(tokens, CHUNK, None, known=keys[:2]) == keys
+    assert chunk_keys(tokens[: 2 * CHUNK], CHUNK, None, known=keys) == keys[:2]
+    assert chunk_keys(tokens, CHUNK, None, known=["0" * 64]) [1:] != keys[1:]  # it trusts them
     namespaces = [None, "", "a", "b", "ab", "\x00", "None"]
     firsts = {chunk_keys(tokens, CHUNK, ns)[0] for ns in namespaces}
     assert len(firsts) == len(namespaces)  # tenants never share a chunk
@@ -460,6 +465,60 @@ def test_the_write_queue_is_bounded_by_bytes(tmp_path: Path, monkeypatch) -> Non
     store.flush(timeout=30)
     assert [store.contains(k) for k in keys] == [True, True, False]
     store.close()
+
+
+def test_put_async_releases_each_payload_once_after_the_store_is_done_with_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # A payload in reused memory (the tier's staging arena) may be overwritten only after its
+    # release: never while it is queued or being written, and released however it ends.
+    writing = threading.Event()
+    go_on = threading.Event()
+    real_write = store_module._write_file
+
+    def held_write(path: Path, pieces: list) -> int:
+        writing.set()
+        go_on.wait(30)
+        return real_write(path, pieces)
+
+    monkeypatch.setattr(store_module, "_write_file", held_write)
+    payload = _payload()
+    store = _store(tmp_path, write_queue_bytes=3 * payload.nbytes)  # the one written counts
+    tokens = _tokens(4 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(4)]
+    released: list[int] = []
+    assert store.put_async(keys[0], chunks[0], _payload(0), lambda: released.append(0))
+    assert writing.wait(30)
+    assert store.put_async(keys[1], chunks[1], _payload(1), lambda: released.append(1))
+    assert store.put_async(keys[2], chunks[2], _payload(2), lambda: released.append(2))
+    assert released == []  # being written, and queued: neither is released
+    assert not store.put_async(keys[3], chunks[3], _payload(3), lambda: released.append(3))
+    assert released == [3]  # dropped (the queue is full): released before put_async returns
+    go_on.set()
+    store.flush(timeout=30)
+    assert sorted(released) == [0, 1, 2, 3]
+    for i in range(3):
+        loaded = store.get(keys[i], chunks[i])
+        assert loaded is not None and torch.equal(loaded, _payload(i))
+    assert store.put_async(keys[0], chunks[0], _payload(0), lambda: released.append(4))
+    assert released[-1] == 4  # already stored: nothing queued, released at once
+    store.close()
+    assert len(released) == 5
+
+
+def test_the_staging_arena_hands_out_free_entries_only() -> None:
+    arena = StagingArena((2, 3), torch.float32, capacity=3)
+    first = arena.take(2)
+    assert first is not None and len(set(first)) == 2
+    assert arena.take(2) is None and arena.available() == 1  # too few: nothing taken
+    second = arena.take(1)
+    assert second is not None and set(second).isdisjoint(first)
+    arena.give_back(first[1])
+    assert arena.take(1) == [first[1]]
+    assert arena.buffer.shape == (3, 2, 3)
+    with pytest.raises(ValueError, match="positive capacity"):
+        StagingArena((2, 3), torch.float32, capacity=0)
 
 
 def test_a_write_error_disables_writes_once_and_the_thread_survives(

@@ -24,6 +24,7 @@ from runtime.kv_disk import store as kv_disk_store
 from runtime.kv_disk.folder import chunk_path
 from runtime.memory_pool import KVPool
 from runtime.model_identity import model_identity
+from runtime.scheduler import disk_tier
 from runtime.scheduler.disk_tier import CHUNK_TOKENS, LoadCost, disk_manifest, open_disk_tier
 from runtime.server_args import ServerArgs
 from tests.runtime.helpers import random_prompts
@@ -119,6 +120,73 @@ def test_an_arriving_request_reads_its_chunks_ahead(
         _run(engine, [prompt])
     # Every whole chunk of the prompt (its last token is computed), hinted on arrival.
     assert hinted == [(len(prompt) - 1) // CHUNK_TOKENS]
+
+
+def test_a_request_hashes_its_chunks_once_and_hints_only_what_memory_lacks(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = _prompts()[0]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, [prompt])
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        disk = engine.scheduler.disk
+        assert disk is not None
+        held = 200  # a request that shares the prompt's first 200 tokens puts them in memory
+        _run(engine, [prompt[:held] + [7, 8, 9]])
+        hashed: list[int] = []  # chunks hashed, per call
+        hinted: list[list[str]] = []
+        real_keys, real_read_ahead = disk_tier.chunk_keys, disk.store.read_ahead
+
+        def counting_keys(token_ids: Any, size: int, salt: Any, known: Any = ()) -> list[str]:
+            keys = real_keys(token_ids, size, salt, known)
+            hashed.append(len(keys) - len(known))
+            return keys
+
+        def recording(keys: list[str]) -> int:
+            hinted.append(keys)
+            return real_read_ahead(keys)
+
+        monkeypatch.setattr(disk_tier, "chunk_keys", counting_keys)
+        monkeypatch.setattr(disk.store, "read_ahead", recording)
+        before = _info(engine)["kv_disk_hits_tokens"]
+        [(_, cached)] = _run(engine, [prompt])
+        loaded = _info(engine)["kv_disk_hits_tokens"] - before
+        hashed_for_request = sum(hashed)  # (the shutdown's save hashes more)
+    chunks = (len(prompt) - 1) // CHUNK_TOKENS  # its last token is computed
+    # Each chunk hashed once: on arrival, not again at admission.
+    assert hashed_for_request == chunks
+    keys = chunk_keys(np.asarray(prompt[: chunks * CHUNK_TOKENS]), CHUNK_TOKENS, None)
+    # Hinted: from the chunk where memory's 200 tokens end (its tail is loaded) to the last.
+    assert hinted == [keys[held // CHUNK_TOKENS :]]
+    assert cached == chunks * CHUNK_TOKENS and loaded == cached - held
+
+
+def test_tensor_parallel_ranks_keep_their_own_shards_and_restart_warm(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    prompts = _prompts()
+    tp = {"tp_size": 2, **POOL, **TIER}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **tp) as engine:
+        first = _run(engine, prompts + prompts)  # the second round loads what the first evicted
+        info = _info(engine)
+        engine.check_invariants()
+    assert [ids for ids, _ in first] == reference + reference
+    assert info["kv_disk_loads"] > 0
+    folders = [tmp_path / f"replica0-rank{rank}" for rank in (0, 1)]
+    for rank, folder in enumerate(folders):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert (manifest["tp_size"], manifest["tp_rank"]) == (2, rank)
+    names = [sorted(p.name for p in folder.rglob("*.kv")) for folder in folders]
+    assert names[0] == names[1] and len(names[0]) >= 4 * (384 // CHUNK_TOKENS)
+    # Rank 1 loses chunk 5 of the first prompt: that prompt's load stops there on both ranks.
+    keys = chunk_keys(np.asarray(prompts[0][:384]), CHUNK_TOKENS, None)
+    chunk_path(folders[1], keys[5]).unlink()
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **tp) as engine:
+        again = _run(engine, prompts)
+        engine.check_invariants()
+    assert [ids for ids, _ in again] == reference
+    assert again[0][1] == 5 * CHUNK_TOKENS
+    assert all(cached >= 384 for _, cached in again[1:])
 
 
 def test_other_kv_dtype_invalidates_the_tier(tiny_model_path: Path, tmp_path: Path) -> None:
