@@ -23,7 +23,6 @@ an abort of a running request is recorded then and carried out after the forward
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import random
 import time
@@ -38,6 +37,7 @@ from runtime.channels import Receiver, Sender, drain
 from runtime.cpu_features import cpu_flags
 from runtime.dry_penalty import tokenizer_breakers
 from runtime.forward_batch import ForwardBatch
+from runtime.heap import frozen_objects
 from runtime.ipc import (
     AbortRequest,
     ControlCommand,
@@ -621,7 +621,7 @@ class Scheduler:
             # Mean tokens a request gets from one forward (1.0 without drafts).
             "spec_accept_len": self.stats.generated_tokens / max(self.stats.emit_steps, 1),
             # Objects this process froze out of the garbage collector's passes (runtime/heap.py).
-            "gc_frozen_objects": gc.get_freeze_count(),
+            "gc_frozen_objects": frozen_objects(),
             **dataclasses.asdict(self.stats),
             **self.drafts.info(),
             **(self.disk.info() if self.disk is not None else NO_TIER_INFO),
