@@ -150,16 +150,19 @@ def test_ready_at_follows_branches_and_joins() -> None:
 
 
 def test_descendants_count_as_ours() -> None:
+    # Processes this one already has (a shared server's, started by another module's tests on
+    # this worker) are not the test's to kill.
+    before = _descendants()
     child = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time; "
          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"]
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 20
-        while len(found := _descendants()) < 2 and time.monotonic() < deadline:
+        while len(found := _descendants() - before) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert child.pid in found and len(found) >= 2  # the child and its own child
     finally:
-        for pid in _descendants():
+        for pid in _descendants() - before:
             os.kill(pid, signal.SIGKILL)
         child.wait()
