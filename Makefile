@@ -49,8 +49,11 @@ install-browser: $(STAMP)
 demo: install
 	$(VENV)/bin/arbor demo
 
+# Two workers, each taking whole files (module-scoped servers start once); the suite's servers
+# wait on starts and sockets as much as they compute, so two workers keep both cores busy. The
+# slowest tests are listed at the end of each run (CI's log shows where the time goes).
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 
 # The fuzz suite (tests/fuzz) for ARBOR_FUZZ_SECONDS (default 600) instead of its bounded slice.
 fuzz: install

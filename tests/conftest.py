@@ -15,6 +15,12 @@ if TYPE_CHECKING:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (`make test` runs two workers), each worker and the servers it starts get
+# their share of the cores: torch's default of a thread per core in every worker would
+# oversubscribe them (set before anything imports torch).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 if not os.path.exists("/dev/nvidia0"):
     # Without a GPU, triton kernels run under the interpreter. Set before anything imports
     # triton (transformers pulls it in through torch._dynamo during collection).
