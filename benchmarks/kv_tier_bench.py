@@ -95,6 +95,11 @@ def bench_workload(model: str, workload: Workload) -> list[dict[str, Any]]:
                 "wall_s": run.wall_s,
                 "disk_hit_tokens": info["kv_disk_hits_tokens"],
                 "disk_writes": info["kv_disk_writes"],
+                # Where the time goes besides hits: the prompt tokens computed, and how many
+                # tokens each forward step gave (a smaller pool runs fewer requests at once).
+                "computed_prompt_tokens": info["prompt_tokens"] - info["cached_tokens"],
+                "forward_steps": info["forward_steps"],
+                "tokens_per_step": info["generated_tokens"] / max(1, info["forward_steps"]),
             }
         )
     return rows
@@ -253,6 +258,9 @@ def _workloads(model: str, quick: bool, requests: int | None) -> list[dict[str, 
             "hit rate",
             "out tok/s",
             "disk tokens",
+            "computed prompt tok",
+            "steps",
+            "out tok/step",
         ],
         [
             [
@@ -264,6 +272,9 @@ def _workloads(model: str, quick: bool, requests: int | None) -> list[dict[str, 
                 r["cache_hit_rate"],
                 r["output_tokens_per_s"],
                 r["disk_hit_tokens"],
+                r["computed_prompt_tokens"],
+                r["forward_steps"],
+                r["tokens_per_step"],
             ]
             for r in rows
         ],
