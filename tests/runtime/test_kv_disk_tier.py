@@ -65,6 +65,14 @@ def _info(engine: Engine) -> dict[str, Any]:
     return engine.get_server_info()
 
 
+def _saved_prompt(model: Path, folder: Path) -> list[int]:
+    """A prompt run once by an engine on ``folder``, whose shutdown saved its chunks there."""
+    prompt = _prompts()[0]
+    with Engine(model, kv_disk_path=str(folder), **POOL, **TIER) as engine:
+        _run(engine, [prompt])
+    return prompt
+
+
 def test_evicted_prefixes_load_from_disk_with_identical_outputs(
     tier_engine: Engine, reference: list[list[int]]
 ) -> None:
@@ -103,9 +111,7 @@ def test_restart_serves_from_disk(
 def test_an_arriving_request_reads_its_chunks_ahead(
     tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prompt = _prompts()[0]
-    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
-        _run(engine, [prompt])
+    prompt = _saved_prompt(tiny_model_path, tmp_path)
     with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
         assert engine.scheduler.disk is not None
         store = engine.scheduler.disk.store
@@ -125,9 +131,7 @@ def test_an_arriving_request_reads_its_chunks_ahead(
 def test_a_request_hashes_its_chunks_once_and_hints_only_what_memory_lacks(
     tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prompt = _prompts()[0]
-    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
-        _run(engine, [prompt])
+    prompt = _saved_prompt(tiny_model_path, tmp_path)
     with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
         disk = engine.scheduler.disk
         assert disk is not None
