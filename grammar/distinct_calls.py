@@ -19,8 +19,9 @@ the tokenizer decodes them.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -87,25 +88,55 @@ class CallListScanner:
             self.must_close = False
 
 
+class ByteScanner(Protocol):
+    def feed(self, data: bytes) -> None: ...
+
+
+ScannerT = TypeVar("ScannerT", bound=ByteScanner)
+
+
+class ScannedTokens(Generic[ScannerT]):
+    """The tokens a guard's matcher accepted, read by a byte scanner; a rollback starts a new
+    scanner and reads the kept tokens again (scanners keep no history to undo). The guards
+    beside the grammar (this module's, grammar/nesting_guard.py) hold one."""
+
+    def __init__(self, token_bytes: Sequence[bytes], new_scanner: Callable[[], ScannerT]) -> None:
+        self._token_bytes = token_bytes
+        self._new_scanner = new_scanner
+        self._tokens: list[int] = []
+        self.scanner = new_scanner()
+
+    def accepted(self, token_id: int) -> None:
+        self._tokens.append(token_id)
+        if token_id < len(self._token_bytes):
+            self.scanner.feed(self._token_bytes[token_id])
+
+    def rolled_back(self, num_tokens: int) -> None:
+        """Forgets the last ``num_tokens`` tokens (the scanner reads the rest again)."""
+        if num_tokens <= 0:
+            return
+        kept = self._tokens[: len(self._tokens) - num_tokens]
+        self._tokens, self.scanner = [], self._new_scanner()
+        for token_id in kept:
+            self.accepted(token_id)
+
+
 class DistinctCallsGuard:
     """One request's guard: fed the tokens its matcher accepts, it narrows the grammar's mask
     while the list must end. Not thread-safe, as the matcher it sits beside."""
 
     def __init__(self, token_bytes: Sequence[bytes], masks: GuardMasks) -> None:
-        self._token_bytes = token_bytes
         self._masks = masks
-        self._tokens: list[int] = []
-        self._scanner = CallListScanner()
+        self._scan = ScannedTokens(token_bytes, CallListScanner)
 
     def accepted(self, token_id: int) -> None:
-        self._tokens.append(token_id)
-        if token_id < len(self._token_bytes):
-            self._scanner.feed(self._token_bytes[token_id])
+        self._scan.accepted(token_id)
 
     def _mask(self) -> torch.Tensor | None:
-        if self._scanner.must_close:
+        scanner = self._scan.scanner
+        if scanner.must_close:
             return self._masks.no_separator
-        return self._masks.no_close_then_separator if self._scanner.may_repeat else None
+        return self._masks.no_close_then_separator if scanner.may_repeat else None
 
     def refuses(self, token_id: int) -> bool:
         """Whether ``token_id`` is masked here (the grammar may still allow it)."""
@@ -117,12 +148,7 @@ class DistinctCallsGuard:
 
     def rolled_back(self, num_tokens: int) -> None:
         """Forgets the last ``num_tokens`` tokens (the scanner reads the rest again)."""
-        if num_tokens <= 0:
-            return
-        kept = self._tokens[: len(self._tokens) - num_tokens]
-        self._tokens, self._scanner = [], CallListScanner()
-        for token_id in kept:
-            self.accepted(token_id)
+        self._scan.rolled_back(num_tokens)
 
     def restrict(self, bitmask: torch.Tensor, row: int) -> None:
         """Narrows the filled ``bitmask[row]``: no ``,`` after a repeated call."""

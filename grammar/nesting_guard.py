@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grammar.distinct_calls import packed_without
+from grammar.distinct_calls import ScannedTokens, packed_without
 
 _WHITESPACE = b" \t\n\r"
 _OPENERS = b"{["
@@ -193,25 +193,17 @@ class NestingGuard:
 
     def __init__(self, vocabulary: NestingVocabulary) -> None:
         self._vocabulary = vocabulary
-        self._tokens: list[int] = []
-        self._scanner = NestingScanner()
+        self._scan = ScannedTokens(vocabulary.token_bytes, NestingScanner)
 
     def accepted(self, token_id: int) -> None:
-        self._tokens.append(token_id)
-        if token_id < len(self._vocabulary.token_bytes):
-            self._scanner.feed(self._vocabulary.token_bytes[token_id])
+        self._scan.accepted(token_id)
 
     def rolled_back(self, num_tokens: int) -> None:
         """Forgets the last ``num_tokens`` tokens (the scanner reads the rest again)."""
-        if num_tokens <= 0:
-            return
-        kept = self._tokens[: len(self._tokens) - num_tokens]
-        self._tokens, self._scanner = [], NestingScanner()
-        for token_id in kept:
-            self.accepted(token_id)
+        self._scan.rolled_back(num_tokens)
 
     def _refused(self) -> frozenset[int]:
-        scanner = self._scanner
+        scanner = self._scan.scanner
         if scanner.must_close_list():
             return self._vocabulary.separators
         refused = self._vocabulary.close_then_separator if scanner.may_repeat() else frozenset()
