@@ -176,9 +176,11 @@ def guard_masks(token_bytes: Sequence[bytes], words: int) -> GuardMasks:
 
 
 def packed_without(banned: list[int], words: int) -> torch.Tensor:
-    """A packed int32 mask [words] allowing every token but ``banned``."""
+    """A packed int32 mask [words] allowing every token but ``banned`` (ids past the mask, a
+    tokenizer's tokens beyond the model's vocabulary, are left out: no mask bit to clear)."""
     bits = torch.ones(words * 32, dtype=torch.int64)
-    bits[torch.tensor(banned, dtype=torch.int64)] = 0
+    inside = [i for i in banned if 0 <= i < words * 32]
+    bits[torch.tensor(inside, dtype=torch.int64)] = 0
     weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32))
     packed = (bits.view(words, 32) * weights).sum(dim=1)
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
