@@ -13,9 +13,11 @@ the log-probability of each branch's forced text after it::
 It then counts, per task, the calls each decision rule makes (ideal: every ``tool_weather``
 item, no ``no_call`` item): the key token (the shipped greedy choice), each branch's whole
 forced text summed and per-token mean, and each calibrated against the content-free requests
-(Zhao et al. 2021). Scored with the compact opening ``{"``; the aligned layout's whitespace
-before the key is not followed, so the counts screen rules and prompts, they do not replace
-quality_bench (docs/benchmarks.md, "the call-or-answer decision examined").
+(Zhao et al. 2021); and, for each weather question, the key token in the turn after the model
+called the tool and got its result (an agent loop's second request: the right move is to
+answer). Scored with the compact opening ``{"``; the aligned layout's whitespace before the key
+is not followed, so the counts screen rules and prompts, they do not replace quality_bench
+(docs/benchmarks.md, "the call-or-answer decision examined").
 
     python -m benchmarks.generic_auto_probe [--model-path PATH]   (default: the built-in model)
 """
@@ -34,6 +36,7 @@ from runtime.model_files import builtin_model_path
 from runtime.server.generic_tools import ReplyEnvelope, generic_messages
 
 CONTENT_FREE = ("N/A", "", "[MASK]")
+AFTER = "tool_weather, after the result"  # the turn after the call and its result
 TASKS = ("tool_weather", "no_call")
 
 
@@ -47,11 +50,22 @@ def branch_texts(tool: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def prompt_text(tokenizer: Any, task: Task, user: str) -> str:
-    """The prompt the server renders for ``user`` under auto with ``task``'s tool."""
+def prompt_text(tokenizer: Any, task: Task, user: str, city: str | None = None) -> str:
+    """The prompt the server renders for ``user`` under auto with ``task``'s tool; with
+    ``city``, for the turn after the model called the tool for that city and got its result
+    (an agent loop's second request)."""
     tools = [{"type": "function", "function": task.tool}]
     envelope = ReplyEnvelope(parallel=False)
-    messages = generic_messages([{"role": "user", "content": user}], tools, envelope=envelope)
+    conversation: list[dict[str, Any]] = [{"role": "user", "content": user}]
+    if city is not None:
+        assert task.tool is not None
+        call = {"name": task.tool["name"], "arguments": json.dumps({"city": city})}
+        result = {"city": city, "temperature_c": 21, "conditions": "sunny"}
+        conversation += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "function": call}]},
+            {"role": "tool", "tool_call_id": "c0", "content": json.dumps(result)},
+        ]
+    messages = generic_messages(conversation, tools, envelope=envelope)
     return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
 
@@ -116,9 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             for item in tasks[name].items
         ]
         cases += [("content-free", repr(u), tasks["no_call"], u) for u in CONTENT_FREE]
+        weather = tasks["tool_weather"]
+        # Ids of their own: the rules' scores are keyed by id.
+        after = {f"after-{item.id}": str(item.answer["city"]) for item in weather.items}
+        cases += [
+            (AFTER, f"after-{item.id}", weather, weather.user_message(item))
+            for item in weather.items
+        ]
         prompts = []
-        for _, _, task, user in cases:
-            text = prompt_text(tokenizer, task, user)
+        for name, item_id, task, user in cases:
+            text = prompt_text(tokenizer, task, user, after[item_id] if name == AFTER else None)
             assert task.tool is not None  # both tasks offer a tool
             prompts += [(text, branch) for branch in branch_texts(task.tool).values()]
         scored = branch_logprobs(engine, prompts)
@@ -130,9 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     table = decisions(rows)
     print_table(["rule", "tool_weather calls", "no_call calls", "threshold"], table)
-    for task in (*TASKS, "content-free"):
+    for task in (*TASKS, "content-free", AFTER):
         key = [r["call"][1] - r["answer"][1] for r in rows if r["task"] == task]
-        print(f"{task}: mean key log-odds (call - answer) {statistics.mean(key):+.2f}")
+        calls = sum(k > 0 for k in key)
+        print(
+            f"{task}: mean key log-odds (call - answer) {statistics.mean(key):+.2f}, "
+            f"key token calls {calls}/{len(key)}"
+        )
     write_json("generic_auto_probe", {"rules": table, "rows": rows}, args.out)
     return 0
 

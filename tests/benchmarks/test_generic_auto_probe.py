@@ -33,3 +33,24 @@ def test_each_rule_counts_the_calls_it_would_make():
     assert table["whole forced text, per-token mean"] == ["1/2", "1/1", 0.0]
     # content-free key log-odds: -0.5 - -2.0 = 1.5; w0's is 1.0, n0's 2.8
     assert table["key token, calibrated"] == ["0/2", "1/1", 1.5]
+
+
+class _Template:
+    """A tokenizer whose chat template writes each turn as ``role: content``."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):  # noqa: ANN001
+        return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+
+
+def test_prompt_after_a_result_holds_the_call_and_its_result():
+    """The agent loop's second request: the call as the envelope writes it, then its result."""
+    from benchmarks.generic_auto_probe import prompt_text
+    from benchmarks.quality_tasks import load_tasks
+
+    task = load_tasks(["tool_weather"])[0]
+    first = prompt_text(_Template(), task, "Weather in Oslo?")
+    after = prompt_text(_Template(), task, "Weather in Oslo?", city="Oslo")
+    assert after.startswith(first.removesuffix("\nassistant:"))
+    call = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}'
+    assert f"assistant: {call}" in after
+    assert 'Result of tool get_weather: {"city": "Oslo"' in after
