@@ -145,17 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         scored = branch_logprobs(engine, prompts)
     finally:
         engine.shutdown()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"task": name, "id": item_id, "call": scored[2 * i], "answer": scored[2 * i + 1]}
         for i, (name, item_id, _, _) in enumerate(cases)
     ]
     table = decisions(rows)
     print_table(["rule", "tool_weather calls", "no_call calls", "threshold"], table)
-    for task in (*TASKS, "content-free", AFTER):
-        key = [r["call"][1] - r["answer"][1] for r in rows if r["task"] == task]
+    for group in (*TASKS, "content-free", AFTER):
+        key = [r["call"][1] - r["answer"][1] for r in rows if r["task"] == group]
         calls = sum(k > 0 for k in key)
         print(
-            f"{task}: mean key log-odds (call - answer) {statistics.mean(key):+.2f}, "
+            f"{group}: mean key log-odds (call - answer) {statistics.mean(key):+.2f}, "
             f"key token calls {calls}/{len(key)}"
         )
     write_json("generic_auto_probe", {"rules": table, "rows": rows}, args.out)
