@@ -28,7 +28,7 @@ from runtime.scale_out.front import STARTUP_TIMEOUT_S, ReplicaSet, RoutedTokeniz
 from runtime.scale_out.replica import node_address
 from runtime.scale_out.routing import Router, RouterConfig
 from runtime.server.http_app import create_app
-from runtime.server.http_protocol import StopSignal, uvicorn_config
+from runtime.server.http_protocol import StopSignal, bound_port, uvicorn_config
 from runtime.server.state import ServerState
 from runtime.server_args import ServerArgs
 
@@ -118,8 +118,8 @@ async def _serve(
         args = state.args
         freeze_startup_heap("router front", args)
         logger.info(
-            "ready: %s at http://%s:%d, %d replicas", args.model_name, args.host, args.port,
-            args.dp_size,
+            "ready: %s at http://%s:%d, %d replicas", args.model_name, args.host,
+            bound_port(server, args.port), args.dp_size,
         )  # fmt: skip
 
     startup = asyncio.create_task(bring_up())

@@ -100,3 +100,13 @@ class StopSignal:
         self.signum = signum
         if self.server is not None:
             self.server.should_exit = True
+
+
+def bound_port(server: uvicorn.Server, asked: int) -> int:
+    """The port ``server`` listens on: the one the OS chose for ``--port 0``."""
+    for listener in getattr(server, "servers", None) or []:
+        for sock in getattr(listener, "sockets", None) or []:
+            name = sock.getsockname()
+            if isinstance(name, tuple) and len(name) >= 2:
+                return int(name[1])
+    return asked

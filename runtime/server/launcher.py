@@ -34,7 +34,7 @@ from runtime.heap import freeze_startup_heap
 from runtime.model_config import ModelConfig
 from runtime.model_files import locate_model
 from runtime.server.http_app import create_app
-from runtime.server.http_protocol import StopSignal, uvicorn_config
+from runtime.server.http_protocol import StopSignal, bound_port, uvicorn_config
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
 from runtime.server.state import ServerState
 from runtime.server_args import ServerArgs
@@ -149,7 +149,8 @@ class _Supervisor:
                 announced = True
                 args = self.state.args
                 freeze_startup_heap("server process", args)
-                logger.info("ready: %s at http://%s:%d", args.model_name, args.host, args.port)
+                port = bound_port(server, args.port)
+                logger.info("ready: %s at http://%s:%d", args.model_name, args.host, port)
 
     def _fail(self, server: uvicorn.Server, message: str) -> None:
         logger.error("%s; shutting down", message)
