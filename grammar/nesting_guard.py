@@ -251,9 +251,10 @@ class NestingVocabulary:
 
     def packed_without(self, refused: frozenset[int], words: int) -> torch.Tensor:
         """The packed int32 mask [words] allowing every token but ``refused``, built once per
-        refused set (a guard refuses the same few sets step after step; building one costs
-        ~0.8 ms for a 49K vocabulary, on the scheduler thread). Shared by the backend's
-        guards, read-only."""
+        refused set (a guard refuses the same few sets step after step; building one took
+        0.08 ms for SmolLM2's 49K vocabulary on a quiet 2-core VM, 0.8 ms under load, on the
+        scheduler thread; a cached one 0.02 ms a restrict). Shared by the backend's guards,
+        read-only."""
         key = (refused, words)
         with self._masks_lock:
             mask = self._masks.get(key)
