@@ -72,8 +72,9 @@ class GrammarSpec:
         constraint is given or it is invalid.
 
         A ``structural_tag`` of the form ``{"tools": [...], "mode": "required"|"named"|"auto",
-        "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral", "answer": schema}``
-        ("format" optional, hermes by default; "answer" optional) is the tool-call constraint
+        "name": ..., "parallel": bool, "format": "hermes"|"llama3"|"mistral", "answer": schema,
+        "branch": "call"|"answer"}`` ("format" optional, hermes by default; "answer" and
+        "branch" optional) is the tool-call constraint
         (``for_tool_calls``) the OpenAI layer sends for tool_choice required/named, or auto
         with a response format; any other is an xgrammar tag.
         """
@@ -105,6 +106,7 @@ class GrammarSpec:
                 options,
                 value.get("format", "hermes"),
                 value.get("answer"),
+                value.get("branch"),
             )
         factory = {
             "json_schema": cls.for_json_schema,
@@ -182,6 +184,7 @@ class GrammarSpec:
         options: GrammarOptions | None = None,
         format: str = "hermes",
         answer: Any = None,
+        branch: str | None = None,
     ) -> GrammarSpec:
         """Tool calls in ``format`` (a ``grammar.tool_call_formats`` name; hermes:
         ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks).
@@ -195,6 +198,8 @@ class GrammarSpec:
         exactly one. Each parameters schema is checked as a JSON schema. answer: a JSON schema
         the output may satisfy instead of calling tools (tool_choice "auto" with a response
         format; ``{"type": "object"}`` for JSON mode), checked like ``for_json_schema``.
+        branch: with mode "auto", "call" or "answer" holds the envelope to that side (the
+        server decided which: ``runtime.server.tool_decision``); None leaves both.
         """
         options = options or GrammarOptions()
         get_format(format)
@@ -213,8 +218,14 @@ class GrammarSpec:
             "parallel": bool(parallel),
             "format": format,
         }
+        if branch is not None and (mode != "auto" or branch not in ("call", "answer")):
+            raise GrammarError(
+                f"tool-call branch {branch!r}: only mode 'auto' takes one, 'call' or 'answer'"
+            )
         if mode == "auto":
             payload["envelope"] = True
+        if branch is not None:
+            payload["branch"] = branch
         if answer is not None:
             parsed = parse_schema(answer)
             check_nesting(parsed, "json_schema")

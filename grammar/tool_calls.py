@@ -107,10 +107,12 @@ def reply_envelope_ebnf(
     best_effort: bool,
     layout: JsonLayout,
     answer: Mapping[str, Any] | None = None,
+    branch: str | None = None,
 ) -> tuple[str, str]:
     """(EBNF text, start rule) for a whole reply that is one JSON object choosing between
     calling tools and answering (tool_choice "auto" in the ``generic`` format, whose prompt
-    describes it: ``runtime.server.generic_tools``)::
+    describes it: ``runtime.server.generic_tools``); ``branch`` "call" or "answer" holds it to
+    that side alone (the server decided: ``runtime.server.tool_decision``)::
 
         {"tool_call": {"name": NAME, "arguments": ARGS}}          (without ``parallel``)
         {"tool_calls": [{"name": NAME, "arguments": ARGS}, ...]}  (with ``parallel``)
@@ -144,7 +146,7 @@ def reply_envelope_ebnf(
     body = json_schema_ebnf(dict(answer or {"type": "string"}), best_effort, layout)
     rules.append(_prefixed_rules(body, _ANSWER_PREFIX))
     response = _sequence(_literal('"response":'), space, f"{_ANSWER_PREFIX}root")
-    choice = f"(({calls}) | ({response}))"
+    choice = {"call": calls, "answer": response}.get(branch or "", f"(({calls}) | ({response}))")
     rules.append(f"{ROOT_RULE} ::= {_sequence(_literal('{'), ws, choice, ws, _literal('}'))}")
     return "\n".join(rules), ROOT_RULE
 

@@ -238,6 +238,7 @@ class XGrammarBackend(GrammarBackend):
                 options.best_effort,
                 options.json_layout,
                 payload.get("answer"),
+                payload.get("branch"),
             )
         return tool_calls_ebnf(
             payload["tools"],

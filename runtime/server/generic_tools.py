@@ -21,7 +21,8 @@ JSON object, a list inside the tags, longer instructions, an example, the user t
 model call at all. So under ``auto`` the reply is constrained to the ``ReplyEnvelope``, one
 JSON object that either calls or answers, and the last line of the system text describes that
 instead (as llama.cpp does for templates without tool syntax); a request with a grammar of its
-own keeps the free reply.
+own keeps the free reply. Which side of the envelope the reply takes, the server decides by
+default from how likely the model finds each tool's name (``runtime.server.tool_decision``).
 
 Earlier turns are rendered for such a template too: an assistant turn's calls become its
 text, in the call syntax (with the arguments string as the client sent it, so a re-sent turn
@@ -97,11 +98,15 @@ class ReplyEnvelope:
     ``{"tool_calls": [CALL, ...]}``) or ``{"response": ANSWER}``, ANSWER a string
     (``text_answer``) or JSON in the request's response format. ``constrained``: whether the
     grammar holds the reply to it; a free reply (the request's ``reply_envelope: "free"``)
-    gets the same prompt and the same reader, and whatever the model writes."""
+    gets the same prompt and the same reader, and whatever the model writes. ``scored``: the
+    server decides between calling and answering by the tool names' scores and holds the
+    grammar to that side (``runtime.server.tool_decision``; the request's ``reply_envelope:
+    "scored"``, the default); otherwise a constrained reply's key is the model's own pick."""
 
     parallel: bool
     text_answer: bool = True
     constrained: bool = True
+    scored: bool = False
 
     @property
     def calls_key(self) -> str:
@@ -130,9 +135,11 @@ class ReplyEnvelope:
 
 
 def reply_envelope(parallel: bool, text_answer: bool, mode: str | None) -> ReplyEnvelope:
-    """The envelope of a request whose ``reply_envelope`` field is ``mode`` ("constrained",
-    the default, or "free"). A free reply cannot promise a response format (only the grammar
-    could hold an answer to it): ApiError 400 naming the field."""
+    """The envelope of a request whose ``reply_envelope`` field is ``mode``: "scored" (the
+    default: the server decides call or answer, ``runtime.server.tool_decision``),
+    "constrained" (the grammar holds the reply to the envelope and the model picks its key) or
+    "free". A free reply cannot promise a response format (only the grammar could hold an
+    answer to it): ApiError 400 naming the field."""
     if mode == "free" and not text_answer:
         raise ApiError(
             400,
@@ -140,7 +147,9 @@ def reply_envelope(parallel: bool, text_answer: bool, mode: str | None) -> Reply
             'response format: drop the format or use "constrained"',
             param="reply_envelope",
         )
-    return ReplyEnvelope(parallel, text_answer, constrained=mode != "free")
+    return ReplyEnvelope(
+        parallel, text_answer, constrained=mode != "free", scored=mode in (None, "scored")
+    )
 
 
 def generic_system_text(

@@ -91,7 +91,15 @@ async def create_message(request: Request) -> Response:
     name = next(iter(turn.names)) if turn.mode == "named" else None
     fmt = state.tool_call_format
     envelope = turn.envelope is not None and turn.envelope.constrained
-    constraints = turn_constraint(callable_tools, turn.mode, name, parallel, fmt, answer, envelope)
+    branch = None
+    if envelope and turn.envelope is not None:  # the server decides call or answer
+        names = [f["name"] for f in callable_tools]
+        branch = await state.tool_decider.decide(
+            state, turn.ids, names, turn.envelope, body.cache_salt
+        )
+    constraints = turn_constraint(
+        callable_tools, turn.mode, name, parallel, fmt, answer, envelope, branch
+    )
     sampling = _sampling(state, body, constraints)
     run = MessageRun(new_message(state.args.model_name), list(body.stop_sequences or []))
     if turn.mode != "none" and turn.functions:

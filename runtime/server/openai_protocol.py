@@ -60,7 +60,7 @@ STRICT_MODEL = ConfigDict(extra="forbid", populate_by_name=True, strict=True, al
 # tool_choice "auto" in the generic tool format (chat, Responses, Messages): "constrained" (the
 # default: a grammar holds the reply to the envelope its prompt describes) or "free" (the same
 # prompt, no constraint; the reply is read as an envelope where it is one).
-ReplyEnvelopeMode = Literal["constrained", "free"]
+ReplyEnvelopeMode = Literal["scored", "constrained", "free"]
 
 
 class DryFields(BaseModel):

@@ -103,6 +103,14 @@ async def create_response(request: Request) -> Response:
         variables,
         envelope,
     )
+    if held and envelope is not None:  # the server decides call or answer (tool_decision)
+        allowed = [f["name"] for f in functions if f["name"] in names]
+        branch = await state.tool_decider.decide(
+            state, prompt.ids, allowed, envelope, body.cache_salt
+        )
+        if branch is not None:
+            fmt_name = state.tool_call_format
+            constraints = _constraints(body, functions, choice, names, fmt_name, held, branch)
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []
     )
@@ -267,14 +275,16 @@ def _constraints(
     names: set[str],
     call_format: str,
     envelope: bool = False,
+    branch: str | None = None,
 ) -> dict[str, Any]:
     """The turn's constraint (``turn_constraint``) with ``text.format`` as the answer's;
-    ``envelope``: the generic format's reply envelope under auto."""
+    ``envelope``: the generic format's reply envelope under auto, held to ``branch`` when the
+    server decided (``runtime.server.tool_decision``)."""
     allowed = [f for f in functions if f["name"] in names]
     parallel = body.parallel_tool_calls and _max_calls(body) != 1
     name = next(iter(names)) if choice == "named" else None
     answer = {} if choice in ("required", "named") else _answer_format(body)
-    return turn_constraint(allowed, choice, name, parallel, call_format, answer, envelope)
+    return turn_constraint(allowed, choice, name, parallel, call_format, answer, envelope, branch)
 
 
 def _answer_format(body: ResponsesRequest) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from runtime.server.request_body import read_json
 from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
 from runtime.server.tool_call_formats import resolve_format
+from runtime.server.tool_decision import ToolDecider
 from runtime.server.tracing import SpanSink, open_span_sink
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import RequestOutput, TokenizerManager
@@ -56,6 +57,8 @@ class ServerState:
         self.generated_turns = GeneratedTurns(self.tokenizer)
         self._role_blocks: dict[str, Any] | None = None
         self.generation = ValidatedGeneration(self.tokenizer_manager, self.args)
+        # The generic format's call-or-answer decision under auto (calibrated on first use).
+        self.tool_decider = ToolDecider()
         # Where request spans go with --otlp-traces-endpoint (None: tracing is off).
         self.tracing: SpanSink | None = open_span_sink(self.args.otlp_traces_endpoint)
         self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)

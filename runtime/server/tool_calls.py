@@ -72,22 +72,28 @@ def tool_call_constraint(
     parallel: bool = True,
     fmt: str = "hermes",
     answer: dict[str, Any] | None = None,
+    branch: str | None = None,
 ) -> dict[str, Any]:
     """The ``structural_tag`` sampling parameter for tool_choice "required" (any of ``tools``)
     or "named" (only ``name``): calls in format ``fmt`` whose arguments validate against the
     tool's parameters schema — one or more with ``parallel``, exactly one without. ``tools``
     are OpenAI function definitions ``{"name", "parameters", ...}``. ``answer``: a JSON schema
-    the output may satisfy instead (``calls_or_answer``)."""
-    return {
-        "tools": [
-            {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
-            for tool in tools
-        ],
-        "mode": mode,
-        "name": name,
-        "parallel": parallel,
-        "format": canonical_format(fmt),
-    } | ({} if answer is None else {"answer": answer})
+    the output may satisfy instead (``calls_or_answer``). ``branch``: the side of a reply
+    envelope the server decided on (``runtime.server.tool_decision``)."""
+    return (
+        {
+            "tools": [
+                {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
+                for tool in tools
+            ],
+            "mode": mode,
+            "name": name,
+            "parallel": parallel,
+            "format": canonical_format(fmt),
+        }
+        | ({} if answer is None else {"answer": answer})
+        | ({} if branch is None else {"branch": branch})
+    )
 
 
 def calls_or_answer(
@@ -96,6 +102,7 @@ def calls_or_answer(
     fmt: str,
     answer: dict[str, Any],
     envelope: bool = False,
+    branch: str | None = None,
 ) -> dict[str, Any] | None:
     """tool_choice "auto" with a response format (``answer``: the ``json_schema`` or
     ``json_object`` sampling param, or empty for text): the ``structural_tag`` that lets the
@@ -103,12 +110,15 @@ def calls_or_answer(
     tool or no format (the output is then free, or the format alone). ``envelope`` (the
     ``generic`` format only): the reply envelope instead
     (``runtime.server.generic_tools.ReplyEnvelope``), calls or a response, the response a
-    string when there is no format."""
+    string when there is no format; ``branch`` ("call" or "answer") holds it to the side the
+    server decided on (``runtime.server.tool_decision``)."""
     if not tools:
         return None
     if envelope:
         schema = answer.get("json_schema") or ({"type": "object"} if answer else None)
-        return tool_call_constraint(tools, "auto", parallel=parallel, fmt=fmt, answer=schema)
+        return tool_call_constraint(
+            tools, "auto", parallel=parallel, fmt=fmt, answer=schema, branch=branch
+        )
     if not answer:
         return None
     schema = answer.get("json_schema") or {"type": "object"}
@@ -123,15 +133,17 @@ def turn_constraint(
     fmt: str,
     answer: dict[str, Any],
     envelope: bool = False,
+    branch: str | None = None,
 ) -> dict[str, Any]:
     """The sampling params that constrain one turn, ``mode`` being the tool choice (none,
     auto, required or named: ``name``) over ``tools`` and ``answer`` the answer format's
     params (``json_schema`` / ``json_object``, or empty): forced calls (the format is for a
     later turn), calls or an answer in the format (auto; ``envelope``: the generic format's
-    reply envelope), or the format alone."""
+    reply envelope, held to ``branch`` when the server decided), or the format alone."""
     if mode in ("required", "named"):
         return {"structural_tag": tool_call_constraint(tools, mode, name, parallel, fmt)}
-    tag = calls_or_answer(tools, parallel, fmt, answer, envelope) if mode == "auto" else None
+    auto = mode == "auto"
+    tag = calls_or_answer(tools, parallel, fmt, answer, envelope, branch) if auto else None
     return answer if tag is None else {"structural_tag": tag}
 
 

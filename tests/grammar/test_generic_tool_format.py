@@ -120,3 +120,22 @@ def test_auto_envelope_parallel_and_answer_format(service: GrammarService, token
 def test_auto_envelope_is_the_generic_format_only():
     with pytest.raises(GrammarError, match="reply envelope"):
         GrammarSpec.for_tool_calls(TOOLS, "auto", format="hermes")
+
+
+def test_auto_envelope_held_to_the_decided_branch(service: GrammarService, tokenizer: Any):
+    """The server's decision (runtime/server/tool_decision.py) holds the envelope to one side;
+    the structural tag carries it, and only mode auto takes one."""
+    call = _envelope(("get_weather", '{"city": "Oslo"}'))
+    answer = '{"response": "It is sunny."}'
+    for branch, admitted, refused in (("call", call, answer), ("answer", answer, call)):
+        tag = {"tools": TOOLS, "mode": "auto", "parallel": False, "format": "generic"}
+        spec = GrammarSpec.from_sampling_params({"structural_tag": tag | {"branch": branch}})
+        assert spec is not None
+        assert _admits(service, spec, tokenizer, admitted), branch
+        assert not _admits(service, spec, tokenizer, refused), branch
+    parallel = GrammarSpec.for_tool_calls(TOOLS, "auto", format="generic", branch="call")
+    two = _envelope(("get_weather", '{"city": "Rome"}'), ("get_population", "{}"), key="tool_calls")
+    assert _admits(service, parallel, tokenizer, two)
+    for mode, branch in (("required", "call"), ("auto", "maybe")):
+        with pytest.raises(GrammarError, match="branch"):
+            GrammarSpec.for_tool_calls(TOOLS, mode, format="generic", branch=branch)

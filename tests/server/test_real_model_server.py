@@ -130,3 +130,42 @@ def test_required_tool_call_in_the_generic_format(
     [call] = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_auto_calls_for_a_tool_question_and_answers_the_rest(
+    real_server: ServerProcess, real_client: openai.OpenAI
+) -> None:
+    """Under auto the server scores the tool's name and holds the generic envelope to a call
+    or an answer (runtime/server/tool_decision.py): SmolLM2 left to pick the envelope's key
+    calls on nearly every request; scored, a weather question calls and the others answer."""
+    tool: Any = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    model = real_client.models.list().data[0].id
+
+    def reply(question: str) -> Any:
+        return real_client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": question}],
+            tools=[tool],
+            tool_choice="auto",
+            parallel_tool_calls=False,
+            max_tokens=48,
+            temperature=0,
+        ).choices[0]
+
+    weather = reply("What is the weather like in Oslo right now?")
+    assert weather.finish_reason == "tool_calls" and weather.message.tool_calls
+    assert json.loads(weather.message.tool_calls[0].function.arguments) == {"city": "Oslo"}
+    for question in ("Write a short poem about the moon.", "What is 15 plus 27?"):
+        answer = reply(question)
+        assert not answer.message.tool_calls and answer.message.content, question

@@ -1,0 +1,255 @@
+"""The call-or-answer decision of the ``generic`` format under tool_choice "auto", scored.
+
+Under auto a template without tool syntax replies in the reply envelope
+(``runtime.server.generic_tools.ReplyEnvelope``): ``{"tool_call": ...}`` or
+``{"response": ...}``. Left to pick the key itself, a small model picks it blind to the
+request: SmolLM2-135M-Instruct prefers the call key by about one nat on weather questions and
+on requests no tool serves alike, so it called on 28 of 32 weather questions and on 26 of 32
+requests that want an answer (docs/benchmarks.md, "the call-or-answer decision examined").
+What does follow the request is how likely the model finds a tool's *name* once a call is
+opened: log P(``get_weather"`` | the prompt, ``{"tool_call": {"name": "``) averages -7.5 nats
+on the weather questions and -12.6 on the others.
+
+So the server decides (``reply_envelope: "scored"``, the default): it scores each offered
+tool's name after the call's opening (prefill only, the prompt's KV shared with the reply
+through the radix cache) and holds the envelope to the call side when the best name scores
+above the model's threshold, else to the answer side (the grammar's ``branch``). The
+threshold is the model's own, calibrated once per server on the prompts below (written for
+this, apart from quality_bench's frozen sets: requests that need one of three tools, and
+requests that want an answer, each offered one or two of the tools): the cut between their
+scores that classifies most of them, taken when it classifies at least ``MIN_ACCURACY`` of
+them. A model whose scores do not separate them (random weights) keeps its own choice of key.
+
+The decision is the same for every sample of the request (``n``) and does not sample (the
+threshold is a cut, not a probability); a request that must call says ``required``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.sampling_params import SamplingParams
+from runtime.server.generic_tools import ReplyEnvelope, generic_messages
+
+logger = logging.getLogger(__name__)
+
+# The share of the calibration prompts a threshold must classify to be used.
+MIN_ACCURACY = 0.8
+# More offered tools than this: the model picks the key itself (one scored sequence per tool).
+MAX_SCORED_TOOLS = 32
+
+
+def call_opening(parallel: bool) -> str:
+    """The envelope's text from its start to a call's name, in the compact form the prompt
+    shows (``ReplyEnvelope.instruction``)."""
+    return '{"tool_calls": [{"name": "' if parallel else '{"tool_call": {"name": "'
+
+
+def _tool(name: str, description: str, parameter: str, about: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {
+            "type": "object",
+            "properties": {parameter: {"type": "string", "description": about}},
+            "required": [parameter],
+        },
+    }
+
+
+CALIBRATION_TOOLS = {
+    tool["name"]: tool
+    for tool in (
+        _tool("get_weather", "Get the current weather in a city.", "city", "The city name"),
+        _tool("get_time", "Get the current local time in a city.", "city", "The city name"),
+        _tool("get_population", "Look up the population of a country.", "country", "The country"),
+    )
+}
+# (request, the tools offered, whether a call is the right move)
+CALIBRATION_PROMPTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("What is the weather in Paris?", ("get_weather",), True),
+    ("Is it raining in London right now?", ("get_weather",), True),
+    ("How hot is it in Tokyo today?", ("get_weather",), True),
+    ("Tell me the weather forecast for Berlin.", ("get_weather",), True),
+    ("I am flying to Madrid. What's the weather like there?", ("get_weather",), True),
+    ("What time is it in Sydney?", ("get_time",), True),
+    ("Can you tell me the local time in Chicago?", ("get_time",), True),
+    ("How many people live in Brazil?", ("get_population",), True),
+    ("What is the population of Canada?", ("get_population",), True),
+    ("What's the weather in Rome?", ("get_weather", "get_time"), True),
+    ("What time is it in Cairo?", ("get_weather", "get_time"), True),
+    ("Is it sunny in Lisbon?", ("get_weather", "get_time", "get_population"), True),
+    ("Name a famous painting by Van Gogh.", ("get_weather",), False),
+    ("How many days are in a leap year?", ("get_time",), False),
+    ("Write a one-sentence bedtime story about a dragon.", ("get_population",), False),
+    ("What does DNA stand for?", ("get_weather", "get_time"), False),
+    ("Is a tomato a fruit or a vegetable?", ("get_weather",), False),
+    ("Describe a sunset in five words.", ("get_time",), False),
+    ("What rhymes with 'moon'?", ("get_population",), False),
+    ("Who painted the Mona Lisa?", ("get_weather", "get_time"), False),
+    ("Recommend a board game for four players.", ("get_weather",), False),
+    ("What is 9 squared?", ("get_time",), False),
+    ("Good night, talk to you tomorrow.", ("get_population",), False),
+    ("Explain what a verb is in one sentence.", ("get_weather", "get_time"), False),
+)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A model's calibrated cut on the best tool name's score (None: unusable, the model
+    picks the key itself) and the share of the calibration prompts it classifies."""
+
+    value: float | None
+    accuracy: float
+
+
+def choose_threshold(scored: Sequence[tuple[float, bool]], min_accuracy: float) -> Threshold:
+    """The cut between ``scored`` (score, a call is right) that classifies most of them
+    ("call" above it): the median of the midpoints that tie for best. ``value`` None when the
+    best classifies fewer than ``min_accuracy`` of them, or one side has no prompt."""
+    if not scored or all(want for _, want in scored) or not any(want for _, want in scored):
+        return Threshold(None, 0.0)
+    values = sorted({score for score, _ in scored})
+    cuts = [values[0] - 1.0] + [(a + b) / 2 for a, b in zip(values, values[1:], strict=False)]
+
+    def right(cut: float) -> int:
+        return sum((score > cut) == want for score, want in scored)
+
+    best = max(right(cut) for cut in cuts)
+    accuracy = best / len(scored)
+    if accuracy < min_accuracy:
+        return Threshold(None, accuracy)
+    return Threshold(statistics.median(cut for cut in cuts if right(cut) == best), accuracy)
+
+
+class ToolDecider:
+    """One server's decisions: the threshold per envelope shape (single call or a list),
+    calibrated on first use, then a scoring pass per request."""
+
+    def __init__(self) -> None:
+        self._thresholds: dict[bool, Threshold] = {}
+        self._locks: dict[bool, asyncio.Lock] = {}
+
+    async def decide(
+        self,
+        state: Any,
+        prompt_ids: list[int],
+        tool_names: Sequence[str],
+        envelope: ReplyEnvelope,
+        cache_salt: str | None = None,
+    ) -> str | None:
+        """ "call" or "answer" for a prompt whose reply is ``envelope``, or None where the model
+        picks the key itself (no usable threshold, or more than ``MAX_SCORED_TOOLS`` tools)."""
+        if not envelope.scored or not tool_names or len(tool_names) > MAX_SCORED_TOOLS:
+            return None
+        threshold = await self.threshold(state, envelope.parallel)
+        if threshold.value is None:
+            return None
+        try:
+            score = await name_score(state, prompt_ids, tool_names, envelope.parallel, cache_salt)
+        except Exception as exc:  # e.g. no room left in the context: the reply says so itself
+            logger.debug("tool_choice auto: not scored (%s); the model picks the key", exc)
+            return None
+        return "call" if score > threshold.value else "answer"
+
+    async def threshold(self, state: Any, parallel: bool) -> Threshold:
+        """The model's threshold for this envelope shape, calibrated once."""
+        known = self._thresholds.get(parallel)
+        if known is not None:
+            return known
+        lock = self._locks.setdefault(parallel, asyncio.Lock())
+        async with lock:
+            known = self._thresholds.get(parallel)
+            if known is None:
+                try:
+                    known = await calibrate(state, parallel)
+                except Exception as exc:  # the scheduler refused the prompts: no decision
+                    logger.warning("tool_choice auto: calibration failed: %s", exc)
+                    known = Threshold(None, 0.0)
+                self._thresholds[parallel] = known
+                logger.info(
+                    "tool_choice auto (generic, %s): threshold %s, %.0f%% of the calibration "
+                    "prompts classified%s",
+                    "parallel" if parallel else "one call",
+                    "none" if known.value is None else f"{known.value:.2f}",
+                    100 * known.accuracy,
+                    "" if known.value is not None else "; the model picks the key itself",
+                )
+        return known
+
+
+async def calibrate(state: Any, parallel: bool) -> Threshold:
+    """Score the calibration prompts as the server renders them and choose the threshold."""
+    tokenizer = state.tokenizer
+    envelope = ReplyEnvelope(parallel)
+
+    def render(user: str, names: Sequence[str]) -> list[int]:
+        tools = [{"type": "function", "function": CALIBRATION_TOOLS[n]} for n in names]
+        messages = generic_messages([{"role": "user", "content": user}], tools, envelope=envelope)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(str(text), add_special_tokens=False).input_ids)
+
+    prompts = [
+        await state.tokenizer_manager.run_tokenizer(
+            lambda user=user, names=names: render(user, names), "tool calibration"
+        )
+        for user, names, _ in CALIBRATION_PROMPTS
+    ]
+    scores = await asyncio.gather(
+        *(
+            name_score(state, ids, names, parallel)
+            for ids, (_, names, _) in zip(prompts, CALIBRATION_PROMPTS, strict=True)
+        )
+    )
+    wanted = [want for _, _, want in CALIBRATION_PROMPTS]
+    return choose_threshold(list(zip(scores, wanted, strict=True)), MIN_ACCURACY)
+
+
+async def name_score(
+    state: Any,
+    prompt_ids: list[int],
+    tool_names: Sequence[str],
+    parallel: bool,
+    cache_salt: str | None = None,
+) -> float:
+    """The best of ``tool_names``' log-probabilities after the prompt and the call's opening:
+    log P(opening + name + '"') - log P(opening), each read as prompt logprobs of one
+    prefill-only request (the prompt's KV cached once, under ``cache_salt``)."""
+    tokenizer = state.tokenizer
+    opening = call_opening(parallel)
+
+    def encode() -> list[list[int]]:
+        texts = [opening, *(f'{opening}{name}"' for name in tool_names)]
+        return [list(tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
+
+    continuations = await state.tokenizer_manager.run_tokenizer(encode, "tools")
+    sums = await asyncio.gather(
+        *(_continuation_logprob(state, prompt_ids, ids, cache_salt) for ids in continuations)
+    )
+    return max(total - sums[0] for total in sums[1:])
+
+
+_SCORING = SamplingParams(max_new_tokens=1, temperature=0.0)
+
+
+async def _continuation_logprob(
+    state: Any, prompt_ids: list[int], continuation: list[int], cache_salt: str | None
+) -> float:
+    ids = prompt_ids + continuation
+    final = None
+    async for output in state.tokenizer_manager.generate(
+        ids,
+        _SCORING,
+        return_logprob=True,
+        logprob_start_len=len(prompt_ids),
+        stream=False,
+        cache_salt=cache_salt,
+    ):
+        final = output
+    entries = (final.input_logprobs if final is not None else None) or []
+    return float(sum(entry[0] for entry in entries[-len(continuation) :] if entry[0] is not None))
