@@ -14,6 +14,7 @@ Anthropic's shape (``errors``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,16 +92,18 @@ async def create_message(request: Request) -> Response:
     name = next(iter(turn.names)) if turn.mode == "named" else None
     fmt = state.tool_call_format
     envelope = turn.envelope is not None and turn.envelope.constrained
-    branch = None
+    constraints = turn_constraint(callable_tools, turn.mode, name, parallel, fmt, answer, envelope)
+    sampling = _sampling(state, body, constraints)
     if envelope and turn.envelope is not None:  # the server decides call or answer
         names = [f["name"] for f in callable_tools]
         branch = await state.tool_decider.decide(
             state, turn.ids, names, turn.envelope, body.cache_salt
         )
-    constraints = turn_constraint(
-        callable_tools, turn.mode, name, parallel, fmt, answer, envelope, branch
-    )
-    sampling = _sampling(state, body, constraints)
+        if branch is not None:
+            decided = turn_constraint(
+                callable_tools, turn.mode, name, parallel, fmt, answer, envelope, branch
+            )
+            sampling = dataclasses.replace(sampling, structural_tag=decided["structural_tag"])
     run = MessageRun(new_message(state.args.model_name), list(body.stop_sequences or []))
     if turn.mode != "none" and turn.functions:
         forced = turn.mode in ("required", "named")

@@ -10,6 +10,7 @@ OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import uuid
@@ -160,21 +161,25 @@ async def chat_completions(request: Request) -> Response:
     envelope = None
     if tools_on and choice == "auto" and fmt == GENERIC_FORMAT and not own_grammar:
         envelope = reply_envelope(body.parallel_tool_calls, not answer, body.reply_envelope)
-    text, ids = await _chat_prompt(state, body, tools_on, envelope)
     tag = forced
+    held = False
     if choice == "auto":
-        parallel = body.parallel_tool_calls
         held = envelope is not None and envelope.constrained
-        branch = None
-        if held and envelope is not None:
-            names = [f["name"] for f in functions]
-            branch = await state.tool_decider.decide(state, ids, names, envelope, body.cache_salt)
-        tag = calls_or_answer(functions, parallel, fmt, answer, held, branch)
+        tag = calls_or_answer(functions, body.parallel_tool_calls, fmt, answer, held)
     constraints = answer if tag is None else {"structural_tag": tag}
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
     sampling = _sampling(state, body, max_tokens, constraints)
+    text, ids = await _chat_prompt(state, body, tools_on, envelope)
+    if held and envelope is not None:  # the server decides call or answer (tool_decision)
+        names = [f["name"] for f in functions]
+        branch = await state.tool_decider.decide(state, ids, names, envelope, body.cache_salt)
+        if branch is not None:
+            decided = calls_or_answer(
+                functions, body.parallel_tool_calls, fmt, answer, held, branch
+            )
+            sampling = dataclasses.replace(sampling, structural_tag=decided)
     ctx = _context(state, body, "chatcmpl", sampling.n)
     reasoning = state.args.reasoning_parser
     if reasoning is not None:

@@ -14,6 +14,7 @@ and ``reasoning.effort: "none"`` (``enable_thinking: false``) reach the chat tem
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -103,14 +104,6 @@ async def create_response(request: Request) -> Response:
         variables,
         envelope,
     )
-    if held and envelope is not None:  # the server decides call or answer (tool_decision)
-        allowed = [f["name"] for f in functions if f["name"] in names]
-        branch = await state.tool_decider.decide(
-            state, prompt.ids, allowed, envelope, body.cache_salt
-        )
-        if branch is not None:
-            fmt_name = state.tool_call_format
-            constraints = _constraints(body, functions, choice, names, fmt_name, held, branch)
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []
     )
@@ -124,6 +117,15 @@ async def create_response(request: Request) -> Response:
         want_logprobs=logprobs,
     )
     sampling = _sampling(state, body, constraints)
+    if held and envelope is not None:  # the server decides call or answer (tool_decision)
+        allowed = [f["name"] for f in functions if f["name"] in names]
+        branch = await state.tool_decider.decide(
+            state, prompt.ids, allowed, envelope, body.cache_salt
+        )
+        if branch is not None:
+            fmt_name = state.tool_call_format
+            decided = _constraints(body, functions, choice, names, fmt_name, held, branch)
+            sampling = dataclasses.replace(sampling, structural_tag=decided["structural_tag"])
     reasoning = state.args.reasoning_parser
     if reasoning is not None:
         sampling = after_reasoning(state, reasoning, sampling, "text.format")
