@@ -27,6 +27,7 @@ threshold is a cut, not a probability); a request that must call says ``required
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import statistics
 from collections.abc import Sequence
@@ -224,7 +225,9 @@ async def name_score(
     opening = call_opening(parallel)
 
     def encode() -> list[list[int]]:
-        texts = [opening, *(f'{opening}{name}"' for name in tool_names)]
+        # Each name as the grammar writes it: a JSON string (the opening holds its quote).
+        names = [opening[:-1] + json.dumps(name, ensure_ascii=False) for name in tool_names]
+        texts = [opening, *names]
         return [list(tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
 
     continuations = await state.tokenizer_manager.run_tokenizer(encode, "tools")
