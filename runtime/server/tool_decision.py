@@ -11,14 +11,15 @@ opened: log P(``get_weather"`` | the prompt, ``{"tool_call": {"name": "``) avera
 on the weather questions and -12.6 on the others.
 
 So the server decides (``reply_envelope: "scored"``, the default): it scores each offered
-tool's name after the call's opening (prefill only, the prompt's KV shared with the reply
-through the radix cache) and holds the envelope to the call side when the best name scores
-above the model's threshold, else to the answer side (the grammar's ``branch``). The
-threshold is the model's own, calibrated once per server on the prompts below (written for
-this, apart from quality_bench's frozen sets: requests that need one of three tools, and
-requests that want an answer, each offered one or two of the tools): the cut between their
-scores that classifies most of them, taken when it classifies at least ``MIN_ACCURACY`` of
-them. A model whose scores do not separate them (random weights) keeps its own choice of key.
+tool's name after the call's opening (prefill only, one request a tool, the prompt's KV
+shared with the reply through the radix cache) and holds the envelope to the call side when
+the best name scores above the model's threshold, else to the answer side (the grammar's
+``branch``). The threshold is the model's own, calibrated once per server on the prompts
+below (written for this, apart from quality_bench's frozen sets: requests that need one of
+three tools, and requests that want an answer, each offered one or two of the tools): the cut
+between their scores that classifies most of them, taken when it classifies at least
+``MIN_ACCURACY`` of them. A model whose scores do not separate them (random weights) keeps
+its own choice of key.
 
 The decision is the same for every sample of the request (``n``) and does not sample (the
 threshold is a cut, not a probability); a request that must call says ``required``.
@@ -218,38 +219,52 @@ async def name_score(
     parallel: bool,
     cache_salt: str | None = None,
 ) -> float:
-    """The best of ``tool_names``' log-probabilities after the prompt and the call's opening:
-    log P(opening + name + '"') - log P(opening), each read as prompt logprobs of one
-    prefill-only request (the prompt's KV cached once, under ``cache_salt``)."""
+    """The best of ``tool_names``' log-probabilities after the prompt and the call's opening,
+    log P(name + '"' | prompt, opening), read as prompt logprobs of one prefill-only request per
+    name (the prompt's KV cached once, under ``cache_salt``): only the name's tokens where the
+    opening's tokens begin the tokenized call, else log P(opening + name) - log P(opening)."""
     tokenizer = state.tokenizer
     opening = call_opening(parallel)
 
-    def encode() -> list[list[int]]:
+    def encode() -> tuple[list[int], list[list[int]]]:
         # Each name as the grammar writes it: a JSON string (the opening holds its quote).
-        names = [opening[:-1] + json.dumps(name, ensure_ascii=False) for name in tool_names]
-        texts = [opening, *names]
-        return [list(tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
+        calls = [opening[:-1] + json.dumps(name, ensure_ascii=False) for name in tool_names]
+        head = list(tokenizer(opening, add_special_tokens=False).input_ids)
+        return head, [list(tokenizer(c, add_special_tokens=False).input_ids) for c in calls]
 
-    continuations = await state.tokenizer_manager.run_tokenizer(encode, "tools")
+    head, calls = await state.tokenizer_manager.run_tokenizer(encode, "tools")
+    shared = [call[: len(head)] == head and len(call) > len(head) for call in calls]
     sums = await asyncio.gather(
-        *(_continuation_logprob(state, prompt_ids, ids, cache_salt) for ids in continuations)
+        *(
+            _logprob(state, prompt_ids + call[: len(head)], call[len(head) :], cache_salt)
+            if whole
+            else _logprob(state, prompt_ids, call, cache_salt)
+            for call, whole in zip(calls, shared, strict=True)
+        )
     )
-    return max(total - sums[0] for total in sums[1:])
+    if all(shared):
+        return max(sums)
+    opening_logprob = await _logprob(state, prompt_ids, head, cache_salt)
+    return max(
+        total if whole else total - opening_logprob
+        for total, whole in zip(sums, shared, strict=True)
+    )
 
 
 _SCORING = SamplingParams(max_new_tokens=1, temperature=0.0)
 
 
-async def _continuation_logprob(
-    state: Any, prompt_ids: list[int], continuation: list[int], cache_salt: str | None
+async def _logprob(
+    state: Any, context: list[int], continuation: list[int], cache_salt: str | None
 ) -> float:
-    ids = prompt_ids + continuation
+    """log P(continuation | context), from the prompt logprobs of one prefill-only request."""
+    ids = context + continuation
     final = None
     async for output in state.tokenizer_manager.generate(
         ids,
         _SCORING,
         return_logprob=True,
-        logprob_start_len=len(prompt_ids),
+        logprob_start_len=len(context),
         stream=False,
         cache_salt=cache_salt,
     ):

@@ -77,7 +77,7 @@ def test_chunk_keys_name_the_whole_prefix_and_namespace() -> None:
     # Keys known for a prefix are reused and the chain goes on from the last one.
     assert chunk_keys(tokens, CHUNK, None, known=keys[:2]) == keys
     assert chunk_keys(tokens[: 2 * CHUNK], CHUNK, None, known=keys) == keys[:2]
-    assert chunk_keys(tokens, CHUNK, None, known=["0" * 64]) [1:] != keys[1:]  # it trusts them
+    assert chunk_keys(tokens, CHUNK, None, known=["0" * 64])[1:] != keys[1:]  # it trusts them
     namespaces = [None, "", "a", "b", "ab", "\x00", "None"]
     firsts = {chunk_keys(tokens, CHUNK, ns)[0] for ns in namespaces}
     assert len(firsts) == len(namespaces)  # tenants never share a chunk

@@ -4,6 +4,7 @@ model: the threshold's choice, the calibration's once-only run, what decide() re
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -109,3 +110,58 @@ def test_a_failed_scoring_leaves_the_choice_to_the_model(monkeypatch: pytest.Mon
     monkeypatch.setattr(tool_decision, "calibrate", usable)
     monkeypatch.setattr(tool_decision, "name_score", refused)
     assert asyncio.run(ToolDecider().decide(None, [1], ["x"], envelope)) is None
+
+
+class _Ids:
+    def __init__(self, ids: list[int]) -> None:
+        self.input_ids = ids
+
+
+class _State:
+    """A tokenizer of one id per character (or, ``merge``, the opening's last quote merged
+    with the name's first letter), and a model whose every token has log-probability -1 but
+    the name's first letter, -0.5 after the opening."""
+
+    def __init__(self, merge: bool = False) -> None:
+        self.merge = merge
+        self.requests: list[tuple[int, int]] = []  # (ids, logprob_start_len)
+        self.tokenizer = self._tokenize
+        self.tokenizer_manager = self
+
+    def _tokenize(self, text: str, add_special_tokens: bool = False) -> _Ids:
+        ids = [ord(c) for c in text]
+        if self.merge and '"g' in text:
+            at = text.index('"g')
+            ids[at : at + 2] = [1000]
+        return _Ids(ids)
+
+    async def run_tokenizer(self, work: Any, field: str) -> Any:
+        return work()
+
+    async def generate(self, ids: list[int], params: Any, **options: Any) -> Any:
+        start = options["logprob_start_len"]
+        self.requests.append((len(ids), start))
+        entries = [(-0.5 if t in (ord("g"), 1000) else -1.0, t, []) for t in ids[start:]]
+        yield SimpleNamespace(input_logprobs=entries)
+
+
+def test_name_score_reads_only_the_names_tokens():
+    """One request per tool, its logprobs from the end of the opening on: the name's tokens
+    (``get_weather"``: g at -0.5, eleven more at -1)."""
+    state = _State()
+    score = asyncio.run(tool_decision.name_score(state, [1, 2, 3], ["get_weather"], False))
+    assert score == pytest.approx(-11.5)
+    opening = len(tool_decision.call_opening(False))
+    assert state.requests == [(3 + opening + 12, 3 + opening)]
+
+
+def test_name_score_subtracts_the_opening_where_tokens_merge_across_it():
+    """When the opening's last token merges with the name's first, the call is scored whole
+    and the opening's own log-probability taken off."""
+    state = _State(merge=True)
+    score = asyncio.run(tool_decision.name_score(state, [1, 2, 3], ["get_weather"], False))
+    opening = len(tool_decision.call_opening(False))
+    # whole call: opening - 1 tokens at -1, the merged token at -0.5, "et_weather\"" at -1
+    # each (11); minus the opening alone (opening tokens at -1)
+    assert score == pytest.approx(-(opening - 1) - 0.5 - 11 + opening)
+    assert len(state.requests) == 2
