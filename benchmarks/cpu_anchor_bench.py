@@ -41,10 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import arbor_kernels as kernels
 import httpx
 import torch
 
-import kernels
 from benchmarks.common import ENGLISH_PASSAGE, best_time, print_table, write_json
 from benchmarks.suite.systems.llama_cpp_load import (
     NO_EXTRA_BUFFERS_NOTE,

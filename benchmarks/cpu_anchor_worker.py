@@ -36,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from benchmarks.common import best_time
 from benchmarks.suite.contention import others_share, sample
 from benchmarks.suite.systems.arbor import stream_call

@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import arbor_kernels as kernels
+import arbor_kernels.ops
 import torch
 
-import kernels
-import kernels.ops
 import runtime.layers.basic
 import runtime.layers.rotary
 import runtime.models.llama

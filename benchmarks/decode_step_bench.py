@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from benchmarks.common import print_table, timed_into, write_json
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.model_runner import ModelRunner, RunnerConfig

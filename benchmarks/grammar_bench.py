@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from benchmarks.common import best_time, print_table, write_json
 from grammar import (
     GrammarBackend,

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from arbor_kernels import dispatch
+from arbor_kernels.reference import attention as ref_attention
+from arbor_kernels.reference import elementwise as ref_elementwise
+from arbor_kernels.reference import sampling as ref_sampling
 
 from benchmarks.common import best_time, print_table, write_json
-from kernels import dispatch
-from kernels.reference import attention as ref_attention
-from kernels.reference import elementwise as ref_elementwise
-from kernels.reference import sampling as ref_sampling
 
 VOCAB = 151936
 # Peak HBM bandwidth (bytes/s) by device-name fragment; the first match wins.
@@ -77,7 +77,7 @@ def _impls(op: str, device: torch.device) -> dict[str, Callable[..., Any]]:
     alone on CPU (the interpreter's timings would mean nothing)."""
     registered = dispatch._impls[op]
     if device.type == "cuda":
-        importlib.import_module("kernels.triton_ops")  # registers the triton implementations
+        importlib.import_module("arbor_kernels.triton_ops")  # registers the triton implementations
         return {"triton": registered["triton"], "torch": registered["torch"]}
     return {"torch": registered["torch"]}
 
@@ -311,7 +311,8 @@ def bench_quantized_linear(quick: bool) -> list[Row]:
     torch's float32 oneDNN path (``packed_linear``) on SmolLM2-135M's shapes; GB/s is the
     packed weight's bytes over the native time. Per token at M = 1, the layers times their
     count (121 linears) give the linears' share of a decode step."""
-    from kernels.quantized import BlockWeights, pack
+    from arbor_kernels.quantized import BlockWeights, pack
+
     from runtime.layers.basic import pack_weight, packed_linear
 
     native = dispatch._impls["quantized_linear"].get("native")
@@ -375,7 +376,7 @@ def _copy_bandwidth(device: torch.device) -> float:
 
 def interpreter_smoke() -> list[Row]:
     """Each triton kernel once at tiny shapes under the interpreter: max |triton - torch|."""
-    import kernels.triton_ops as tops
+    import arbor_kernels.triton_ops as tops
 
     torch.manual_seed(0)
     k, v, table, rows, seq_lens = _paged_kv(2, 40, 2, 16, torch.float32, torch.device("cpu"))

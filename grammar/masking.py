@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from grammar.backend import GrammarBackend, GrammarMatcher, allocate_bitmask
 
 

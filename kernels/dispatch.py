@@ -37,7 +37,7 @@ if _forced not in BACKENDS:
         f"use one of {', '.join(BACKENDS)}"
     )
 Op = TypeVar("Op", bound=Callable[..., Any])
-_MODULES = {"triton": "kernels.triton_ops", "native": "kernels.cpu_native.ops"}
+_MODULES = {"triton": "arbor_kernels.triton_ops", "native": "arbor_kernels.cpu_native.ops"}
 _NAMES = {"triton": "triton kernels", "native": "native CPU kernels"}
 _load_errors: dict[str, BaseException | None] = {}  # per backend tried: why it did not load
 # (op, device type) -> what ``resolve`` picked: a decode step of a deep model calls ops a few

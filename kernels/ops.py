@@ -4,8 +4,8 @@ implementation ``dispatch.resolve`` picks for its first argument's device."""
 
 from __future__ import annotations
 
-from kernels.dispatch import dispatched
-from kernels.reference import attention, cascade, elementwise, kv_chunks, quantized, sampling
+from arbor_kernels.dispatch import dispatched
+from arbor_kernels.reference import attention, cascade, elementwise, kv_chunks, quantized, sampling
 
 extend_attention = dispatched(attention.extend_attention)
 decode_attention = dispatched(attention.decode_attention)

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from arbor_kernels.dispatch import runs_natively
 
-from kernels.dispatch import runs_natively
 from runtime.distributed.group import SINGLE, TPGroup
 from runtime.errors import ModelLoadError
 from runtime.model_config import ModelConfig

@@ -8,9 +8,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.cuda_graph_runner import (
     DECODE_OPS,

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from runtime.dry_penalty import BreakerMask, apply_dry, draft_matches, no_breakers
 from runtime.sampling_params import SamplingParams
 

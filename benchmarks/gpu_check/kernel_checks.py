@@ -18,9 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import arbor_kernels as kernels
 import torch
+from arbor_kernels import dispatch
+from arbor_kernels.reference.sampling import filter_probs
 
-import kernels
 from benchmarks.gpu_check.checks import (
     FAIL,
     PASS,
@@ -31,8 +33,6 @@ from benchmarks.gpu_check.checks import (
     error_check,
     tensor_error,
 )
-from kernels import dispatch
-from kernels.reference.sampling import filter_probs
 from tests.kernels.kv_cases import PagedBatch, paged_batch
 
 # atol = rtol against the float64 reference. float32 attention takes three-pass tf32 dots
@@ -234,7 +234,7 @@ def _sampling(sizes: Sizes, dtype: torch.dtype, device: torch.device) -> Cases:
     right answer. The triton sampler draws from another random stream than the reference's:
     draws are checked for membership, not equality.
     """
-    triton_sampling = importlib.import_module("kernels.triton_ops.sampling")
+    triton_sampling = importlib.import_module("arbor_kernels.triton_ops.sampling")
     vocab, batch = sizes.vocab_size, sizes.batch
     gen = torch.Generator().manual_seed(7)
     units = 1 << (8 * vocab - 1).bit_length()  # counts below 8 each never fill it

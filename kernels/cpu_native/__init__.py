@@ -1,6 +1,6 @@
 """Native CPU kernels: a C++ extension built with ``torch.utils.cpp_extension``.
 
-``make install`` builds it (``python -m kernels.cpu_native``) into the cache directory under
+``make install`` builds it (``python -m arbor_kernels.cpu_native``) into the cache directory under
 a key made of the sources, the compiler flags, torch's version and the CPU, so a source change,
 a torch upgrade or another CPU gets a fresh build. At run time ``load()`` only imports a build
 that already exists: a missing or failed build means the torch reference runs, with one
@@ -96,7 +96,7 @@ def load() -> ModuleType | None:
         if library is None:
             raise FileNotFoundError(
                 "not built for these sources, this torch and this CPU; build with "
-                "`python -m kernels.cpu_native` (make install does)"
+                "`python -m arbor_kernels.cpu_native` (make install does)"
             )
         spec = importlib.util.spec_from_file_location(NAME, library)
         assert spec is not None and spec.loader is not None

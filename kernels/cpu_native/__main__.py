@@ -1,4 +1,4 @@
-"""``python -m kernels.cpu_native``: build the native CPU kernels; never fails the install.
+"""``python -m arbor_kernels.cpu_native``: build the native CPU kernels; never fails the install.
 
 A failed build prints one warning and exits 0, so ``make install`` goes on and the runtime uses
 the torch reference. ``--strict`` exits 1 instead (for checking a build on purpose).
@@ -10,11 +10,11 @@ import argparse
 import sys
 import time
 
-from kernels import cpu_native
+from arbor_kernels import cpu_native
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.cpu_native", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m arbor_kernels.cpu_native", description=__doc__)
     parser.add_argument("--strict", action="store_true", help="exit 1 when the build fails")
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args()

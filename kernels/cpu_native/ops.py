@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from kernels import cpu_native
-from kernels.dispatch import register
-from kernels.quantized import ACTIVATION_FORMATS, QuantizedWeight
+from arbor_kernels import cpu_native
+from arbor_kernels.dispatch import register
+from arbor_kernels.quantized import ACTIVATION_FORMATS, QuantizedWeight
 
 _ext = cpu_native.load()
 _NO_START = torch.empty(0, dtype=torch.int64)

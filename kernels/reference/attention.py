@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.dispatch import register
-from kernels.reference.elementwise import apply_rotary_emb, rms_norm
+from arbor_kernels.dispatch import register
+from arbor_kernels.reference.elementwise import apply_rotary_emb, rms_norm
 
 
 @register("extend_attention", "torch")

@@ -10,8 +10,7 @@ them into attention over all keys. Scores and statistics are float32.
 from __future__ import annotations
 
 import torch
-
-from kernels.dispatch import register
+from arbor_kernels.dispatch import register
 
 
 def _attend(

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.dispatch import register
+from arbor_kernels.dispatch import register
 
 
 @register("rms_norm", "torch", graph_safe=True)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from kernels.dispatch import register
+from arbor_kernels.dispatch import register
 
 
 @register("gather_kv_chunks", "torch")

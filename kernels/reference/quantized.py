@@ -17,9 +17,8 @@ float16, and the last term is 0 for ``q8_0``, at most ``2**-11 |d * sum(codes)|`
 from __future__ import annotations
 
 import torch
-
-from kernels.dispatch import register
-from kernels.quantized import QuantizedWeight
+from arbor_kernels.dispatch import register
+from arbor_kernels.quantized import QuantizedWeight
 
 
 def quantize_activations(

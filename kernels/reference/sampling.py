@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from kernels.dispatch import register
+from arbor_kernels.dispatch import register
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, offset) pairs over 63 bits
 

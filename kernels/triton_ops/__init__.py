@@ -7,7 +7,7 @@ CPU-only machine the kernels run on CPU tensors under the triton interpreter, wh
 ``TRITON_INTERPRET=1`` in the environment before triton is first imported.
 """
 
-from kernels.triton_ops import (  # noqa: F401  (registers the triton implementations)
+from arbor_kernels.triton_ops import (  # noqa: F401  (registers the triton implementations)
     activation,
     bitmask,
     decode_attention,

@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.dispatch import register
-from kernels.triton_ops.launch import dot_dtype, dot_precision, padded_dim
-from kernels.triton_ops.paged_tiles import load_kv_tile, online_softmax_step
+from arbor_kernels.dispatch import register
+from arbor_kernels.triton_ops.launch import dot_dtype, dot_precision, padded_dim
+from arbor_kernels.triton_ops.paged_tiles import load_kv_tile, online_softmax_step
 
 _LOG2E = 1.4426950408889634
 # The most splits the occupancy rule picks; the reduce kernel's tile covers them all, so one

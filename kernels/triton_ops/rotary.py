@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.dispatch import register
+from arbor_kernels.dispatch import register
 
 
 @triton.jit

@@ -19,8 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-
-from kernels.quantized import BlockWeights
+from arbor_kernels.quantized import BlockWeights
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # q uint8, scale, offset float32
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from arbor_kernels.quantized import BlockWeights
 
-from kernels.quantized import BlockWeights
 from runtime.errors import ModelLoadError
 from runtime.gguf.blocks import BLOCK_TYPES, decode_blocks
 from runtime.gguf.metadata import TensorEntry

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from runtime.forward_batch import ForwardBatch, ForwardMode
 from runtime.layers.basic import RMSNorm
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import arbor_kernels as kernels
 import torch
 import torch.nn.functional as F
 
-import kernels
 from runtime.cpu_features import cpu_flags, has_bf16_dot
 from runtime.distributed.partition import Shard
 

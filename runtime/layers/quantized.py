@@ -9,11 +9,11 @@ dequantizes a whole weight. They run on one rank only (no tensor parallelism).
 
 from __future__ import annotations
 
+import arbor_kernels as kernels
 import torch
 import torch.nn.functional as F
+from arbor_kernels.quantized import BlockWeights, QuantizedWeight, pack
 
-import kernels
-from kernels.quantized import BlockWeights, QuantizedWeight, pack
 from runtime.layers.basic import Linear
 
 # A stacked piece's weight: packed blocks, or floats (a piece the file holds as F16/F32).

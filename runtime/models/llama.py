@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import arbor_kernels as kernels
 import torch
 import torch.nn.functional as F
+from arbor_kernels.quantized import BlockWeights
 
-import kernels
-from kernels.quantized import BlockWeights
 from runtime.distributed.group import SINGLE, TPGroup
 from runtime.distributed.partition import HeadPartition, Shard
 from runtime.forward_batch import ForwardBatch

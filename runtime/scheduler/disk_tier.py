@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
+from arbor_kernels import gather_kv_chunks
 
-from kernels import gather_kv_chunks
 from radix_cache import RadixCache
 from runtime.kv_disk import KVDiskStore, chunk_keys
 from runtime.kv_disk.staging import StagingArena

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from runtime.speculative.ngram import DEFAULT_MAX_MATCH, DEFAULT_MIN_MATCH
 from runtime.speculative.policy import PRIOR_COST, Acceptance, VerifyCost
 from runtime.speculative.proposers import (

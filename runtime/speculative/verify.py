@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from grammar import allocate_bitmask, commit_draft, fill_draft_masks, verify_draft
 from runtime.sampler import Logprob, Sampler, add_logit_bias, penalised, scaled, token_logprobs
 

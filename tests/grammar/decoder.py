@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import arbor_kernels as kernels
 import torch
 
-import kernels
 from grammar import (
     CompiledGrammar,
     GrammarBackend,

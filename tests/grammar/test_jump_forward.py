@@ -7,10 +7,10 @@ import random
 from collections import Counter
 from typing import Any
 
+import arbor_kernels as kernels
 import pytest
 import torch
 
-import kernels
 from grammar import (
     CompiledGrammar,
     DraftVerdict,

@@ -43,11 +43,10 @@ def _one_thread() -> None:
 def triton_ops() -> ModuleType:
     """The ``kernels.triton_ops`` package, its kernels running under the interpreter."""
     pytest.importorskip("triton")
+    import arbor_kernels.triton_ops
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    import kernels.triton_ops
-
     if not isinstance(tl.rand, InterpretedFunction):
         pytest.fail("triton's library kernels are not interpreted; run: pytest tests/kernels")
-    return kernels.triton_ops
+    return arbor_kernels.triton_ops

@@ -25,11 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from kernels.triton_ops import (  # noqa: E402
+from arbor_kernels.triton_ops import (  # noqa: E402
     activation,
     bitmask,
     decode_attention,
@@ -38,6 +34,9 @@ from kernels.triton_ops import (  # noqa: E402
     rotary,
     sampling,
 )
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
 
 
 @dataclass

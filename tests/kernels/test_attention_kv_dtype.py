@@ -14,8 +14,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from arbor_kernels.reference import attention as reference
 
-from kernels.reference import attention as reference
 from tests.kernels.kv_cases import PagedBatch, assert_close, paged_batch
 
 Attention = Callable[..., torch.Tensor]

@@ -6,8 +6,7 @@ from types import ModuleType
 
 import pytest
 import torch
-
-from kernels.reference import sampling as reference
+from arbor_kernels.reference import sampling as reference
 
 
 def _random_case(

@@ -6,10 +6,10 @@ from types import ModuleType
 
 import pytest
 import torch
+from arbor_kernels.reference import attention as reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.reference import attention as reference
 from tests.kernels.kv_cases import assert_close, paged_batch
 
 # A single-token sequence, lengths ending mid-tile, and one spanning several tiles per split.

@@ -4,13 +4,13 @@ so that a model's greedy output does not move when it switches to the fused op."
 
 from __future__ import annotations
 
+import arbor_kernels as kernels
 import pytest
 import torch
+from arbor_kernels import cpu_native
+from arbor_kernels.reference import attention as reference
+from arbor_kernels.reference import elementwise as elementwise_ref
 
-import kernels
-from kernels import cpu_native
-from kernels.reference import attention as reference
-from kernels.reference import elementwise as elementwise_ref
 from tests.kernels.kv_cases import PagedBatch, assert_close, paged_batch
 
 DIM = 32
@@ -44,7 +44,7 @@ def _norm_weights(qk_norm: bool, dtype: torch.dtype) -> list[torch.Tensor]:
 
 def _native() -> object:
     if not kernels.native_available():
-        pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+        pytest.fail("native CPU kernels are not built: run `python -m arbor_kernels.cpu_native`")
     return cpu_native.load()
 
 

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import arbor_kernels as kernels
 import pytest
 import torch
+from arbor_kernels import dispatch
+from arbor_kernels.reference import attention as reference
 
-import kernels
-from kernels import dispatch
-from kernels.reference import attention as reference
 from tests.kernels.kv_cases import assert_close, paged_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def _backend_of(op: str, device: str) -> str:
 
 def test_every_op_has_a_triton_kernel(triton_ops: ModuleType) -> None:
     for op in OPS:
-        assert dispatch._impls[op]["triton"].__module__.startswith("kernels.triton_ops."), op
+        assert dispatch._impls[op]["triton"].__module__.startswith("arbor_kernels.triton_ops."), op
 
 
 NATIVE_OPS = {"extend_attention", "decode_attention", "rms_norm", "fused_add_rms_norm",
@@ -57,7 +57,9 @@ def test_auto_picks_triton_for_cuda_and_native_or_torch_for_cpu(
     triton_ops: ModuleType, restore_backend: None
 ) -> None:
     kernels.set_kernel_backend("auto")
-    assert kernels.native_available(), "run `python -m kernels.cpu_native` (make install does)"
+    assert kernels.native_available(), (
+        "run `python -m arbor_kernels.cpu_native` (make install does)"
+    )
     for op in OPS:
         assert _backend_of(op, "cpu") == ("native" if op in NATIVE_OPS else "torch"), op
         assert _backend_of(op, "cuda") == "triton", op
@@ -183,12 +185,13 @@ def test_cpu_path_survives_a_missing_triton() -> None:
 import sys
 sys.modules["triton"] = None  # any `import triton` now raises ImportError
 import torch
-import kernels
-from kernels import dispatch
+import arbor_kernels as kernels
+from arbor_kernels import dispatch
 x = torch.randn(2, 8)
 out = kernels.rms_norm(x, torch.ones(8), 1e-6)
 assert out.shape == (2, 8)
-assert dispatch.resolve("rms_norm", torch.device("cuda")).__module__.startswith("kernels.reference")
+resolved = dispatch.resolve("rms_norm", torch.device("cuda"))
+assert resolved.__module__.startswith("arbor_kernels.reference")
 try:
     kernels.set_kernel_backend("triton")
 except RuntimeError as exc:

@@ -6,8 +6,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from arbor_kernels.reference import elementwise as reference
 
-from kernels.reference import elementwise as reference
 from tests.kernels.kv_cases import assert_close
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

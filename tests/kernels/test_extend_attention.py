@@ -6,10 +6,10 @@ from types import ModuleType
 
 import pytest
 import torch
+from arbor_kernels.reference import attention as reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.reference import attention as reference
 from tests.kernels.kv_cases import assert_close, paged_batch
 
 # (prefix_len, extend_len) per request: empty prefixes, single new tokens, prefixes and

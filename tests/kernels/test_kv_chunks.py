@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import arbor_kernels as kernels
 import pytest
 import torch
-
-import kernels
-from kernels import cpu_native
-from kernels.reference.kv_chunks import gather_kv_chunks as reference
+from arbor_kernels import cpu_native
+from arbor_kernels.reference.kv_chunks import gather_kv_chunks as reference
 
 LAYERS, SLOTS, HEADS, DIM, T = 3, 64, 2, 8, 4
 
@@ -50,7 +49,7 @@ def test_reference_copies_each_chunk_to_its_row_and_nothing_else(dtype: torch.dt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_native_equals_reference_bit_for_bit(dtype: torch.dtype) -> None:
     if not kernels.native_available():
-        pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+        pytest.fail("native CPU kernels are not built: run `python -m arbor_kernels.cpu_native`")
     ext = cpu_native.load()
     k, v = _pool(dtype)
     slots, rows = _case()

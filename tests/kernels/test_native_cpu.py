@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import arbor_kernels as kernels
 import pytest
 import torch
+from arbor_kernels import cpu_native, dispatch
+from arbor_kernels.reference import attention as reference
+from arbor_kernels.reference import cascade as cascade_ref
+from arbor_kernels.reference import elementwise as elementwise_ref
 
-import kernels
-from kernels import cpu_native, dispatch
-from kernels.reference import attention as reference
-from kernels.reference import cascade as cascade_ref
-from kernels.reference import elementwise as elementwise_ref
 from tests.kernels.kv_cases import assert_close, paged_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ GQA = [(2, 2), (8, 2), (7, 1)]  # groups of 1, 4 and 7 query heads per KV head
 def native() -> SimpleNamespace:
     """The registered native implementations by op name, and the extension as ``ext``."""
     if not kernels.native_available():
-        pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+        pytest.fail("native CPU kernels are not built: run `python -m arbor_kernels.cpu_native`")
     ops = {op: impls["native"] for op, impls in dispatch._impls.items() if "native" in impls}
     return SimpleNamespace(ext=cpu_native.load(), **ops)
 
@@ -250,7 +250,7 @@ def _python(code: str, cache_dir: str, backend: str) -> subprocess.CompletedProc
 def test_token_bitmask_matches_reference(
     native: SimpleNamespace, dtype: torch.dtype, vocab: int, indexed: bool
 ) -> None:
-    from kernels.reference import sampling as sampling_ref
+    from arbor_kernels.reference import sampling as sampling_ref
 
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(5, vocab, generator=gen).to(dtype)
@@ -271,7 +271,7 @@ def test_token_bitmask_matches_reference(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_row_max_argmax_matches_reference(native: SimpleNamespace, dtype: torch.dtype) -> None:
-    from kernels.reference import sampling as sampling_ref
+    from arbor_kernels.reference import sampling as sampling_ref
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(7, 1037, generator=gen).to(dtype)
@@ -296,17 +296,17 @@ def test_without_a_build_auto_falls_back_to_the_reference_with_one_warning(
 ) -> None:
     code = (
         "import torch, kernels\n"
-        "from kernels import dispatch\n"
+        "from arbor_kernels import dispatch\n"
         "for op in ('decode_attention', 'extend_attention', 'rms_norm'):\n"
         "    print(dispatch.resolve(op, torch.device('cpu')).__module__)\n"
     )
     done = _python(code, str(tmp_path), "auto")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["kernels.reference.attention"] * 2 + [
-        "kernels.reference.elementwise"
+    assert done.stdout.split() == ["arbor_kernels.reference.attention"] * 2 + [
+        "arbor_kernels.reference.elementwise"
     ]
     assert done.stderr.count("native CPU kernels unavailable") == 1, done.stderr
-    assert "python -m kernels.cpu_native" in done.stderr
+    assert "python -m arbor_kernels.cpu_native" in done.stderr
 
 
 def test_without_a_build_forcing_native_names_the_cause(tmp_path: Path) -> None:
@@ -319,13 +319,13 @@ def test_a_failed_build_does_not_fail_the_install_step(tmp_path: Path) -> None:
     # A compiler that cannot run stands in for a broken toolchain.
     env = {**os.environ, "ARBOR_CACHE_DIR": str(tmp_path), "CXX": "/nonexistent/c++"}
     done = subprocess.run(
-        [sys.executable, "-m", "kernels.cpu_native"], cwd=REPO, env=env, capture_output=True,
+        [sys.executable, "-m", "arbor_kernels.cpu_native"], cwd=REPO, env=env, capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0
     assert "native CPU kernels failed to build" in done.stderr
     strict = subprocess.run(
-        [sys.executable, "-m", "kernels.cpu_native", "--strict"], cwd=REPO, env=env,
+        [sys.executable, "-m", "arbor_kernels.cpu_native", "--strict"], cwd=REPO, env=env,
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert strict.returncode == 1

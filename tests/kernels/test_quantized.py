@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import ModuleType
 
+import arbor_kernels as kernels
 import pytest
 import torch
-
-import kernels
-from kernels import cpu_native, dispatch
-from kernels.quantized import BlockWeights, QuantizedWeight, pack
-from kernels.reference import quantized as reference
+from arbor_kernels import cpu_native, dispatch
+from arbor_kernels.quantized import BlockWeights, QuantizedWeight, pack
+from arbor_kernels.reference import quantized as reference
 
 BLOCKS = [(4, 16), (4, 32), (8, 16), (8, 32)]  # (bits, block)
 N = 37  # not a multiple of the 16-row group
@@ -106,7 +105,7 @@ def test_reference_within_bound_of_float(bits: int, block: int, k: int, activati
 @pytest.fixture(scope="module")
 def ext() -> ModuleType:
     if not kernels.native_available():
-        pytest.skip("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+        pytest.skip("native CPU kernels are not built: run `python -m arbor_kernels.cpu_native`")
     module = cpu_native.load()
     assert module is not None
     return module

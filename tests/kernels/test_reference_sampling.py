@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from kernels.reference import sampling as reference
+from arbor_kernels.reference import sampling as reference
 
 
 def test_top_p_one_keeps_every_token() -> None:

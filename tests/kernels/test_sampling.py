@@ -7,8 +7,7 @@ import itertools
 from types import ModuleType
 
 import torch
-
-from kernels.reference import sampling as reference
+from arbor_kernels.reference import sampling as reference
 
 TOP_K = [0, 1, 3, 7, 40, 50]
 TOP_P = [0.0, 0.3, 0.5, 0.9, 1.0]

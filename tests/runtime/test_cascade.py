@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import arbor_kernels as kernels
 import pytest
 import torch
 
-import kernels
 from runtime import Engine, forward_batch
 from runtime.cascade import CascadePlan, plan_cascade
 from runtime.model_runner import ModelRunner, RunnerConfig
@@ -60,7 +60,7 @@ def test_plan_never_shares_a_requests_own_new_token_or_too_little() -> None:
 @pytest.fixture
 def native_backend() -> Iterator[None]:
     if not kernels.native_available():
-        pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+        pytest.fail("native CPU kernels are not built: run `python -m arbor_kernels.cpu_native`")
     previous = kernels.kernel_backend()
     kernels.set_kernel_backend("native")
     yield
@@ -135,7 +135,7 @@ def test_engine_greedy_unchanged_by_native_kernels_and_cascade(
     tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not kernels.native_available():
-        pytest.fail("native CPU kernels are not built: run `python -m kernels.cpu_native`")
+        pytest.fail("native CPU kernels are not built: run `python -m arbor_kernels.cpu_native`")
     planned: list[int] = []
 
     def counting_plan(*args: Any) -> CascadePlan | None:

@@ -13,10 +13,10 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
+import arbor_kernels as kernels
 import pytest
 import torch
 
-import kernels
 from runtime import Engine, model_runner
 from runtime.cuda_graph_runner import CudaGraphFactory, capture_batch_sizes
 from runtime.forward_batch import ForwardBatch, ForwardMode
@@ -309,7 +309,7 @@ def test_cuda_padding_rows_write_only_the_padding_slot(tiny_model_path: Path) ->
 
 @cuda
 def test_cuda_graph_decode_attention_reads_longer_sequences_than_captured() -> None:
-    from kernels.reference import attention as reference
+    from arbor_kernels.reference import attention as reference
 
     torch.manual_seed(0)
     slots, heads, kv_heads, dim, batch = 4096, 8, 2, 64, 4

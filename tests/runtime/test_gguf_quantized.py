@@ -9,11 +9,11 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import arbor_kernels as kernels
 import pytest
 import torch
+from arbor_kernels.quantized import QuantizedWeight
 
-import kernels
-from kernels.quantized import QuantizedWeight
 from runtime.gguf.blocks import decode_blocks
 from runtime.layers.basic import Linear
 from runtime.layers.quantized import QuantizedEmbedding, QuantizedLinear, resident_weight_bytes

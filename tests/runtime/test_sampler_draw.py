@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import arbor_kernels as kernels
 import pytest
 import torch
+from arbor_kernels.reference.sampling import filter_probs
 
-import kernels
-from kernels.reference.sampling import filter_probs
 from runtime.ipc import GenerateRequest
 from runtime.sampler import Sampler
 from runtime.sampling_params import SamplingParams
