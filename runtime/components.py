@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.channels import Receiver, Sender
+from runtime.heartbeat import Heartbeat
 from runtime.model_files import load_tokenizer
 from runtime.server_args import ServerArgs
 
@@ -33,6 +34,8 @@ class Channels:
     to_scheduler: Sender | None = None
     to_detokenizer: Sender | None = None
     to_tokenizer: Sender | None = None
+    # Where the scheduler's loop proves it turns, read by the server process (/health).
+    scheduler_heartbeat: Heartbeat | None = None
 
 
 @dataclass
@@ -81,6 +84,7 @@ def build_components(args: ServerArgs, channels: Channels, replica: int = 0) -> 
             channels.to_detokenizer,
             channels.to_tokenizer,
             replica,
+            channels.scheduler_heartbeat,
         )
     if channels.detokenizer_inbox is not None or channels.tokenizer_inbox is not None:
         tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)

@@ -302,6 +302,11 @@ class ServerArgs:
     timeout_keep_alive_s: int = _flag(5, "seconds an idle keep-alive connection stays open")
     max_connections: int = _flag(4096, "concurrent connections; beyond them, 503")
     max_n: int = _flag(128, "the largest n (samples per prompt) a request may ask for", low=1)
+    health_stall_timeout_s: float = _flag(
+        60.0,
+        "seconds the scheduler may go without finishing a loop iteration before /health "
+        "answers 503 (at least 4x its longest forward step so far, so slow steps never trip it)",
+    )
     responses_store_size: int = _flag(
         1024, "Responses API responses kept for GET and previous_response_id", low=0
     )
@@ -378,6 +383,10 @@ class ServerArgs:
             raise ValueError("ray_address places replicas: it needs dp_size > 1")
         if self.program_pin_timeout_s <= 0:
             raise ValueError(f"program_pin_timeout_s must be > 0, got {self.program_pin_timeout_s}")
+        if self.health_stall_timeout_s <= 0:
+            raise ValueError(
+                f"health_stall_timeout_s must be > 0, got {self.health_stall_timeout_s}"
+            )
         if self.schema_validation_timeout <= 0:
             raise ValueError(
                 f"schema_validation_timeout must be > 0, got {self.schema_validation_timeout}"

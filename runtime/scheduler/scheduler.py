@@ -38,6 +38,7 @@ from runtime.cpu_features import cpu_flags
 from runtime.dry_penalty import tokenizer_breakers
 from runtime.forward_batch import ForwardBatch
 from runtime.heap import frozen_objects
+from runtime.heartbeat import Heartbeat
 from runtime.ipc import (
     AbortRequest,
     ControlCommand,
@@ -106,11 +107,13 @@ class Scheduler:
         to_detokenizer: Sender,
         to_tokenizer: Sender,
         replica: int = 0,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         """``replica``: this scheduler's index among a ``--dp`` server's replicas (its disk
-        tier's subfolder)."""
+        tier's subfolder). ``heartbeat``: where the loop proves it turns (/health reads it)."""
         self.inbox, self.to_detokenizer, self.to_tokenizer = inbox, to_detokenizer, to_tokenizer
         self.replica = replica
+        self.heartbeat = heartbeat if heartbeat is not None else Heartbeat.local()
         # The device's defaults (auto dtypes, prefill budgets, ...), filled in once, here.
         stored = stored_dtype(locate_model(args.model_path).config())
         args = args.for_device(torch.cuda.is_available(), stored, cpu_flags())
@@ -202,13 +205,16 @@ class Scheduler:
     def event_loop(self) -> None:
         """Run until ``stop()``; report a crash to the tokenizer manager before re-raising."""
         try:
+            self.heartbeat.beat()
             self.to_tokenizer.send(SchedulerReady(self.server_info()))
             while not self._stopped:
                 idle = not self.waiting and not self.running
+                # Bounded even when idle: the heartbeat must beat while nothing runs.
                 wait = 0.002 if self.grammar.queue else 0.05
                 for message in drain(self.inbox, timeout=wait if idle else 0):
                     self.handle(message)
                 self.step()
+                self.heartbeat.beat()
         except Exception as exc:
             logger.exception("scheduler crashed")
             self.to_tokenizer.send(SchedulerFailed(f"{type(exc).__name__}: {exc}"))
@@ -324,6 +330,7 @@ class Scheduler:
             finally:
                 self._in_forward = False
                 logits = forward.result()
+        self.heartbeat.observe_step(time.perf_counter() - started)
         if self.disk is not None and step.num_tokens > 2 * len(step.work):  # mostly prefill
             self.disk.cost.observe_prefill(time.perf_counter() - started, step.num_tokens)
         # Slots lent between requests of this step are computed now: the tree takes them

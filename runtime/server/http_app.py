@@ -5,7 +5,7 @@ Every error leaves as ``{"error": {...}}`` (on the Messages API's routes, Anthro
 ``{"type": "error", "error": {...}}``; see ``errors``) with its status: 400 for bad input
 (naming the field), 401 without the API key, 403 for the API key on an admin route (with
 ``--admin-api-key``), 404 unknown route or model, 413 oversized body, 503 when the scheduler is
-gone.
+gone. /health is in ``health``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from runtime.sampling_params import InvalidSamplingParams
 from runtime.server import (
     cache_tree,
     dashboard,
+    health,
     messages_api,
     native_api,
     openai_api,
@@ -72,7 +73,8 @@ def create_app(state: ServerState) -> FastAPI:
     if state.tracing is not None:  # outermost: the span covers the whole exchange
         app.add_middleware(TracingMiddleware, sink=state.tracing)
     _add_error_handlers(app)
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health.health, methods=["GET"])
+    app.state.deep_probe = health.DeepProbe()
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(native_api.router)
     app.include_router(program_api.router)
@@ -84,18 +86,6 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.dashboard_feed = dashboard.DashboardFeed(state)
     app.add_api_route("/openapi.json", openapi_json, methods=["GET"], include_in_schema=False)
     return app
-
-
-async def health(request: Request) -> Response:
-    """200 once the scheduler has loaded the model and is running; 503 before and after."""
-    manager = get_state(request).tokenizer_manager
-    if manager.dead:
-        return JSONResponse({"status": "dead", "error": manager.dead}, status_code=503)
-    if not manager.ready.is_set():
-        return JSONResponse({"status": "starting"}, status_code=503)
-    if not manager.serving:  # a routed server whose replicas are all down (restarting)
-        return JSONResponse({"status": "no replica serving"}, status_code=503)
-    return JSONResponse({"status": "ok"})
 
 
 async def metrics(request: Request) -> Response:

@@ -31,6 +31,7 @@ import zmq
 from runtime.channels import ZmqReceiver, ZmqSender
 from runtime.components import Channels, build_components
 from runtime.heap import freeze_startup_heap
+from runtime.heartbeat import Heartbeat
 from runtime.model_config import ModelConfig
 from runtime.model_files import locate_model
 from runtime.server.http_app import create_app
@@ -65,8 +66,9 @@ def launch_server(args: ServerArgs) -> int:
     inbox = ZmqReceiver(context, addresses.tokenizer, bind=True)
     to_scheduler = ZmqSender(context, addresses.scheduler, bind=False)
     children: dict[str, BaseProcess] = {}
+    heartbeat = Heartbeat.shared()
     try:
-        children = _start_children(args, addresses)
+        children = _start_children(args, addresses, heartbeat)
         parts = build_components(args, Channels(tokenizer_inbox=inbox, to_scheduler=to_scheduler))
         assert parts.tokenizer_manager is not None
         state = ServerState(
@@ -79,6 +81,7 @@ def launch_server(args: ServerArgs) -> int:
                 "detokenizer_pid": children["detokenizer"].pid,
                 "ipc_dir": str(ipc_dir),
             },
+            scheduler_heartbeat=heartbeat,
         )
         if stop.signum is not None:
             return 0
@@ -160,16 +163,17 @@ class _Supervisor:
         server.should_exit = True
 
 
-def _start_children(args: ServerArgs, addresses: IpcAddresses) -> dict[str, BaseProcess]:
+def _start_children(
+    args: ServerArgs, addresses: IpcAddresses, heartbeat: Heartbeat
+) -> dict[str, BaseProcess]:
     spawn = multiprocessing.get_context("spawn")  # fork after importing torch is unsafe
     children: dict[str, BaseProcess] = {}
-    for name, target in (
-        ("scheduler", run_scheduler_process),
-        ("detokenizer", run_detokenizer_process),
+    common = (args, addresses, os.getpid())
+    for name, target, target_args in (
+        ("scheduler", run_scheduler_process, (*common, heartbeat)),
+        ("detokenizer", run_detokenizer_process, common),
     ):
-        process = spawn.Process(
-            target=target, args=(args, addresses, os.getpid()), name=f"arbor-{name}"
-        )
+        process = spawn.Process(target=target, args=target_args, name=f"arbor-{name}")
         process.start()
         children[name] = process
     return children

@@ -24,6 +24,7 @@ from runtime.channels import ZmqReceiver, ZmqSender
 from runtime.components import Channels, build_components
 from runtime.errors import ModelLoadError
 from runtime.heap import freeze_startup_heap
+from runtime.heartbeat import Heartbeat
 from runtime.ipc import SchedulerFailed
 from runtime.server_args import ServerArgs
 
@@ -48,8 +49,11 @@ class IpcAddresses:
         )
 
 
-def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid: int) -> None:
-    """Entry point of the scheduler process: load the model, then run the scheduler loop.
+def run_scheduler_process(
+    args: ServerArgs, addresses: IpcAddresses, parent_pid: int, heartbeat: Heartbeat
+) -> None:
+    """Entry point of the scheduler process: load the model, then run the scheduler loop,
+    which beats ``heartbeat`` (shared memory the server process reads for /health).
 
     A failure to start is reported to the tokenizer manager as SchedulerFailed, as a crash of
     the running loop is (by ``Scheduler.event_loop``); either way the process exits non-zero.
@@ -61,6 +65,7 @@ def run_scheduler_process(args: ServerArgs, addresses: IpcAddresses, parent_pid:
         scheduler_inbox=ZmqReceiver(context, addresses.scheduler, bind=True),
         to_detokenizer=ZmqSender(context, addresses.detokenizer, bind=False),
         to_tokenizer=to_tokenizer,
+        scheduler_heartbeat=heartbeat,
     )
     try:
         scheduler = build_components(args, channels).scheduler

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 
 from runtime.generate_input import SubRequest
+from runtime.heartbeat import Heartbeat
 from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import role_blocks_or_why
 from runtime.server.errors import ApiError
@@ -40,6 +41,9 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     # Process facts for /get_server_info: scheduler_pid, detokenizer_pid, ipc_dir.
     process_info: dict[str, Any] = field(default_factory=dict)
+    # The scheduler process's heartbeat (/health); None where no scheduler runs in a process
+    # of this server's own (a routed server's replicas).
+    scheduler_heartbeat: Heartbeat | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
