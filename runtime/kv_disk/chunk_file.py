@@ -5,13 +5,16 @@ viewed in place as its dtype::
 
     header   magic "ARKV", format version u16, token id width u8 (4 or 8), ndim u8,
              dtype name (16 bytes, NUL padded), token count u64, payload bytes u64,
+             chunk key (32 bytes: the hash chain's value the file is stored under),
              shape (ndim x u64), zero padding
     tokens   token count x int32 or int64, zero padding
     payload  the tensor's bytes (float32, float16 or bfloat16, C order, native = little-endian)
     crc32    u32 over every byte before it
 
-A file whose size, header, token ids or checksum disagree is rejected (``ChunkMismatch``), so a
-torn write, a truncated or flipped file, or a key collision is a miss, never wrong K/V.
+A file whose size, header, key, token ids or checksum disagree with what a load asks for is
+rejected (``ChunkMismatch``), so a torn write, a truncated or flipped file, a file moved or
+copied under another key (equal token ids, another prefix), or a key collision is a miss,
+never wrong K/V.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from runtime.kv_disk.keys import KEY_HEX_LENGTH
+
 MAGIC = b"ARKV"
-FORMAT_VERSION = 1
-_HEADER = struct.Struct("<4sHBB16sQQ")
+# 2: the header holds the chunk's key (version 1 files, without it, are misses).
+FORMAT_VERSION = 2
+_HEADER = struct.Struct(f"<4sHBB16sQQ{KEY_HEX_LENGTH // 2}s")
 _DIM = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _ALIGN = 64
@@ -73,10 +79,13 @@ def check_payload(payload: torch.Tensor) -> str:
     return name
 
 
-def encode_chunk(token_ids: np.ndarray, payload: torch.Tensor) -> list[bytes | memoryview]:
+def encode_chunk(
+    key: str, token_ids: np.ndarray, payload: torch.Tensor
+) -> list[bytes | memoryview]:
     """The file's bytes for ``payload`` (a CPU tensor of a supported dtype, any shape) holding
-    the K/V of ``token_ids`` (1-D integers), as pieces to write in order (the payload's piece
-    is a view of its memory, not a copy)."""
+    the K/V of ``token_ids`` (1-D integers), stored under the chunk key ``key`` (checked by
+    the caller: 64 hex digits), as pieces to write in order (the payload's piece is a view of
+    its memory, not a copy)."""
     name = check_payload(payload)
     tokens = np.asarray(token_ids)
     if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
@@ -92,6 +101,7 @@ def encode_chunk(token_ids: np.ndarray, payload: torch.Tensor) -> list[bytes | m
         name.encode("ascii"),
         len(tokens),
         data.nbytes,
+        bytes.fromhex(key),
     ) + b"".join(_DIM.pack(d) for d in payload.shape)
     header += bytes(_aligned(len(header)) - len(header))
     token_bytes = tokens.tobytes()
@@ -114,16 +124,18 @@ class _Layout:
     token_start: int
     payload_start: int
     n_payload: int
+    key: bytes  # the chunk key the file was written under
 
     @property
     def size(self) -> int:
         return self.payload_start + self.n_payload + _CRC.size
 
 
-def decode_chunk(fd: int, size: int, token_ids: np.ndarray) -> torch.Tensor:
+def decode_chunk(fd: int, size: int, key: str, token_ids: np.ndarray) -> torch.Tensor:
     """The payload stored in the file open as ``fd`` (``size`` bytes long), read with one read
     into a fresh buffer the returned tensor views. Raises ChunkMismatch when the file is not a
-    whole, intact chunk of exactly ``token_ids``; OSError when reading fails."""
+    whole, intact chunk written under ``key`` of exactly ``token_ids``; OSError when reading
+    fails."""
     if size < _HEADER.size + _CRC.size:
         raise ChunkMismatch(f"{size} bytes is shorter than a header")
     buffer = torch.empty(size, dtype=torch.uint8)
@@ -131,14 +143,16 @@ def decode_chunk(fd: int, size: int, token_ids: np.ndarray) -> torch.Tensor:
     crc = _read_summed(fd, data[: size - _CRC.size], 0, 0)
     _read_exactly(fd, data[size - _CRC.size :], size - _CRC.size)
     layout = _parse_header(data, size)
-    _check_tokens(data, layout, token_ids)
+    _check_key_and_tokens(data, layout, key, token_ids)
     if crc != _CRC.unpack_from(data, size - _CRC.size)[0]:
         raise ChunkMismatch("checksum mismatch")
     payload = buffer[layout.payload_start : layout.payload_start + layout.n_payload]
     return payload.view(layout.dtype).reshape(layout.shape)
 
 
-def decode_chunk_into(fd: int, size: int, token_ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+def decode_chunk_into(
+    fd: int, size: int, key: str, token_ids: np.ndarray, out: torch.Tensor
+) -> torch.Tensor:
     """Like ``decode_chunk``, but the payload's elements (C order) are read straight into
     ``out`` (a contiguous CPU tensor of the stored dtype and element count, e.g. a reused
     staging buffer: no fresh memory to fault in); returns ``out``. When this raises, ``out``
@@ -152,7 +166,7 @@ def decode_chunk_into(fd: int, size: int, token_ids: np.ndarray, out: torch.Tens
         rest = bytearray(layout.payload_start - len(head))
         _read_exactly(fd, memoryview(rest), len(head))
         head += rest
-    _check_tokens(memoryview(head), layout, token_ids)
+    _check_key_and_tokens(memoryview(head), layout, key, token_ids)
     if out.dtype != layout.dtype or out.numel() * out.element_size() != layout.n_payload:
         raise RequestMismatch(
             f"stored {layout.dtype} {list(layout.shape)} does not fit {out.dtype} {list(out.shape)}"
@@ -170,7 +184,9 @@ def decode_chunk_into(fd: int, size: int, token_ids: np.ndarray, out: torch.Tens
 def _parse_header(data: memoryview, size: int) -> _Layout:
     """The layout the header at the start of ``data`` describes, checked against the file's
     ``size``; ChunkMismatch when it is not a plausible header."""
-    magic, version, token_width, ndim, raw_name, n_tokens, n_payload = _HEADER.unpack_from(data)
+    magic, version, token_width, ndim, raw_name, n_tokens, n_payload, key = _HEADER.unpack_from(
+        data
+    )
     if magic != MAGIC or version != FORMAT_VERSION:
         raise ChunkMismatch(f"not a version {FORMAT_VERSION} chunk file")
     dtype = _DTYPES.get(raw_name.rstrip(b"\0").decode("ascii", "replace"))
@@ -189,6 +205,7 @@ def _parse_header(data: memoryview, size: int) -> _Layout:
         token_start=token_start,
         payload_start=token_start + _aligned(n_tokens * token_width),
         n_payload=n_payload,
+        key=key,
     )
     if layout.size != size:
         raise ChunkMismatch(f"{size} bytes, the header describes {layout.size}")
@@ -198,7 +215,13 @@ def _parse_header(data: memoryview, size: int) -> _Layout:
     return layout
 
 
-def _check_tokens(data: memoryview, layout: _Layout, token_ids: np.ndarray) -> None:
+def _check_key_and_tokens(
+    data: memoryview, layout: _Layout, key: str, token_ids: np.ndarray
+) -> None:
+    """ChunkMismatch unless the file was written under ``key``: two prefixes can hold equal
+    token ids in a chunk, so the tokens alone do not tell a file moved from another key."""
+    if layout.key != bytes.fromhex(key):
+        raise ChunkMismatch("the file was written under another chunk key")
     stored = np.frombuffer(data, layout.token_dtype, layout.n_tokens, layout.token_start)
     expected = np.asarray(token_ids)
     if stored.shape != expected.shape:

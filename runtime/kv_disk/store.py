@@ -5,7 +5,12 @@ the truth about the folder: ``contains`` asks no disk. Threads: any caller threa
 every method; one daemon writer thread drains ``put_async``'s queue. Every write goes to a
 temporary file that is renamed into place, so a reader sees a whole file or none. Nothing is
 fsynced: a file torn by a crash or a full disk fails its checksum on load, so a lost chunk is
-only a miss, and fsync would cost each write a flush to the device.
+only a miss, and fsync would cost each write a flush to the device. Files are reached through
+``folder.py``, which follows no link inside the folder and reads regular files only.
+
+A failed write (a full disk, a read-only remount) pauses writes, then they are tried again:
+the pause starts at WRITE_RETRY_FIRST_S and doubles with each failure in a row, up to
+WRITE_RETRY_MAX_S; a write that succeeds ends the streak.
 """
 
 from __future__ import annotations
@@ -40,10 +45,16 @@ from runtime.kv_disk.folder import (
     KVDiskError,
     check_manifest,
     chunk_path,
+    chunk_stat,
     delete_chunk_files,
+    install_chunk,
+    open_chunk,
+    open_fan_out,
     release_folder_lock,
+    remove_chunk,
     scan_chunks,
     take_folder_lock,
+    touch_chunk,
     unlink_quietly,
 )
 from runtime.kv_disk.keys import chunk_keys, is_chunk_key
@@ -85,6 +96,10 @@ class KVDiskStore:
     cannot be created or written, is held by another store, or a size is not positive.
     """
 
+    # The pause after a failed write, doubled per failure in a row up to the cap (seconds).
+    WRITE_RETRY_FIRST_S = 1.0
+    WRITE_RETRY_MAX_S = 300.0
+
     def __init__(
         self,
         path: str | Path,
@@ -124,7 +139,8 @@ class KVDiskStore:
         self._queued_bytes = 0
         self._closing = False  # close() began: no new puts
         self._closed = False  # close() ended: the folder is no longer this store's
-        self._writes_disabled = False
+        self._write_failures = 0  # failed writes in a row
+        self._writes_paused_until = 0.0  # time.monotonic() before which puts are dropped
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._load_seconds = 0.0
         try:
@@ -158,7 +174,7 @@ class KVDiskStore:
         None, and a bad file (damaged, or other token ids: a key collision) is deleted. Asking
         with another number of token ids is a miss that keeps the file and logs a warning.
         A hit makes the chunk the most recently used."""
-        return self._load(key, lambda fd, size: decode_chunk(fd, size, token_ids))
+        return self._load(key, lambda fd, size: decode_chunk(fd, size, key, token_ids))
 
     def get_into(self, key: str, token_ids: np.ndarray, out: torch.Tensor) -> bool:
         """``get`` that reads the payload's elements (C order) straight into ``out``: a
@@ -169,7 +185,7 @@ class KVDiskStore:
         check_payload(out)
         if not out.is_contiguous():
             raise ValueError("get_into needs a contiguous tensor to read into")
-        loaded = self._load(key, lambda fd, size: decode_chunk_into(fd, size, token_ids, out))
+        loaded = self._load(key, lambda fd, size: decode_chunk_into(fd, size, key, token_ids, out))
         return loaded is not None
 
     def read_ahead(self, keys: list[str]) -> int:
@@ -184,7 +200,7 @@ class KVDiskStore:
             if not self.contains(key):
                 continue
             try:
-                fd = os.open(self._chunk_path(key), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd, _ = open_chunk(self.folder, key)
             except OSError:
                 continue
             try:
@@ -198,7 +214,8 @@ class KVDiskStore:
 
     def _load(self, key: str, decode: Callable[[int, int], _Loaded]) -> _Loaded | None:
         """``decode(fd, size)`` of the chunk file of ``key``, counted as a hit and made the
-        most recently used; None on a miss, deleting a file ``decode`` rejects."""
+        most recently used; None on a miss, deleting a file ``decode`` rejects and whatever
+        is at the chunk's name that is not a regular file (a link, a FIFO: never read)."""
         _check_key(key)
         with self._lock:
             if self._closing or key not in self._index:
@@ -208,10 +225,10 @@ class KVDiskStore:
         start = time.perf_counter()
         stat: os.stat_result | None = None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)  # a link: a miss
+            fd, stat = open_chunk(self.folder, key)
             try:
-                stat = os.fstat(fd)
                 loaded = decode(fd, stat.st_size)
+                _touch(fd)
             finally:
                 os.close(fd)
         except FileNotFoundError:
@@ -237,7 +254,6 @@ class KVDiskStore:
             self._load_seconds += elapsed
             if key in self._index:
                 self._index.move_to_end(key)
-        _touch(path)
         return loaded
 
     # -- writes --------------------------------------------------------------------------
@@ -246,8 +262,9 @@ class KVDiskStore:
         """Store ``payload`` (a CPU float32/float16/bfloat16 tensor) as the chunk ``key`` of
         ``token_ids`` now, then evict the least recently used chunks beyond max_bytes. A key
         already stored is not written again (a key names its whole prefix, so its K/V is the
-        same), only made the most recently used. A write error disables writes (one warning),
-        never raises."""
+        same), only made the most recently used. A write error pauses writes (see the module's
+        docstring; one warning per streak of failures), never raises; a put while writes are
+        paused is dropped (counted)."""
         _check_key(key)
         check_payload(payload)
         with self._lock:
@@ -269,7 +286,7 @@ class KVDiskStore:
         not touch again until ``release`` (if given) is called: once, on the writer thread
         after the write (or its drop), or before this returns when nothing was queued. True
         when queued or already stored (see ``put``); False (and counted in dropped_writes)
-        when writes are disabled, the store is closing, or the queue would exceed
+        when writes are paused, the store is closing, or the queue would exceed
         write_queue_bytes."""
         _check_key(key)
         check_payload(payload)
@@ -296,7 +313,7 @@ class KVDiskStore:
         with self._lock:
             if (
                 self._closing
-                or self._writes_disabled
+                or self._paused_locked()
                 or self._queued_bytes + nbytes > self._write_queue_bytes
             ):
                 self._counters["dropped_writes"] += 1
@@ -338,14 +355,16 @@ class KVDiskStore:
         release_folder_lock(self._lock_fd)
 
     @property
-    def writes_disabled(self) -> bool:
-        """Whether a write error has disabled writes (puts are dropped; loads go on)."""
-        return self._writes_disabled
+    def writes_paused(self) -> bool:
+        """Whether writes are paused after a write error (puts are dropped until the pause
+        ends; loads go on)."""
+        with self._lock:
+            return self._paused_locked()
 
     def stats(self) -> dict[str, float | int]:
         """Counters since start (hits, misses, load_bytes, load_seconds, writes, write_bytes,
         write_errors, dropped_writes, evictions, bad_files) and the current used_bytes, chunks,
-        queued_bytes and writes_disabled (0/1)."""
+        queued_bytes and writes_paused (0/1)."""
         with self._lock:
             return {
                 **self._counters,
@@ -353,7 +372,7 @@ class KVDiskStore:
                 "used_bytes": self._used_bytes,
                 "chunks": len(self._index),
                 "queued_bytes": self._queued_bytes,
-                "writes_disabled": int(self._writes_disabled),
+                "writes_paused": int(self._paused_locked()),
             }
 
     # -- internals -----------------------------------------------------------------------
@@ -361,13 +380,16 @@ class KVDiskStore:
     def _chunk_path(self, key: str) -> Path:
         return chunk_path(self.folder, key)
 
+    def _paused_locked(self) -> bool:
+        return time.monotonic() < self._writes_paused_until
+
     def _touch_if_stored(self, key: str) -> bool:
         """Make ``key`` the most recently used if it is stored; whether it is."""
         with self._lock:
             if key not in self._index:
                 return False
             self._index.move_to_end(key)
-        _touch(self._chunk_path(key))
+        touch_chunk(self.folder, key)
         return True
 
     def _write_loop(self) -> None:
@@ -393,53 +415,65 @@ class KVDiskStore:
     ) -> None:
         nbytes_estimate = payload.numel() * payload.element_size()
         with self._lock:
-            if self._writes_disabled or generation != self._generation:
+            if self._paused_locked() or generation != self._generation:
                 self._counters["dropped_writes"] += 1
                 return
         if nbytes_estimate > self.max_bytes:  # would evict everything and still not fit
             with self._lock:
                 self._counters["dropped_writes"] += 1
             return
-        pieces = encode_chunk(token_ids, payload)
-        path = self._chunk_path(key)
-        temporary = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}")
+        pieces = encode_chunk(key, token_ids, payload)
+        temporary = f"{key}.{os.getpid()}.{threading.get_ident()}{TMP_SUFFIX}"
+        directory: int | None = None
         try:
-            path.parent.mkdir(exist_ok=True)
-            size = _write_file(temporary, pieces)
+            directory = open_fan_out(self.folder, key, create=True)
+            size = _write_file(directory, temporary, pieces)
             with self._lock:
                 if generation != self._generation:  # clear() ran while this was written
                     self._counters["dropped_writes"] += 1
                     return
-                os.replace(temporary, path)
+                install_chunk(directory, temporary, key)
+                self._write_failures = 0
                 self._used_bytes += size - self._index.pop(key, 0)
                 self._index[key] = size
                 self._counters["writes"] += 1
                 self._counters["write_bytes"] += size
                 self._evict_locked()
         except OSError as e:
-            self._disable_writes(e)
+            self._pause_writes(e)
         finally:  # gone after the rename; else a torn or unwanted file
-            unlink_quietly(temporary)
+            if directory is not None:
+                unlink_quietly(Path(temporary), directory)
+                os.close(directory)
 
-    def _disable_writes(self, error: OSError) -> None:
+    def _pause_writes(self, error: OSError) -> None:
+        """Count a failed write and pause writes for the streak's next backoff; warn at the
+        first failure of a streak."""
         with self._lock:
             self._counters["write_errors"] += 1
-            if self._writes_disabled:
-                return
-            self._writes_disabled = True
+            self._write_failures += 1
+            pause = min(
+                self.WRITE_RETRY_FIRST_S * 2 ** (self._write_failures - 1), self.WRITE_RETRY_MAX_S
+            )
+            self._writes_paused_until = time.monotonic() + pause
+            first = self._write_failures == 1
         reason = errno.errorcode.get(error.errno or 0, "") if error.errno else ""
-        logger.warning(
-            "KV disk tier: a write to %s failed (%s%s); writes are disabled from "
-            "now on, stored chunks are still read",
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "KV disk tier: a write to %s failed (%s%s); writes pause for %.0f s, then are "
+            "tried again (each failure in a row doubles the pause, up to %.0f s); stored "
+            "chunks are still read",
             self.folder,
             f"{reason}: " if reason else "",
             error.strerror or error,
+            pause,
+            self.WRITE_RETRY_MAX_S,
         )
 
     def _evict_locked(self) -> None:
         while self._used_bytes > self.max_bytes and self._index:
             key, size = self._index.popitem(last=False)
-            unlink_quietly(self._chunk_path(key))
+            remove_chunk(self.folder, key)
             self._used_bytes -= size
             self._counters["evictions"] += 1
 
@@ -447,39 +481,40 @@ class KVDiskStore:
         """Drop ``key`` from the index if its file is gone (deleted behind the store's back)."""
         with self._lock:
             self._counters["misses"] += 1
-            if key in self._index and not self._chunk_path(key).exists():
+            if key in self._index and chunk_stat(self.folder, key) is None:
                 self._used_bytes -= self._index.pop(key)
 
     def _delete_bad(self, key: str, read: os.stat_result | None) -> None:
-        """Delete the file of ``key`` that failed to load, unless a write replaced it since
-        (a different inode than the one read)."""
-        path = self._chunk_path(key)
+        """Remove what is at the name of ``key`` that failed to load, unless a write replaced
+        it since (a different inode than the one read)."""
         with self._lock:
             self._counters["misses"] += 1
             self._counters["bad_files"] += 1
-            try:
-                now = os.stat(path)
-                if read is not None and (now.st_ino, now.st_dev) != (read.st_ino, read.st_dev):
-                    return
-                os.unlink(path)
-            except OSError:
-                pass
+            remove_chunk(self.folder, key, read)
             if key in self._index:
                 self._used_bytes -= self._index.pop(key)
 
 
-def _write_file(path: Path, pieces: list[bytes | memoryview]) -> int:
-    """Write ``pieces`` to a new file at ``path``; its size."""
-    with open(path, "wb") as file:
+def _write_file(directory: int, name: str, pieces: list[bytes | memoryview]) -> int:
+    """Write ``pieces`` to a new regular file ``name`` in the folder open as ``directory``
+    (a name already there, even a link, fails: FileExistsError); its size."""
+    fd = os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o644,
+        dir_fd=directory,
+    )
+    with open(fd, "wb") as file:
         for piece in pieces:
             file.write(piece)
     return sum(piece.nbytes if isinstance(piece, memoryview) else len(piece) for piece in pieces)
 
 
-def _touch(path: Path) -> None:
-    """Set the mtime of ``path`` to now: the last use a restart's scan orders the LRU by."""
+def _touch(fd: int) -> None:
+    """Set the mtime of the open file ``fd`` to now: the last use a restart's scan orders the
+    LRU by."""
     try:
-        os.utime(path)
+        os.utime(fd)
     except OSError:
         pass
 

@@ -202,8 +202,8 @@ class KVDiskTier:
     ) -> None:
         if namespace is not None and not isinstance(namespace, str):
             return  # not a cache salt: KV this tier does not key
-        if self.store.writes_disabled:
-            return  # nothing would be written: spare the copies
+        if self.store.writes_paused:
+            return  # nothing would be written (a write failed lately): spare the copies
         size = self.chunk_tokens
         first, last = start // size, tokens.size // size
         if first >= last:
@@ -367,7 +367,7 @@ class KVDiskTier:
             "kv_disk_used_bytes": int(store.get("used_bytes", 0)),
             "kv_disk_chunks": int(store.get("chunks", 0)),
             "kv_disk_dropped_writes": int(store.get("dropped_writes", 0)),
-            "kv_disk_writes_disabled": int(store.get("writes_disabled", 0)),
+            "kv_disk_writes_paused": int(store.get("writes_paused", 0)),
             "kv_disk_skipped_runs": self.stats.skipped_runs,
             "kv_disk_load_s_per_mb": self.cost.load_s_per_byte * 1e6,
             "kv_disk_recompute_s_per_token": self.cost.recompute_s_per_token,

@@ -10,8 +10,10 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -447,9 +449,9 @@ def test_the_write_queue_is_bounded_by_bytes(tmp_path: Path, monkeypatch) -> Non
     release = threading.Event()
     real_write = store_module._write_file
 
-    def slow_write(path: Path, pieces: list) -> int:
+    def slow_write(directory: int, name: str, pieces: list) -> int:
         release.wait(30)
-        return real_write(path, pieces)
+        return real_write(directory, name, pieces)
 
     monkeypatch.setattr(store_module, "_write_file", slow_write)
     payload = _payload()
@@ -476,10 +478,10 @@ def test_put_async_releases_each_payload_once_after_the_store_is_done_with_it(
     go_on = threading.Event()
     real_write = store_module._write_file
 
-    def held_write(path: Path, pieces: list) -> int:
+    def held_write(directory: int, name: str, pieces: list) -> int:
         writing.set()
         go_on.wait(30)
-        return real_write(path, pieces)
+        return real_write(directory, name, pieces)
 
     monkeypatch.setattr(store_module, "_write_file", held_write)
     payload = _payload()
@@ -521,54 +523,80 @@ def test_the_staging_arena_hands_out_free_entries_only() -> None:
         StagingArena((2, 3), torch.float32, capacity=0)
 
 
-def test_a_write_error_disables_writes_once_and_the_thread_survives(
+def test_a_write_error_pauses_writes_with_a_growing_capped_backoff(
     store: KVDiskStore, monkeypatch, caplog
 ) -> None:
-    tokens = _tokens(4 * CHUNK)
+    tokens = _tokens(6 * CHUNK)
     keys = chunk_keys(tokens, CHUNK, None)
-    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(4)]
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(6)]
     store.put(keys[0], chunks[0], _payload(0))
     real_write = store_module._write_file
+    now = [1000.0]  # the store's clock, moved by hand
+    clock = SimpleNamespace(monotonic=lambda: now[0], perf_counter=time.perf_counter)
+    monkeypatch.setattr(store_module, "time", clock)
 
-    def broken(path: Path, pieces: list) -> int:
+    def broken(directory: int, name: str, pieces: list) -> int:
         raise RuntimeError("a defect, not a disk error")
 
     monkeypatch.setattr(store_module, "_write_file", broken)
     caplog.set_level(logging.WARNING, logger="runtime.kv_disk")
     assert store.put_async(keys[1], chunks[1], _payload(1))
     store.flush(timeout=30)
-    assert store.stats()["write_errors"] == 1 and not store.writes_disabled
+    assert store.stats()["write_errors"] == 1 and not store.writes_paused
+    assert store._writer.is_alive()
 
-    def full_disk(path: Path, pieces: list) -> int:
-        real_write(path, pieces[:1])  # a torn temporary file, which must not stay
+    def full_disk(directory: int, name: str, pieces: list) -> int:
+        real_write(directory, name, pieces[:1])  # a torn temporary file, which must not stay
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(store_module, "_write_file", full_disk)
     caplog.clear()
     assert store.put_async(keys[2], chunks[2], _payload(2))
     store.flush(timeout=30)
-    store.put(keys[3], chunks[3], _payload(3))  # a synchronous put is dropped, not raised
+    assert store.writes_paused and store.stats()["writes_paused"] == 1
+    store.put(keys[3], chunks[3], _payload(3))  # paused: a put is dropped, not raised
     assert not store.put_async(keys[3], chunks[3], _payload(3))
-    store.flush(timeout=30)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "ENOSPC" in warnings[0].getMessage()
     stats = store.stats()
-    assert stats["writes_disabled"] == 1 and store.writes_disabled and stats["write_errors"] == 2
-    assert stats["dropped_writes"] == 2 and stats["chunks"] == 1
-    assert store._writer.is_alive()
+    assert (stats["write_errors"], stats["dropped_writes"], stats["chunks"]) == (2, 2, 1)
+    # Each failure in a row doubles the pause (1 s, 2 s, 4 s, ...) up to 300 s.
+    pauses = []
+    for _ in range(11):
+        start = now[0]
+        while store.writes_paused:
+            now[0] += 0.5
+        pauses.append(now[0] - start)
+        store.put(keys[3], chunks[3], _payload(3))  # fails again
+    assert pauses[:9] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+    assert pauses[9:] == [300.0, 300.0]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "ENOSPC" in warnings[0].getMessage()  # one per streak
     assert list(store.folder.rglob("*.tmp")) == []
     loaded = store.get(keys[0], chunks[0])  # reads go on
     assert loaded is not None and torch.equal(loaded, _payload(0))
+
+    # The disk has room again: after the pause, writes resume, and the streak starts over.
+    monkeypatch.setattr(store_module, "_write_file", real_write)
+    now[0] += 300.0
+    assert store.put_async(keys[4], chunks[4], _payload(4))
+    store.flush(timeout=30)
+    assert store.contains(keys[4]) and not store.writes_paused
+    monkeypatch.setattr(store_module, "_write_file", full_disk)
+    start = now[0]
+    store.put(keys[5], chunks[5], _payload(5))
+    while store.writes_paused:
+        now[0] += 0.5
+    assert now[0] - start == 1.0
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
 
 def test_clear_deletes_every_chunk_and_queued_writes(tmp_path: Path, monkeypatch) -> None:
     started, release = threading.Event(), threading.Event()
     real_write = store_module._write_file
 
-    def held_write(path: Path, pieces: list) -> int:
+    def held_write(directory: int, name: str, pieces: list) -> int:
         started.set()
         release.wait(30)
-        return real_write(path, pieces)
+        return real_write(directory, name, pieces)
 
     store = _store(tmp_path)
     tokens = _tokens(3 * CHUNK)
