@@ -44,9 +44,23 @@ from runtime.tokenizer_manager import RequestOutput
 router = APIRouter()
 
 # /get_server_info entries only the admin sees (with --admin-api-key): where the processes run
-# and how to reach them, and a routed server's per-replica rows (pids, addresses, last errors)
-# and router state. The process facts (``ServerState.process_info``) are the admin's too.
-ADMIN_ONLY_INFO = frozenset({"tp_worker_pids", "replicas", "router"})
+# and how to reach them, where the model and the disk tier lie on the host, where the server
+# listens and sends its traces, and a routed server's per-replica rows (pids, addresses, last
+# errors) and router state. The process facts (``ServerState.process_info``) are the admin's too.
+ADMIN_ONLY_INFO = frozenset(
+    {
+        "tp_worker_pids",
+        "replicas",
+        "router",
+        "model_path",
+        "tokenizer_path",
+        "speculative_draft_model_path",
+        "kv_disk_path",
+        "host",
+        "otlp_traces_endpoint",
+        "ray_address",
+    }
+)
 _LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")
 _TOP_LOGPROB_KEYS = ("input_top_logprobs", "output_top_logprobs")
 

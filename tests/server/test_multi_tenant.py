@@ -229,6 +229,16 @@ def test_server_info_shows_process_details_to_the_admin_only(
         assert "api_key" not in answer.json() and "admin_api_key" not in answer.json()
 
 
+def test_server_info_shows_paths_and_addresses_to_the_admin_only(
+    tenant: httpx.Client, admin: httpx.Client, tiny_model_path: Path
+) -> None:
+    mine = tenant.get("/get_server_info")
+    full = admin.get("/get_server_info")
+    where = {"model_path", "kv_disk_path", "host", "otlp_traces_endpoint", "tokenizer_path"}
+    assert where <= set(full.json()) and not where & set(mine.json())
+    assert str(tiny_model_path) in full.text and str(tiny_model_path) not in mine.text
+
+
 def test_metrics_show_no_prompt_text_nor_salt(server: ServerProcess, tenant: httpx.Client) -> None:
     secret = "Quokkazebra confidential roadmap"
     salt = "salt-of-tenant-q"
