@@ -80,8 +80,10 @@ check-latest:
 fuzz: install
 	ARBOR_FUZZ_SECONDS=$${ARBOR_FUZZ_SECONDS:-600} $(PY) -m pytest -q tests/fuzz
 
+# mypy reads the folder kernels/ under its import name, arbor_kernels, through a link in build/.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	mkdir -p build/mypy && ln -sfn ../../kernels build/mypy/arbor_kernels
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
