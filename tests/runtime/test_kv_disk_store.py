@@ -4,9 +4,11 @@ writer thread. Every failure of a file is a miss, never wrong K/V."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -47,6 +49,15 @@ def _store(
 
 def _chunk_file(store: KVDiskStore, key: str) -> Path:
     return store.folder / key[:2] / f"{key}.kv"
+
+
+def _get(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
+    return store.get(key, tokens)
+
+
+def _get_into(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
+    out = torch.empty_like(_payload())
+    return out if store.get_into(key, tokens, out) else None
 
 
 @pytest.fixture
@@ -154,6 +165,202 @@ def test_a_linked_chunk_file_is_not_followed(store: KVDiskStore, tmp_path: Path)
     assert outside.exists() and not _chunk_file(store, key).is_symlink()
 
 
+def _in_thread(call: Any, fifo: Path, seconds: float = 20.0) -> Any:
+    """``call()``'s result, run on a thread that must end within ``seconds``. If it blocks
+    (a reader waiting on ``fifo`` for a writer) the FIFO is opened for writing and closed, so
+    the reader sees its end and the test fails instead of hanging."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(seconds)
+        pytest.fail(f"reading the tier blocked on the FIFO {fifo}")
+    return result[0]
+
+
+@pytest.mark.parametrize("load", ["get", "get_into", "read_ahead"])
+def test_a_fifo_named_like_a_chunk_is_a_miss_at_once(store: KVDiskStore, load: str) -> None:
+    """A FIFO is never opened for a blocking read: the load is a miss at once, and the name is
+    removed (unlink: nothing is opened), so the scheduler is never stuck on the tier."""
+    tokens = _tokens(CHUNK)
+    key = chunk_keys(tokens, CHUNK, None)[0]
+    store.put(key, tokens, _payload())
+    path = _chunk_file(store, key)
+    path.unlink()
+    os.mkfifo(path)
+    calls = {
+        "get": lambda: store.get(key, tokens),
+        "get_into": lambda: _get_into(store, key, tokens),
+        "read_ahead": lambda: store.read_ahead([key]),
+    }
+    assert _in_thread(calls[load], path) in (None, 0)
+    if load == "read_ahead":  # a hint skips it and checks nothing: the load judges it
+        assert _in_thread(calls["get"], path) is None
+    assert not os.path.lexists(path) and not store.contains(key)
+    assert store.stats()["bad_files"] == 1
+    store.put(key, tokens, _payload())  # the chunk can be stored again
+    loaded = store.get(key, tokens)
+    assert loaded is not None and torch.equal(loaded, _payload())
+
+
+def test_a_restart_removes_what_is_named_like_a_chunk_but_is_no_file(tmp_path: Path) -> None:
+    tokens = _tokens(4 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    store = _store(tmp_path)
+    store.put(keys[0], tokens[:CHUNK], _payload())
+    store.close()
+    folder = store.folder
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.kv").write_bytes(b"not the tier's")
+    fifo, link, stray = (_chunk_file(store, k) for k in keys[1:])
+    for path in (fifo, link, stray):
+        path.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    link.symlink_to(outside / "keep.kv")
+    stray.mkdir()
+    (stray / "inside").symlink_to(outside)  # removed as a name, never followed
+
+    store = _store(tmp_path)
+    assert [store.contains(k) for k in keys] == [True, False, False, False]
+    assert not any(os.path.lexists(p) for p in (fifo, link, stray))
+    assert (outside / "keep.kv").read_bytes() == b"not the tier's"
+    store.close()
+    assert folder.exists()
+
+
+@pytest.mark.parametrize("load", [_get, _get_into])
+@pytest.mark.parametrize("move", ["swap", "copy"])
+def test_a_chunk_file_under_another_key_is_a_miss_and_deleted(
+    store: KVDiskStore, load, move: str
+) -> None:
+    """Two prefixes whose chunk 1 holds the same 16 token ids have different keys (the chain
+    differs): a file moved from one key to the other holds the right token ids and checksum,
+    but it was written under the other key, so the load is a miss and the file deleted."""
+    shared = _tokens(CHUNK, seed=9)
+    first = np.concatenate([_tokens(CHUNK, seed=1), shared])
+    second = np.concatenate([_tokens(CHUNK, seed=2), shared])
+    key_a, key_b = chunk_keys(first, CHUNK, None)[1], chunk_keys(second, CHUNK, None)[1]
+    assert key_a != key_b
+    store.put(key_a, shared, _payload(1))
+    store.put(key_b, shared, _payload(2))
+    path_a, path_b = _chunk_file(store, key_a), _chunk_file(store, key_b)
+    if move == "swap":
+        path_a.rename(path_a.with_name("swap"))
+        path_b.rename(path_a)
+        path_a.with_name("swap").rename(path_b)
+    else:
+        path_a.write_bytes(path_b.read_bytes())
+    assert load(store, key_a, shared) is None
+    assert not path_a.exists() and not store.contains(key_a)
+    assert store.stats()["bad_files"] == 1
+    if move == "copy":  # the file under its own key still loads
+        loaded = load(store, key_b, shared)
+        assert loaded is not None and torch.equal(loaded, _payload(2))
+
+
+def test_a_linked_fan_out_folder_is_never_followed(tmp_path: Path) -> None:
+    """A fan-out folder replaced by a link to elsewhere: nothing is written, read, or deleted
+    there, at start, on writes, loads, evictions, clears, or a manifest reset."""
+    tokens = _tokens(3 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    chunks = [tokens[i * CHUNK : (i + 1) * CHUNK] for i in range(3)]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = tmp_path / "tier" / "replica0"
+    folder.mkdir(parents=True)
+
+    def plant() -> dict[str, bytes]:
+        """Link the fan-out folder of keys[0] to ``outside``, holding files the tier would
+        touch were it followed; what ``outside`` holds."""
+        fan_out = folder / keys[0][:2]
+        if fan_out.is_symlink() or fan_out.is_file():
+            fan_out.unlink()
+        elif fan_out.exists():
+            shutil.rmtree(fan_out)
+        fan_out.symlink_to(outside, target_is_directory=True)
+        (outside / f"{keys[0]}.kv").write_bytes(b"someone else's")
+        (outside / "half.tmp").write_bytes(b"someone else's")
+        return {p.name: p.read_bytes() for p in outside.iterdir()}
+
+    planted = plant()
+    store = _store(tmp_path / "tier")  # the start's scan
+    assert not store.contains(keys[0])
+    store.put(keys[0], chunks[0], _payload(0))  # a write replaces the link by a folder
+    assert not (folder / keys[0][:2]).is_symlink() and store.contains(keys[0])
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == planted
+
+    planted = plant()  # behind the store's back, after the write
+    assert store.get(keys[0], chunks[0]) is None  # not read through the link
+    store.put(keys[0], chunks[0], _payload(0))
+    planted = plant()
+    store.clear()
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == planted
+    store.put(keys[0], chunks[0], _payload(0))
+    planted = plant()
+    probe = _store(tmp_path / "probe")
+    probe.put(keys[1], chunks[1], _payload(1))
+    size = probe.stats()["used_bytes"]
+    probe.close()
+    store.max_bytes = size
+    store.put(keys[1], chunks[1], _payload(1))  # evicts keys[0]
+    store.put(keys[2], chunks[2], _payload(2))
+    store.close()
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == planted
+    planted = plant()
+    store = _store(tmp_path / "tier", manifest={**MANIFEST, "model": "other"})  # a reset
+    store.close()
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == planted
+
+
+def test_a_stray_folder_named_like_a_chunk_goes_at_a_reset_and_blocks_no_write(
+    tmp_path: Path,
+) -> None:
+    tokens = _tokens(2 * CHUNK)
+    keys = chunk_keys(tokens, CHUNK, None)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"x")
+    store = _store(tmp_path / "tier")
+
+    def stray(key: str) -> Path:
+        path = _chunk_file(store, key)
+        path.mkdir(parents=True)
+        (path / "inside.kv").write_bytes(b"y")
+        (path / "link").symlink_to(outside, target_is_directory=True)
+        return path
+
+    path = stray(keys[0])
+    store.clear()  # flush_cache?disk=true
+    assert not os.path.lexists(path) and (outside / "keep").exists()
+    path = stray(keys[0])
+    store.put(keys[0], tokens[:CHUNK], _payload())  # the chunk takes the folder's place
+    assert path.is_file() and not store.writes_paused and store.stats()["write_errors"] == 0
+    path = stray(keys[1])
+    store.close()
+    store = _store(tmp_path / "tier", manifest={**MANIFEST, "model": "other"})  # a reset
+    assert not os.path.lexists(path) and (outside / "keep").exists()
+    store.close()
+
+
+def test_links_at_the_lock_and_manifest_names_are_not_written_through(tmp_path: Path) -> None:
+    folder = tmp_path / "replica0"
+    folder.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (folder / "manifest.json.tmp").symlink_to(victim)
+    _store(tmp_path).close()  # a new manifest is written
+    assert victim.read_text() == "keep me"
+    assert json.loads((folder / "manifest.json").read_text())["model"] == MANIFEST["model"]
+    (folder / "lock").unlink()
+    (folder / "lock").symlink_to(victim)
+    with pytest.raises(KVDiskError, match="lock file"):
+        _store(tmp_path)
+    assert victim.read_text() == "keep me"
+
+
 def _flip_a_payload_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
@@ -173,15 +380,6 @@ def _bad_magic(path: Path) -> None:
 def _append(path: Path) -> None:
     with open(path, "ab") as file:
         file.write(b"\0")
-
-
-def _get(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
-    return store.get(key, tokens)
-
-
-def _get_into(store: KVDiskStore, key: str, tokens: np.ndarray) -> torch.Tensor | None:
-    out = torch.empty_like(_payload())
-    return out if store.get_into(key, tokens, out) else None
 
 
 @pytest.mark.parametrize("load", [_get, _get_into])
