@@ -180,6 +180,22 @@ def check_token_ids(ids: Sequence[Any], vocab_size: int, field: str) -> None:
             )
 
 
+def check_output_room(
+    prompt_tokens: int, max_tokens: int, context_length: int, field: str
+) -> None:
+    """Raise InvalidRequestValue naming ``field`` (the request's own ``max_tokens``, which it
+    set: a default is cut to the room left) unless the prompt and ``max_tokens`` output tokens
+    fit in the context, as OpenAI and vLLM refuse them: the request could never end as asked.
+    ``context_length`` 0: not known yet, nothing checked."""
+    if context_length and prompt_tokens + max_tokens > context_length:
+        room = max(context_length - prompt_tokens, 0)
+        raise InvalidRequestValue(
+            field,
+            f"the prompt's {prompt_tokens} tokens and {max_tokens} output tokens exceed the "
+            f"context length of {context_length} tokens; ask for at most {room}",
+        )
+
+
 def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 

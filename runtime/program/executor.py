@@ -62,6 +62,7 @@ from runtime.program.spec import (
     SelectOp,
     TextOp,
     branch_key,
+    check_joins,
 )
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
@@ -175,6 +176,7 @@ class ProgramRunner:
         for key in request.branches:
             if key not in session.branches:
                 raise RequestError(f"branches: the program has no branch {key!r}")
+        check_joins(request.branches, session.forks)
         events: asyncio.Queue[ProgramEvent | None] = asyncio.Queue()
 
         async def emit(event: ProgramEvent) -> None:

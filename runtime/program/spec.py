@@ -17,12 +17,13 @@ JSON shape::
         {"type": "join", "id": 1}
 
 A fork's id is unique within the program; its branches start when the parent reaches the fork
-and run concurrently with it; ``join`` waits for them. Bad input raises RequestError (400)
-naming the field.
+and run concurrently with it; ``join`` waits for them, and names a fork of this request or of
+an earlier segment. Bad input raises RequestError (400) naming the field.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +121,31 @@ def parse_program(body: Any, limits: RequestLimits) -> ProgramRequest:
         if key != "" and not key.startswith("/"):
             raise RequestError(f"branches: {key!r} is not a branch name ('' or '/<fork>.<i>')")
         branches[key] = _ops(ops, f"branches[{key!r}]", limits, counter, 0)
+    if program_id is None:  # a new program: its first segment makes every fork it joins
+        check_joins(branches, ())
     return ProgramRequest(program_id, branches, stream, end, cache_salt)
+
+
+def check_joins(branches: dict[str, tuple[Op, ...]], forked: Collection[int]) -> None:
+    """RequestError (400) naming the first join of a fork that neither ``branches`` nor the
+    program's earlier segments (``forked``: their fork ids) make."""
+    made = set(forked)
+    joins: list[tuple[str, int]] = []
+
+    def walk(ops: tuple[Op, ...], where: str) -> None:
+        for i, op in enumerate(ops):
+            if isinstance(op, ForkOp):
+                made.add(op.id)
+                for j, ops_j in enumerate(op.branches):
+                    walk(ops_j, f"{where}[{i}].branches[{j}]")
+            elif isinstance(op, JoinOp):
+                joins.append((f"{where}[{i}]", op.id))
+
+    for key, ops in branches.items():
+        walk(ops, f"branches[{key!r}]")
+    for where, fork_id in joins:
+        if fork_id not in made:
+            raise RequestError(f"{where}.id: the program has no fork with id {fork_id}")
 
 
 def _ops(

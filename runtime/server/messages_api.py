@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.generate_input import SubRequest
+from runtime.request_checks import check_output_room
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.generic_tools import ReplyEnvelope, reply_envelope
@@ -86,6 +87,7 @@ class _Turn:
 async def create_message(request: Request) -> Response:
     state, body = await read_request(request, MessagesRequest)
     turn = await _prompt(state, body)
+    check_output_room(len(turn.ids), body.max_tokens, state.context_length, "max_tokens")
     parallel = not _parallel_disabled(body)
     answer = _answer_format(body)
     callable_tools = [f for f in turn.functions if f["name"] in turn.names]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
 from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS
@@ -25,6 +25,7 @@ from runtime.server.openai_protocol import (
     ReplyEnvelopeMode,
     StopString,
     TemplateKwargs,
+    check_unique_tool_names,
 )
 
 MAX_MESSAGES = 4096
@@ -101,7 +102,7 @@ ContentBlock = Annotated[
 
 class Message(AnthropicModel):
     role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+    content: str | Annotated[list[ContentBlock], Field(min_length=1)]
 
 
 class Tool(AnthropicModel):
@@ -177,6 +178,12 @@ class PromptRequest(AnthropicModel):
     thinking: ThinkingConfig | None = None
     # Extension: extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        check_unique_tool_names([tool.name for tool in tools or []])
+        return tools
 
 
 class CountTokensRequest(PromptRequest):

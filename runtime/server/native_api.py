@@ -22,8 +22,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.generate_input import GenerateInput, LogprobOptions
+from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.ipc import ControlCommand
+from runtime.request_checks import check_output_room
 from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
@@ -72,6 +73,7 @@ async def generate(request: Request) -> Response:
     body = parse_model(GenerateReqInput, await state.read_body(request))
     generate_input = _generate_input(state, body)
     subs = await generate_input.sub_requests(state.tokenizer_manager.tokenize)
+    _check_room(state, body, subs)
     splits = None
     if body.require_reasoning:
         splits = require_reasoning(state.args.reasoning_parser, state.tokenizer, subs)
@@ -124,6 +126,21 @@ def _generate_input(state: ServerState, body: GenerateReqInput) -> GenerateInput
 def _given(params: SamplingParamsInput | None) -> dict[str, Any] | None:
     """The fields the client set (the rest keep SamplingParams' defaults)."""
     return None if params is None else params.model_dump(exclude_unset=True)
+
+
+def _check_room(state: ServerState, body: GenerateReqInput, subs: list[SubRequest]) -> None:
+    """A 400 for a prompt whose ``max_new_tokens``, where the request sets them, do not fit
+    beside it in the context (where it does not, the scheduler cuts the default to the room)."""
+    params = body.sampling_params
+    for sub in subs:
+        given = params[sub.prompt_index] if isinstance(params, list) else params
+        if given is not None and "max_new_tokens" in given.model_fields_set:
+            check_output_room(
+                len(sub.input_ids),
+                sub.sampling.max_new_tokens,
+                state.context_length,
+                "sampling_params.max_new_tokens",
+            )
 
 
 def _result(state: ServerState, body: GenerateReqInput, chunk: RequestOutput) -> dict[str, Any]:

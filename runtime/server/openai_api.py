@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
+from runtime.request_checks import check_output_room
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.generic_tools import ReplyEnvelope, generic_messages, reply_envelope
@@ -118,6 +119,9 @@ async def completions(request: Request) -> Response:
     max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
     sampling = _sampling(state, body, max_tokens, {})
     prompts, texts = await _completion_prompts(state, body.prompt)
+    if "max_tokens" in body.model_fields_set and body.max_tokens is not None:
+        for ids in prompts:
+            check_output_room(len(ids), body.max_tokens, state.context_length, "max_tokens")
     want_logprobs = body.logprobs is not None
     logprobs = LogprobOptions(
         return_logprob=want_logprobs,
@@ -172,6 +176,9 @@ async def chat_completions(request: Request) -> Response:
         max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
     sampling = _sampling(state, body, max_tokens, constraints)
     text, ids = await _chat_prompt(state, body, tools_on, envelope)
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if getattr(body, field) is not None:
+        check_output_room(len(ids), getattr(body, field), state.context_length, field)
     if held and envelope is not None:  # the server decides call or answer (tool_decision)
         names = [f["name"] for f in functions]
         branch = await state.tool_decider.decide(state, ids, names, envelope, body.cache_salt)

@@ -11,6 +11,7 @@ SGLang/vLLM names (``top_k``, ``min_p``, ``regex``, ``ebnf``, ``json_schema``, .
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,8 +20,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
 from runtime.sampling_params import (
@@ -35,6 +38,8 @@ StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_
 JsonFormat = Literal["aligned", "compact"]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 MaxTokens = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# Chat completions generate at least one token (0 is completions' prompt-scoring request).
+ChatMaxTokens = Annotated[int, Field(ge=1, le=INT64_MAX)]
 # chat_template_kwargs: variables the chat template reads (enable_thinking, ...), bounded.
 MAX_TEMPLATE_KWARGS = 64
 MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
@@ -52,6 +57,22 @@ TemplateKwargs = Annotated[
     Field(max_length=MAX_TEMPLATE_KWARGS),
     AfterValidator(_bounded_kwargs),
 ]
+
+
+def check_unique_tool_names(names: Sequence[str | None]) -> None:
+    """Raise a validation error (on the ``tools`` field of every API) if two tools share a
+    name: a call names the tool it calls, so which one it meant would be a guess."""
+    first: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name is None:
+            continue
+        if name in first:
+            raise PydanticCustomError(
+                "duplicate_tool_name",
+                "tool names must be unique; tools.{first} and tools.{second} are both {name}",
+                {"first": first[name], "second": index, "name": repr(name)},
+            )
+        first[name] = index
 
 
 # Strict types (no "no" for false, no 1.0 for 1), finite numbers, no unknown fields: every
@@ -152,7 +173,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | Annotated[list[dict[str, Any]], Field(min_length=1)] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
@@ -192,8 +213,8 @@ class ResponseFormat(OpenAIModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: MaxTokens | None = None
-    max_completion_tokens: MaxTokens | None = None
+    max_tokens: ChatMaxTokens | None = None
+    max_completion_tokens: ChatMaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
@@ -205,3 +226,9 @@ class ChatCompletionRequest(SamplingRequest):
     # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
     # {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        check_unique_tool_names([tool.function.name for tool in tools or []])
+        return tools

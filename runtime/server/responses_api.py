@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.generate_input import LogprobOptions, SubRequest
+from runtime.request_checks import check_output_room
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.generic_tools import reply_envelope
@@ -79,8 +80,9 @@ async def create_response(request: Request) -> Response:
         )
         if prefix is not None:
             item.setdefault("id", new_id(prefix))
-    messages = items_to_messages(items, state.responses.item)
-    history = (previous.messages if previous else []) + messages
+    earlier = previous.messages if previous else []
+    messages = items_to_messages(items, state.responses.item, earlier=earlier)
+    history = earlier + messages
     functions = _functions(body)
     choice, names = _tool_choice(body, functions)
     tools_on = bool(functions) and choice != "none"
@@ -104,6 +106,9 @@ async def create_response(request: Request) -> Response:
         variables,
         envelope,
     )
+    if body.max_output_tokens is not None:
+        limit = state.context_length
+        check_output_room(len(prompt.ids), body.max_output_tokens, limit, "max_output_tokens")
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []
     )

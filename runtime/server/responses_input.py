@@ -4,14 +4,15 @@ input items of the next turn.
 Messages map one to one (``developer`` becomes ``system``; ``input_text`` / ``output_text``
 parts are joined). A run of ``function_call`` items, with the assistant message just before
 them, becomes one assistant message with ``tool_calls`` (parallel calls); a
-``function_call_output`` becomes a ``tool`` message. Reasoning items are dropped: chat
+``function_call_output`` becomes a ``tool`` message, and must answer a call made before it
+(in the items or in the conversation they continue). Reasoning items are dropped: chat
 templates of reasoning models strip earlier turns' thinking. ``item_reference`` items are
 resolved through the response store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.server.errors import ApiError
@@ -31,10 +32,14 @@ def items_to_messages(
     items: list[dict[str, Any]],
     resolve: Callable[[str], dict[str, Any] | None],
     param: str = "input",
+    earlier: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Chat messages for ``items``; ApiError 400 naming ``{param}.{i}`` for a bad item.
-    ``resolve`` finds a stored item by id (for ``item_reference``)."""
+    ``resolve`` finds a stored item by id (for ``item_reference``); ``earlier``: the chat
+    messages of the conversation the items continue (the previous response's), whose calls
+    a ``function_call_output`` may answer."""
     messages: list[dict[str, Any]] = []
+    calls = {call["id"] for message in earlier for call in message.get("tool_calls") or ()}
     for i, item in enumerate(items):
         where = f"{param}.{i}"
         if not isinstance(item, dict):
@@ -50,8 +55,9 @@ def items_to_messages(
             messages.append(_message(item, where))
         elif kind == "function_call":
             _add_call(messages, item, where)
+            calls.add(item["call_id"])
         elif kind == "function_call_output":
-            messages.append(_call_output(item, where))
+            messages.append(_call_output(item, where, calls))
         elif kind != "reasoning":
             raise ApiError(400, f"{where}: input items of type {kind!r} are not supported", where)
     return messages
@@ -89,6 +95,8 @@ def _text(item: dict[str, Any], where: str) -> str:
         raise ApiError(
             400, f"{where}.content: must be a string or a list of parts", f"{where}.content"
         )
+    if not content:
+        raise ApiError(400, f"{where}.content: the list of parts is empty", f"{where}.content")
     texts = []
     for j, part in enumerate(content):
         at = f"{where}.content.{j}"
@@ -120,12 +128,21 @@ def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
-def _call_output(item: dict[str, Any], where: str) -> dict[str, Any]:
-    if not isinstance(item.get("call_id"), str):
+def _call_output(item: dict[str, Any], where: str, calls: set[str]) -> dict[str, Any]:
+    """A ``tool`` message; ``calls``: the ids of the calls made before it."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str):
         raise ApiError(400, f"{where}.call_id: a function_call_output needs a call_id", where)
     output = item.get("output")
     if isinstance(output, list):
-        output = _text({"content": output}, where)
+        output = _text({"content": output}, where) if output else ""
     if not isinstance(output, str):
         raise ApiError(400, f"{where}.output: must be a string or a list of text parts", where)
+    if call_id not in calls:
+        raise ApiError(
+            400,
+            f"{where}.call_id: no function_call with call_id {call_id!r} comes before this "
+            "output, in the input or in the previous response",
+            f"{where}.call_id",
+        )
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}

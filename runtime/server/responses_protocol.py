@@ -7,15 +7,16 @@ into chat messages (``responses_input``), so an error names the item's index.
 
 Fields the runtime cannot honour (``background``, ``conversation``, ``prompt``,
 ``context_management``) are refused by name; fields that do not change the output
-(``include`` beyond logprobs, ``metadata``, ``prompt_cache_key``, ``safety_identifier``, ...)
-are accepted and, where the response echoes them, echoed.
+(``include`` values other than logprobs, ``metadata``, ``prompt_cache_key``,
+``safety_identifier``, ...) are accepted and, where the response echoes them, echoed; an
+``include`` value OpenAI does not define is refused.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
 from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
@@ -25,9 +26,22 @@ from runtime.server.openai_protocol import (
     OpenAIModel,
     ReplyEnvelopeMode,
     TemplateKwargs,
+    check_unique_tool_names,
 )
 
 MAX_INPUT_ITEMS = 4096
+# What ``include`` may ask for (OpenAI's values). Only the logprobs change what this server
+# answers; the others name outputs of hosted tools or encrypted reasoning, which it has none of.
+IncludeValue = Literal[
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+]
 
 
 class FunctionTool(OpenAIModel):
@@ -96,7 +110,7 @@ class ResponsesRequest(OpenAIModel, DryFields):
     previous_response_id: str | None = None
     stream: bool = False
     stream_options: ResponseStreamOptions | None = None
-    include: list[str] | None = None
+    include: list[IncludeValue] | None = None
     metadata: dict[str, str] | None = None
     reasoning: ReasoningConfig | None = None
     truncation: Literal["disabled", "auto"] | None = None
@@ -133,6 +147,12 @@ class ResponsesRequest(OpenAIModel, DryFields):
     # Share cached KV only with requests of the same salt (as in chat completions).
     cache_salt: CacheSalt | None = None
 
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[FunctionTool] | None) -> list[FunctionTool] | None:
+        check_unique_tool_names([tool.name for tool in tools or []])
+        return tools
+
 
 class InputItemsQuery(BaseModel):
     """Query parameters of ``GET /v1/responses/{id}/input_items``."""
@@ -142,3 +162,4 @@ class InputItemsQuery(BaseModel):
     limit: int = Field(20, ge=1, le=100)
     order: Literal["asc", "desc"] = "desc"
     after: str | None = None
+    cache_salt: CacheSalt | None = None  # whose response (runtime.server.state.query_salt)

@@ -32,6 +32,8 @@ GREEDY_8 = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 GREEDY_16 = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 LONG = {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}
 CHAT = [{"role": "user", "content": "Name a prime number."}]
+CHAT_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+RESPONSES_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 LONE_SURROGATE = "\ud800"
 IDLE_WITHIN_S = 10.0
 STARTUP_TIMEOUT_S = 60.0
@@ -219,6 +221,11 @@ DEEP_SCHEMA = _deep_schema(100)
         ),
         pytest.param(_native(n=10000), "sampling_params.n", id="n-10000"),
         pytest.param(
+            _native(max_new_tokens=10**12),
+            "sampling_params.max_new_tokens",
+            id="max_new_tokens-past-the-context",
+        ),
+        pytest.param(
             _native(stop=[f"stop-{i}" for i in range(10000)]),
             "sampling_params.stop",
             id="stop-10000-strings",
@@ -254,6 +261,72 @@ def test_native_request_refused(server: ServerProcess, body: dict[str, Any], par
         pytest.param(
             "/v1/completions", {"prompt": [2**70], "max_tokens": 4}, "prompt", id="prompt-id-2**70"
         ),
+        pytest.param(
+            "/v1/completions",
+            {"prompt": PROMPT, "max_tokens": 10**12},
+            "max_tokens",
+            id="completion-max_tokens-past-the-context",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"messages": CHAT, "max_tokens": 10**12},
+            "max_tokens",
+            id="chat-max_tokens-past-the-context",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"messages": CHAT, "max_completion_tokens": 8190},  # the context is 8192
+            "max_completion_tokens",
+            id="chat-max_completion_tokens-past-the-context",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"messages": CHAT, "max_tokens": 0},
+            "max_tokens",
+            id="chat-max_tokens-0",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": []}]},
+            "messages.0.content",
+            id="chat-empty-content-list",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"messages": CHAT, "tools": [CHAT_TOOL, CHAT_TOOL]},
+            "tools",
+            id="chat-duplicate-tool-names",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {"input": "hi", "max_output_tokens": 10**12},
+            "max_output_tokens",
+            id="responses-max_output_tokens-past-the-context",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {"input": [{"role": "user", "content": []}]},
+            "input.0.content",
+            id="responses-empty-content-list",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {"input": "hi", "tools": [RESPONSES_TOOL, RESPONSES_TOOL]},
+            "tools",
+            id="responses-duplicate-tool-names",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {"input": "hi", "include": ["message.output_text.logprobz"]},
+            "include",
+            id="responses-unknown-include",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
+            "input.0.call_id",
+            id="responses-output-of-no-call",
+        ),
     ],
 )
 def test_openai_request_refused(
@@ -261,6 +334,35 @@ def test_openai_request_refused(
 ) -> None:
     response = _post(server, path, {"model": model_name, **body})
     assert _refusal(response)["param"] == param
+
+
+def test_an_output_of_a_call_the_previous_response_did_not_make_is_refused(
+    server: ServerProcess, model_name: str
+) -> None:
+    first = _post(
+        server, "/v1/responses", {"model": model_name, "input": "hi", "max_output_tokens": 2}
+    )
+    assert first.status_code == 200, first.text
+    answer = {"type": "function_call_output", "call_id": "call_x", "output": "1"}
+    body = {"model": model_name, "previous_response_id": first.json()["id"], "input": [answer]}
+    assert _refusal(_post(server, "/v1/responses", body))["param"] == "input.0.call_id"
+
+
+def test_a_join_of_an_unknown_fork_is_refused(server: ServerProcess) -> None:
+    ops = [{"type": "text", "text": PROMPT}, {"type": "join", "id": 7}]
+    error = _refusal(_post(server, "/program", {"branches": {"": ops}}))
+    assert "no fork with id 7" in error["message"] and "branches[''][1].id" in error["message"]
+
+
+def test_max_tokens_that_fit_beside_the_prompt_are_taken(
+    server: ServerProcess, model_name: str
+) -> None:
+    """Only what does not fit is refused: the most that fits runs (ended by its grammar)."""
+    ids = [1, 2, 3]
+    body = {"model": model_name, "prompt": ids, "max_tokens": 8192 - len(ids), "regex": "[ab]"}
+    response = _post(server, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] in ("a", "b")
 
 
 def test_chat_content_with_lone_surrogate_refused(server: ServerProcess, model_name: str) -> None:

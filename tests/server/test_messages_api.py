@@ -220,6 +220,18 @@ BAD_BODIES = [
     pytest.param({"max_tokens": 2**64}, 400, "max_tokens", id="max_tokens-huge"),
     pytest.param({"max_tokens": "4"}, 400, "max_tokens", id="max_tokens-string"),
     pytest.param(
+        {"max_tokens": 10**12}, 400, "max_tokens: the prompt's", id="max_tokens-past-the-context"
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": []}]},
+        400,
+        "messages.0.content",
+        id="empty-content-list",
+    ),
+    pytest.param(
+        {"tools": [TOOL, TOOL]}, 400, "tools: tool names must be unique", id="duplicate-tools"
+    ),
+    pytest.param(
         {"messages": [{"role": "user", "content": [{"type": "banana", "text": "x"}]}]},
         400,
         "messages.0.content",

@@ -69,12 +69,24 @@ def test_a_call_without_a_message_opens_one():
         ({"type": "function_call", "name": "f", "arguments": "{}"}, "input.0.call_id"),
         ({"type": "function_call_output", "call_id": "c", "output": 3}, "input.0"),
         ({"role": "user", "content": 7}, "input.0.content"),
+        ({"role": "user", "content": []}, "input.0.content"),
+        ({"type": "function_call_output", "call_id": "c", "output": "x"}, "input.0.call_id"),
     ],
 )
 def test_bad_items(item: object, param: str):
     with pytest.raises(ApiError) as info:
         items_to_messages([item], _no_refs)  # type: ignore[list-item]
     assert info.value.param == param
+
+
+def test_an_output_answers_a_call_of_the_previous_response_or_an_earlier_item():
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    earlier = items_to_messages([call], _no_refs)
+    answer = {"type": "function_call_output", "call_id": "c1", "output": "one"}
+    assert items_to_messages([answer], _no_refs, earlier=earlier)[0]["tool_call_id"] == "c1"
+    with pytest.raises(ApiError, match="no function_call with call_id 'c1'") as info:
+        items_to_messages([answer, call], _no_refs)  # the call comes after its output
+    assert info.value.param == "input.0.call_id"
 
 
 def _kinds(builder: OutputBuilder) -> list[str]:
