@@ -14,12 +14,14 @@ So the server decides (``reply_envelope: "scored"``, the default): it scores eac
 tool's name after the call's opening (prefill only, one request a tool, the prompt's KV
 shared with the reply through the radix cache) and holds the envelope to the call side when
 the best name scores above the model's threshold, else to the answer side (the grammar's
-``branch``). The threshold is the model's own, calibrated once per server on the prompts
-below (written for this, apart from quality_bench's frozen sets: requests that need one of
-three tools, and requests that want an answer, each offered one or two of the tools): the cut
-between their scores that classifies most of them, taken when it classifies at least
-``MIN_ACCURACY`` of them. A model whose scores do not separate them (random weights) keeps
-its own choice of key.
+``branch``). The threshold is the model's own, calibrated on the prompts below (written for
+this, apart from quality_bench's frozen sets: requests that need one of three tools, and
+requests that want an answer, each offered one or two of the tools): the cut between their
+scores that classifies most of them, taken when it classifies at least ``MIN_ACCURACY`` of
+them. A model whose scores do not separate them (random weights) keeps its own choice of key.
+A server sets its thresholds at startup, before it says ready (``ToolDecider.prepare``): read
+back from the cache folder where an earlier start kept them (``runtime.server.tool_thresholds``),
+else calibrated and kept there.
 
 The decision is the same for every sample of the request (``n``) and does not sample (the
 threshold is a cut, not a probability); a request that must call says ``required``.
@@ -31,12 +33,20 @@ import asyncio
 import json
 import logging
 import statistics
+import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from runtime.model_identity import model_identity
 from runtime.sampling_params import SamplingParams
 from runtime.server.generic_tools import ReplyEnvelope, generic_messages
+from runtime.server.tool_thresholds import (
+    NUMERICS_FIELDS,
+    Threshold,
+    ThresholdStore,
+    calibration_digest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +54,9 @@ logger = logging.getLogger(__name__)
 MIN_ACCURACY = 0.8
 # More offered tools than this: the model picks the key itself (one scored sequence per tool).
 MAX_SCORED_TOOLS = 32
+# The envelope shapes a server calibrates at startup: a list of calls (every API's default for
+# parallel tool calls), then a single call.
+SHAPES = (True, False)
 
 
 def call_opening(parallel: bool) -> str:
@@ -101,15 +114,6 @@ CALIBRATION_PROMPTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Threshold:
-    """A model's calibrated cut on the best tool name's score (None: unusable, the model
-    picks the key itself) and the share of the calibration prompts it classifies."""
-
-    value: float | None
-    accuracy: float
-
-
 def choose_threshold(scored: Sequence[tuple[float, bool]], min_accuracy: float) -> Threshold:
     """The cut between ``scored`` (score, a call is right) that classifies most of them
     ("call" above it): the median of the midpoints that tie for best. ``value`` None when the
@@ -130,12 +134,26 @@ def choose_threshold(scored: Sequence[tuple[float, bool]], min_accuracy: float) 
 
 
 class ToolDecider:
-    """One server's decisions: the threshold per envelope shape (single call or a list),
-    calibrated on first use, then a scoring pass per request."""
+    """One server's decisions: the threshold per envelope shape (single call or a list), set
+    at startup by ``prepare`` or, for a shape it did not set, calibrated in the background on
+    first use; then a scoring pass per request."""
 
     def __init__(self) -> None:
         self._thresholds: dict[bool, Threshold] = {}
-        self._locks: dict[bool, asyncio.Lock] = {}
+        self._calibrating: dict[bool, asyncio.Task[None]] = {}
+        self._store: ThresholdStore | None = None
+        # How each shape's threshold was set (/metrics): "startup" (calibrated before ready),
+        # "cache" (read back from the cache folder), "request" (calibrated on first use).
+        self.sources: Counter[str] = Counter()
+
+    async def prepare(self, state: Any, store: ThresholdStore | None) -> None:
+        """Set every shape's threshold (``SHAPES``) before the server says ready: read from
+        ``store`` where an earlier start kept it, else calibrated and kept there (None: not
+        kept). Shapes calibrated on demand later are kept in ``store`` too."""
+        self._store = store
+        for parallel in SHAPES:
+            if parallel not in self._thresholds:
+                await self._set_threshold(state, parallel, "startup")
 
     async def decide(
         self,
@@ -146,11 +164,12 @@ class ToolDecider:
         cache_salt: str | None = None,
     ) -> str | None:
         """ "call" or "answer" for a prompt whose reply is ``envelope``, or None where the model
-        picks the key itself (no usable threshold, or more than ``MAX_SCORED_TOOLS`` tools)."""
+        picks the key itself (no usable threshold yet, or more than ``MAX_SCORED_TOOLS``
+        tools)."""
         if not envelope.scored or not tool_names or len(tool_names) > MAX_SCORED_TOOLS:
             return None
-        threshold = await self.threshold(state, envelope.parallel)
-        if threshold.value is None:
+        threshold = self.threshold(state, envelope.parallel)
+        if threshold is None or threshold.value is None:
             return None
         try:
             score = await name_score(state, prompt_ids, tool_names, envelope.parallel, cache_salt)
@@ -159,34 +178,64 @@ class ToolDecider:
             return None
         return "call" if score > threshold.value else "answer"
 
-    async def threshold(self, state: Any, parallel: bool) -> Threshold:
-        """The model's threshold for this envelope shape, calibrated once."""
+    def threshold(self, state: Any, parallel: bool) -> Threshold | None:
+        """The shape's threshold; None while it has none, its calibration then started in the
+        background (once): the request goes on without waiting for it."""
         known = self._thresholds.get(parallel)
-        if known is not None:
-            return known
-        lock = self._locks.setdefault(parallel, asyncio.Lock())
-        async with lock:
-            known = self._thresholds.get(parallel)
-            if known is None:
-                try:
-                    known = await calibrate(state, parallel)
-                except Exception as exc:  # the scheduler refused the prompts: no decision
-                    logger.warning("tool_choice auto: calibration failed: %s", exc)
-                    known = Threshold(None, 0.0)
-                self._thresholds[parallel] = known
-                logger.info(
-                    "tool_choice auto (generic, %s): threshold %s, %.0f%% of the calibration "
-                    "prompts classified%s",
-                    "parallel" if parallel else "one call",
-                    "none" if known.value is None else f"{known.value:.2f}",
-                    100 * known.accuracy,
-                    "" if known.value is not None else "; the model picks the key itself",
-                )
+        if known is None and parallel not in self._calibrating:
+            self._calibrating[parallel] = asyncio.create_task(
+                self._set_threshold(state, parallel, "request")
+            )
         return known
 
+    async def _set_threshold(self, state: Any, parallel: bool, source: str) -> None:
+        """Read the shape's threshold from the store, else calibrate it (and keep it there);
+        a failure leaves the model's own choice of key (no retry)."""
+        start = time.perf_counter()
+        try:
+            prompts = await calibration_prompts(state, parallel)
+            store, identity, digest = self._store, "", ""
+            if store is not None:
+                identity = await asyncio.to_thread(model_identity, state.args.model_path)
+                digest = calibration_digest(identity, parallel, prompts, _facts(state, parallel))
+            known = store.load(identity, parallel, digest) if store is not None else None
+            if known is not None:
+                source = "cache"
+            else:
+                known = await calibrate(state, parallel, prompts)
+                if store is not None:
+                    await asyncio.to_thread(store.save, identity, parallel, digest, known)
+        except Exception as exc:  # the scheduler refused the prompts: no decision
+            logger.warning("tool_choice auto: calibration failed: %s", exc)
+            known = Threshold(None, 0.0)
+        self._thresholds[parallel] = known
+        self.sources[source] += 1
+        logger.info(
+            "tool_choice auto (generic, %s): threshold %s, %.0f%% of the calibration prompts "
+            "classified%s (%s, %.2f s)",
+            "parallel" if parallel else "one call",
+            "none" if known.value is None else f"{known.value:.2f}",
+            100 * known.accuracy,
+            "" if known.value is not None else "; the model picks the key itself",
+            "read from the cache folder" if source == "cache" else f"calibrated at {source}",
+            time.perf_counter() - start,
+        )
 
-async def calibrate(state: Any, parallel: bool) -> Threshold:
-    """Score the calibration prompts as the server renders them and choose the threshold."""
+
+def _facts(state: Any, parallel: bool) -> dict[str, Any]:
+    """What a threshold depends on besides the model and the prompts' ids: the calibration's
+    constants and the scheduler's numerics (its ``server_info``)."""
+    info = state.tokenizer_manager.server_info
+    return {
+        "offered": [[list(names), want] for _, names, want in CALIBRATION_PROMPTS],
+        "opening": call_opening(parallel),
+        "min_accuracy": MIN_ACCURACY,
+        "numerics": {name: info.get(name) for name in NUMERICS_FIELDS},
+    }
+
+
+async def calibration_prompts(state: Any, parallel: bool) -> list[list[int]]:
+    """The calibration prompts' token ids as the server renders them for this shape."""
     tokenizer = state.tokenizer
     envelope = ReplyEnvelope(parallel)
 
@@ -196,12 +245,14 @@ async def calibrate(state: Any, parallel: bool) -> Threshold:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return list(tokenizer(str(text), add_special_tokens=False).input_ids)
 
-    prompts = [
-        await state.tokenizer_manager.run_tokenizer(
-            lambda user=user, names=names: render(user, names), "tool calibration"
-        )
-        for user, names, _ in CALIBRATION_PROMPTS
-    ]
+    def render_all() -> list[list[int]]:
+        return [render(user, names) for user, names, _ in CALIBRATION_PROMPTS]
+
+    return list(await state.tokenizer_manager.run_tokenizer(render_all, "tool calibration"))
+
+
+async def calibrate(state: Any, parallel: bool, prompts: Sequence[list[int]]) -> Threshold:
+    """Score the calibration prompts (``calibration_prompts``) and choose the threshold."""
     scores = await asyncio.gather(
         *(
             name_score(state, ids, names, parallel)

@@ -4,6 +4,7 @@ model: the threshold's choice, the calibration's once-only run, what decide() re
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from runtime.server import tool_decision
 from runtime.server.generic_tools import ReplyEnvelope, reply_envelope
 from runtime.server.tool_decision import Threshold, ToolDecider, choose_threshold
+from runtime.server.tool_thresholds import ThresholdStore, calibration_digest
 
 
 def test_threshold_cuts_between_the_classes():
@@ -47,69 +49,161 @@ def test_reply_envelope_modes():
     assert not free.constrained and not free.scored
 
 
-def test_decide_calibrates_once_and_cuts(monkeypatch: pytest.MonkeyPatch):
-    calls: list[bool] = []
+def _scores(monkeypatch: pytest.MonkeyPatch, threshold: Threshold, calls: list[bool]) -> None:
+    """A calibration that returns ``threshold`` (noting each shape it runs for) and names that
+    score -3 ("near") or -15 ("far"), with no model."""
 
-    async def calibrate(state: Any, parallel: bool) -> Threshold:
+    async def prompts(state: Any, parallel: bool) -> list[list[int]]:
+        return [[1]] * len(tool_decision.CALIBRATION_PROMPTS)
+
+    async def calibrate(state: Any, parallel: bool, ids: Any) -> Threshold:
         calls.append(parallel)
         await asyncio.sleep(0.01)
-        return Threshold(-9.0, 0.9)
+        return threshold
 
     async def name_score(
         state: Any, ids: Any, names: Any, parallel: bool, salt: Any = None
     ) -> float:
         return {"near": -3.0, "far": -15.0}[names[0]]
 
+    monkeypatch.setattr(tool_decision, "calibration_prompts", prompts)
     monkeypatch.setattr(tool_decision, "calibrate", calibrate)
     monkeypatch.setattr(tool_decision, "name_score", name_score)
+
+
+def test_prepare_calibrates_each_shape_then_decisions_cut(monkeypatch: pytest.MonkeyPatch):
+    calls: list[bool] = []
+    _scores(monkeypatch, Threshold(-9.0, 0.9), calls)
     decider = ToolDecider()
     envelope = ReplyEnvelope(False, scored=True)
 
     async def run() -> list[str | None]:
+        await decider.prepare(None, None)
         return await asyncio.gather(
             decider.decide(None, [1], ["near"], envelope),
             decider.decide(None, [1], ["far"], envelope),
+            decider.decide(None, [1], ["near"], ReplyEnvelope(True, scored=True)),
             decider.decide(None, [1], ["near"], ReplyEnvelope(False)),  # not scored
             decider.decide(None, [1], [], envelope),  # no tool
             decider.decide(None, [1], ["near"] * 33, envelope),  # too many to score
         )
 
-    assert asyncio.run(run()) == ["call", "answer", None, None, None]
-    assert calls == [False]  # one calibration, shared by the concurrent requests
+    assert asyncio.run(run()) == ["call", "answer", "call", None, None, None]
+    assert calls == [True, False]  # at startup, once per shape; no request calibrated
+    assert decider.sources == {"startup": 2}
+
+
+def test_an_uncalibrated_shape_does_not_hold_up_the_request(monkeypatch: pytest.MonkeyPatch):
+    """Without a startup calibration, the first requests go on at once (the model picks the
+    key) while one calibration runs in the background; later requests use its threshold."""
+    calls: list[bool] = []
+    _scores(monkeypatch, Threshold(-9.0, 0.9), calls)
+    decider = ToolDecider()
+    envelope = ReplyEnvelope(True, scored=True)
+
+    async def run() -> tuple[list[str | None], str | None]:
+        first = await asyncio.gather(
+            decider.decide(None, [1], ["near"], envelope),
+            decider.decide(None, [1], ["near"], envelope),
+        )
+        await asyncio.sleep(0.1)  # the background calibration ends
+        return first, await decider.decide(None, [1], ["near"], envelope)
+
+    first, later = asyncio.run(run())
+    assert first == [None, None] and later == "call"
+    assert calls == [True]  # once, shared by the concurrent requests
+    assert decider.sources == {"request": 1}
 
 
 def test_an_unusable_threshold_leaves_the_choice_to_the_model(monkeypatch: pytest.MonkeyPatch):
-    async def calibrate(state: Any, parallel: bool) -> Threshold:
-        return Threshold(None, 0.6)
+    calls: list[bool] = []
+    _scores(monkeypatch, Threshold(None, 0.6), calls)
 
     async def name_score(*args: Any, **kwargs: Any) -> float:
         raise AssertionError("nothing to score against")
 
-    monkeypatch.setattr(tool_decision, "calibrate", calibrate)
     monkeypatch.setattr(tool_decision, "name_score", name_score)
     decider = ToolDecider()
-    assert asyncio.run(decider.decide(None, [1], ["x"], ReplyEnvelope(True, scored=True))) is None
+
+    async def run() -> str | None:
+        await decider.prepare(None, None)
+        return await decider.decide(None, [1], ["x"], ReplyEnvelope(True, scored=True))
+
+    assert asyncio.run(run()) is None
 
 
 def test_a_failed_scoring_leaves_the_choice_to_the_model(monkeypatch: pytest.MonkeyPatch):
-    async def calibrate(state: Any, parallel: bool) -> Threshold:
+    calls: list[bool] = []
+    _scores(monkeypatch, Threshold(-5.0, 1.0), calls)
+
+    async def failing(state: Any, parallel: bool, ids: Any) -> Threshold:
         raise RuntimeError("the scheduler stopped")
 
-    monkeypatch.setattr(tool_decision, "calibrate", calibrate)
+    monkeypatch.setattr(tool_decision, "calibrate", failing)
     decider = ToolDecider()
     envelope = ReplyEnvelope(False, scored=True)
+    asyncio.run(decider.prepare(None, None))
     assert asyncio.run(decider.decide(None, [1], ["x"], envelope)) is None
-    assert asyncio.run(decider.threshold(None, False)) == Threshold(None, 0.0)  # kept, not retried
-
-    async def usable(state: Any, parallel: bool) -> Threshold:
-        return Threshold(-5.0, 1.0)
+    assert decider.threshold(None, False) == Threshold(None, 0.0)  # kept, not retried
 
     async def refused(*args: Any) -> float:
         raise ValueError("the prompt fills the context")
 
-    monkeypatch.setattr(tool_decision, "calibrate", usable)
+    monkeypatch.setattr(tool_decision, "calibrate", _usable)
     monkeypatch.setattr(tool_decision, "name_score", refused)
-    assert asyncio.run(ToolDecider().decide(None, [1], ["x"], envelope)) is None
+    usable = ToolDecider()
+    asyncio.run(usable.prepare(None, None))
+    assert asyncio.run(usable.decide(None, [1], ["x"], envelope)) is None
+
+
+async def _usable(state: Any, parallel: bool, ids: Any) -> Threshold:
+    return Threshold(-5.0, 1.0)
+
+
+def test_prepare_keeps_the_threshold_and_a_restart_reads_it_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """The first start calibrates and writes the file; the next reads it (no calibration);
+    other prompts' ids (a changed template) or other numerics calibrate anew."""
+    calls: list[bool] = []
+    _scores(monkeypatch, Threshold(-9.0, 0.9), calls)
+    monkeypatch.setattr(tool_decision, "model_identity", lambda path: "ab" * 32)
+    store = ThresholdStore(tmp_path)
+    state = SimpleNamespace(
+        args=SimpleNamespace(model_path="model.gguf"),
+        tokenizer_manager=SimpleNamespace(server_info={"dtype": "float32"}),
+    )
+
+    def start() -> ToolDecider:
+        decider = ToolDecider()
+        asyncio.run(decider.prepare(state, store))
+        return decider
+
+    assert start().sources == {"startup": 2} and calls == [True, False]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{'ab' * 16}-one-call.json",
+        f"{'ab' * 16}-parallel.json",
+    ]
+    again = start()
+    assert again.sources == {"cache": 2} and calls == [True, False]
+    assert again.threshold(state, True) == Threshold(-9.0, 0.9)
+    state.tokenizer_manager.server_info["dtype"] = "bfloat16"
+    assert start().sources == {"startup": 2} and calls == [True, False] * 2
+
+
+def test_threshold_store_ignores_other_digests_and_broken_files(tmp_path: Path):
+    store = ThresholdStore(tmp_path)
+    identity = "cd" * 32
+    digest = calibration_digest(identity, True, [[1, 2, 3]], {"numerics": {}})
+    assert store.load(identity, True, digest) is None
+    store.save(identity, True, digest, Threshold(None, 0.5))
+    assert store.load(identity, True, digest) == Threshold(None, 0.5)
+    other = calibration_digest(identity, True, [[1, 2, 4]], {"numerics": {}})
+    assert other != digest and store.load(identity, True, other) is None
+    assert store.load(identity, False, digest) is None  # the other shape's file
+    store.path(identity, True).write_text("{not json")
+    assert store.load(identity, True, digest) is None
+    assert [p.name for p in tmp_path.iterdir()] == [store.path(identity, True).name]
 
 
 class _Ids:
