@@ -78,7 +78,9 @@ class Engine:
         self.tokenizer_manager, self.tokenizer = parts.tokenizer_manager, parts.tokenizer
         self._role_blocks: RoleBlocks | str | None = None  # str: why there are none
         self.generation = ValidatedGeneration(self.tokenizer_manager, self.args)
-        self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)
+        self.programs = ProgramRunner(
+            self.generation, self.args.program_pin_timeout_s, self.args.max_programs_per_tenant
+        )
         self._loop = asyncio.new_event_loop()
         self._threads = parts.start_threads(self._run_scheduler)
         loop_thread = threading.Thread(
@@ -217,11 +219,12 @@ class Engine:
 
         return self._iterate(events())
 
-    def end_program(self, program_id: str) -> bool:
-        """Forget a compiled program and unpin its KV; False if it is not known."""
+    def end_program(self, program_id: str, cache_salt: str | None = None) -> bool:
+        """Forget a compiled program and unpin its KV; False if no program of ``cache_salt``
+        (the salt its segments carry) has this id."""
 
         async def end() -> bool:
-            return bool(self.programs.end(program_id))
+            return bool(self.programs.end(program_id, cache_salt))
 
         return bool(self._call(end()))
 
@@ -254,8 +257,9 @@ class Engine:
         if not report["ok"]:
             raise AssertionError(report["error"])
 
-    def abort(self, rid: str) -> None:
-        self._call(self.tokenizer_manager.abort(rid))
+    def abort(self, rid: str, cache_salt: str | None = None) -> bool:
+        """Abort the running request ``rid`` of ``cache_salt``; False if none is running."""
+        return bool(self._call(self.tokenizer_manager.abort(rid, cache_salt)))
 
     def shutdown(self) -> None:
         """Stop the threads. The engine cannot be used afterwards."""

@@ -168,7 +168,8 @@ class TokenizerManager:
         self.server_info: dict[str, Any] = {}
         self.dead: str | None = None
         self._requests: dict[str, _RequestState] = {}  # by internal id
-        self._labels: dict[str, str] = {}  # caller's rid -> internal id, while it waits
+        # (cache salt, caller's rid) -> internal id, while it waits: a rid is its salt's alone.
+        self._labels: dict[tuple[str | None, str], str] = {}
         # internal id -> caller's rid of the last requests that had one (for the dashboard)
         self._recent_labels: OrderedDict[str, str] = OrderedDict()
         self._ids = itertools.count()
@@ -322,14 +323,14 @@ class TokenizerManager:
             )
         self.check_input_ids(input_ids)
         input_ids = list(map(int, input_ids))
-        if rid is not None and rid in self._labels:
+        if rid is not None and (cache_salt, rid) in self._labels:
             raise RequestError(f"request id {rid!r} is already in use")
         internal = f"{self._prefix}-{next(self._ids)}"
         label = rid if rid is not None else internal
         state = _RequestState(asyncio.Queue(), time.monotonic(), label)
         self._requests[internal] = state
         if rid is not None:
-            self._labels[rid] = internal
+            self._labels[cache_salt, rid] = internal
             self._recent_labels[internal] = rid
             if len(self._recent_labels) > RECENT_LABELS:
                 self._recent_labels.popitem(last=False)
@@ -366,19 +367,21 @@ class TokenizerManager:
                 if stream or finished:
                     yield state.output(out)
         finally:
-            if rid is not None and self._labels.get(rid) == internal:
-                del self._labels[rid]
+            if rid is not None and self._labels.get((cache_salt, rid)) == internal:
+                del self._labels[cache_salt, rid]
             if finished:
                 self._requests.pop(internal, None)
             else:
                 state.draining = True  # released when its final output comes back
                 self.to_scheduler.send(AbortRequest(internal))
 
-    async def abort(self, rid: str) -> None:
-        """Abort the request the caller knows as ``rid`` (a no-op if none is running)."""
-        internal = self._labels.get(rid)
+    async def abort(self, rid: str, cache_salt: str | None = None) -> bool:
+        """Abort the request of ``cache_salt`` the caller knows as ``rid``; False (nothing
+        done) if none is running under that salt."""
+        internal = self._labels.get((cache_salt, rid))
         if internal is not None:
             self.to_scheduler.send(AbortRequest(internal))
+        return internal is not None
 
     async def control(
         self, command: ControlCommand, timeout: float = 60.0, args: dict[str, Any] | None = None

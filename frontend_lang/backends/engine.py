@@ -47,7 +47,7 @@ class Engine(NativeBackend):
             raise BackendError(str(exc)) from exc
 
     def end_program(self, program_id: str) -> None:
-        self.engine.end_program(program_id)
+        self.engine.end_program(program_id, self.cache_salt)
 
     def _prompt_tokens(self, text: str) -> int:
         # The engine's own tokenizer, in this process: no round trip. The scoring batch then

@@ -91,7 +91,7 @@ class RuntimeEndpoint(NativeBackend):
     def end_program(self, program_id: str) -> None:
         try:
             with self._clients.lease() as client:
-                client.delete(f"/program/{program_id}")
+                client.delete(f"/program/{program_id}", params=self._salted({}))
         except httpx.HTTPError:
             pass  # the server drops idle programs itself
 

@@ -15,12 +15,20 @@ live KV in one batch. A session (a program's branches, their tokens and pins) li
 program's segments (its Python code runs between them) until the program ends, or is idle for
 the pin timeout.
 
+A request without ``program_id`` starts a new program (the id is the runtime's, in its
+``ProgramStarted`` event); one with ``program_id`` continues that program and only that: an id the
+runner does not hold is refused (``ProgramGone``: 404, or 410 with why it ended when it ended
+recently), never started afresh, so no continuation runs without the context it was written for.
+
 Results go out as events (``runtime/program/events.py``), in order per branch. A failed op stops its
 branch (later ops of that branch are skipped, as the interpreter's branch stops at its first error);
 the other branches go on.
 
-A program runs under the cache salt of its first segment (every request it makes carries it);
-a later segment with another salt is refused, so no tenant continues another's program.
+A program belongs to its tenant: the caller (the key it authenticated with, ``""`` in-process)
+and the cache salt of its first segment (every request it makes carries it). Ids are looked up
+per tenant, so another tenant's continuation or ``end`` finds nothing, exactly as for an id that
+never existed. Each tenant holds at most ``max_per_tenant`` programs: its new one ends its own
+longest idle one ("evicted"), not another tenant's.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -64,7 +73,6 @@ from runtime.program.spec import (
     branch_key,
     check_joins,
 )
-from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer_manager import final_output
 
@@ -76,11 +84,38 @@ logger = logging.getLogger(__name__)
 
 # Tokens decoded and re-encoded with new text at a boundary (token healing).
 BOUNDARY_TOKENS = 4
-# Most sessions kept at once; beyond, the longest idle is ended.
+# Most sessions kept at once; beyond, the longest idle of all is ended ("evicted").
 MAX_SESSIONS = 4096
+# Ended programs remembered (with why) so that a late continuation is told why it cannot go on.
+RECENTLY_ENDED = 4096
+# Why a program ended, as a refused continuation reports it.
+ENDED_BECAUSE = {
+    "ended": "ended (its last segment had end: true)",
+    "deleted": "was deleted (DELETE /program/{id})",
+    "expired": "expired (idle longer than the pin timeout, --program-pin-timeout-s)",
+    "evicted": "was evicted (its tenant, or the server, started more programs than it keeps)",
+    "abandoned": "was abandoned (a segment stopped unfinished: its client went away, or it failed)",
+}
 SCORE_ONLY = SamplingParams(max_new_tokens=0)
 
 Emit = Callable[[ProgramEvent], Awaitable[None]]
+# (caller, cache salt, program id): a program is known only to the tenant that started it.
+SessionKey = tuple[str, str | None, str]
+
+
+class ProgramGone(RequestError):
+    """A continuation (or end) names a program this tenant does not hold: 404 when the runner
+    never held it for this tenant (or forgot it), 410 when it ended recently, ``reason`` saying
+    why (a key of ENDED_BECAUSE)."""
+
+    def __init__(self, program_id: str, reason: str | None) -> None:
+        self.reason = reason
+        fresh = "send a segment without program_id to start a new program"
+        if reason is None:
+            super().__init__(f"program_id: no program {program_id!r}; {fresh}", 404)
+        else:
+            why = ENDED_BECAUSE[reason]
+            super().__init__(f"program_id: program {program_id!r} {why}; {fresh}", 410)
 
 
 @dataclass
@@ -106,73 +141,117 @@ class Branch:
 
 @dataclass
 class Session:
-    program_id: str
+    key: SessionKey
     branches: dict[str, Branch]
-    cache_salt: str | None = None
     forks: dict[int, list[str]] = field(default_factory=dict)
     used: float = field(default_factory=time.monotonic)
     busy: bool = False
     stats: ProgramStats = field(default_factory=ProgramStats)
+    segment: asyncio.Future[None] | None = None  # the running segment's work
+    ended: str | None = None  # why it ended (ENDED_BECAUSE), once it has
+
+    @property
+    def program_id(self) -> str:
+        return self.key[2]
+
+    @property
+    def cache_salt(self) -> str | None:
+        return self.key[1]
 
 
 class ProgramRunner:
     """The compiled programs of one tokenizer manager: its requests go through ``generation``
-    (validate-and-retry around the manager)."""
+    (validate-and-retry around the manager). Programs idle for ``ttl_s`` end ("expired")."""
 
-    def __init__(self, generation: ValidatedGeneration, ttl_s: float) -> None:
+    def __init__(
+        self, generation: ValidatedGeneration, ttl_s: float, max_per_tenant: int = MAX_SESSIONS
+    ) -> None:
         self.generation = generation
         self.tm = generation.manager
         self.ttl_s = ttl_s
-        self.sessions: dict[str, Session] = {}
+        self.max_per_tenant = max_per_tenant
+        self.sessions: dict[SessionKey, Session] = {}
+        self.ended: OrderedDict[SessionKey, str] = OrderedDict()  # why, RECENTLY_ENDED at most
 
     # ---- sessions ----------------------------------------------------------------------
 
-    def _session(self, program_id: str | None, cache_salt: str | None) -> Session:
+    def _session(self, program_id: str | None, cache_salt: str | None, caller: str) -> Session:
         self._expire()
         if program_id is None:
-            program_id = uuid.uuid4().hex
-        session = self.sessions.get(program_id)
+            return self._create(caller, cache_salt)
+        session = self.sessions.get((caller, cache_salt, program_id))
         if session is None:
-            if len(self.sessions) >= MAX_SESSIONS:
-                idle = [s for s in self.sessions.values() if not s.busy]
-                if not idle:
-                    raise RequestError(
-                        f"{MAX_SESSIONS} programs are running; retry when one ends", 503
-                    )
-                self.end(min(idle, key=lambda s: s.used).program_id)
-            session = Session(program_id, {"": Branch("")}, cache_salt)
-            self.sessions[program_id] = session
-        if session.cache_salt != cache_salt:
-            raise InvalidRequestValue(
-                "cache_salt", f"program {program_id!r} runs under another cache salt"
-            )
+            raise self.gone(program_id, cache_salt, caller)
         if session.busy:
             raise RequestError(f"program {program_id!r} is running a segment already", 409)
         return session
+
+    def _create(self, caller: str, cache_salt: str | None) -> Session:
+        own = [s for s in self.sessions.values() if s.key[:2] == (caller, cache_salt)]
+        if len(own) >= self.max_per_tenant:
+            self._evict(own)
+        if len(self.sessions) >= MAX_SESSIONS:
+            self._evict(list(self.sessions.values()))
+        key = (caller, cache_salt, uuid.uuid4().hex)
+        session = self.sessions[key] = Session(key, {"": Branch("")})
+        return session
+
+    def _evict(self, sessions: list[Session]) -> None:
+        """End the longest idle of ``sessions``; RequestError 503 when all are running."""
+        idle = [s for s in sessions if not s.busy]
+        if not idle:
+            raise RequestError(f"{len(sessions)} programs are running; retry when one ends", 503)
+        self._end(min(idle, key=lambda s: s.used), "evicted")
 
     def _expire(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
             if not session.busy and now - session.used > self.ttl_s:
-                self.end(session.program_id)
+                self._end(session, "expired")
 
-    def end(self, program_id: str) -> bool:
-        """Forget a program and unpin its KV; False if it is unknown."""
-        session = self.sessions.pop(program_id, None)
+    def gone(self, program_id: str, cache_salt: str | None = None, caller: str = "") -> ProgramGone:
+        """Why this tenant's ``program_id`` is not held: the error to raise."""
+        self._expire()
+        return ProgramGone(program_id, self.ended.get((caller, cache_salt, program_id)))
+
+    def end(
+        self,
+        program_id: str,
+        cache_salt: str | None = None,
+        caller: str = "",
+        reason: str = "deleted",
+    ) -> bool:
+        """End this tenant's program and unpin its KV (a running segment ends with a 409
+        RequestError); False if the tenant holds no such program."""
+        session = self.sessions.get((caller, cache_salt, program_id))
         if session is None:
             return False
+        self._end(session, reason)
+        return True
+
+    def _end(self, session: Session, reason: str) -> None:
+        del self.sessions[session.key]
+        session.ended = reason
+        self.ended[session.key] = reason
+        while len(self.ended) > RECENTLY_ENDED:
+            self.ended.popitem(last=False)
+        if session.segment is not None and not session.segment.done():
+            session.segment.cancel()
         for branch in session.branches.values():
             if branch.task is not None and not branch.task.done():
                 branch.task.cancel()
-        self.tm.release_program(ProgramRelease(program_id))
-        return True
+        self.tm.release_program(ProgramRelease(session.program_id))
 
     # ---- running -----------------------------------------------------------------------
 
-    async def run(self, request: ProgramRequest) -> AsyncGenerator[ProgramEvent, None]:
-        """Run one segment; yield its events (see the module doc). Unknown branches and a
-        busy program raise RequestError before anything runs."""
-        session = self._session(request.program_id, request.cache_salt)
+    async def run(
+        self, request: ProgramRequest, caller: str = ""
+    ) -> AsyncGenerator[ProgramEvent, None]:
+        """Run one segment for ``caller``; yield its events (see the module doc). An unknown
+        program (ProgramGone), unknown branches and a busy program raise RequestError before
+        anything runs; a program ended while the segment runs raises RequestError 409 after
+        the events that came before."""
+        session = self._session(request.program_id, request.cache_salt, caller)
         for key in request.branches:
             if key not in session.branches:
                 raise RequestError(f"branches: the program has no branch {key!r}")
@@ -187,23 +266,36 @@ class ProgramRunner:
         work: asyncio.Future[None] | None = None
         try:
             yield ProgramStarted(session.program_id)
+            _check_held(session)
             segment = _Segment(self, session, request.stream, emit)
-            work = asyncio.ensure_future(segment.run(request.branches))
+            work = session.segment = asyncio.ensure_future(segment.run(request.branches))
             work.add_done_callback(lambda _: events.put_nowait(None))
             while (event := await events.get()) is not None:
                 yield event
+            _check_held(session)
             await work  # raises what the segment itself could not handle
             finished = True
             yield ProgramDone(session.program_id, dataclasses.replace(session.stats))
         finally:
             session.busy = False
+            session.segment = None
             session.used = time.monotonic()
+            held = self.sessions.get(session.key) is session
             if not finished:  # the caller went away mid-segment: the program cannot go on
                 if work is not None and not work.done():
                     work.cancel()
-                self.end(session.program_id)
-            elif request.end:
-                self.end(session.program_id)
+                if held:
+                    self._end(session, "abandoned")
+            elif request.end and held:
+                self._end(session, "ended")
+
+
+def _check_held(session: Session) -> None:
+    """RequestError 409 when the program was ended from outside (DELETE) during its segment."""
+    if session.ended is not None:
+        why = ENDED_BECAUSE[session.ended]
+        message = f"program {session.program_id!r} {why} while a segment ran; the segment stopped"
+        raise RequestError(message, 409)
 
 
 class _Segment:

@@ -2,7 +2,8 @@
 
 JSON shape::
 
-    {"program_id": "...",          # optional: continue a program (a later segment); else new
+    {"program_id": "...",          # a later segment: continue this program (it must be held:
+                                   #   else 404/410, never a new one); absent: a new program
      "branches": {"": [op, ...],   # ops per branch: "" is the program's root state; a fork
                   "/1.0": [...]},  #   branch is "<parent>/<fork id>.<index>"
      "stream": false,              # also send each gen's text as it is generated

@@ -203,7 +203,9 @@ async def flush_cache(request: Request) -> Response:
 async def abort_request(request: Request) -> Response:
     state = get_state(request)
     body = parse_model(AbortReqInput, await state.read_body(request))
-    await state.tokenizer_manager.abort(body.rid)
+    if not await state.tokenizer_manager.abort(body.rid, body.cache_salt):
+        # The same answer for a finished request, one never sent, and another salt's.
+        raise ApiError(404, f"no request {body.rid!r} is running", param="rid")
     return JSONResponse({"success": True})
 
 

@@ -3,7 +3,12 @@
 
 Answers server-sent events (``"stream": true``, or ``Accept: text/event-stream``), one per
 program event, then ``data: [DONE]``; otherwise one JSON object ``{"program_id", "events"}``.
-``DELETE /program/{program_id}`` ends a program (unpins its KV) without running anything.
+``DELETE /program/{program_id}?cache_salt=...`` ends a program (unpins its KV) without running
+anything; a segment it was running ends with a 409 (an SSE error event once streaming).
+
+A program belongs to the caller's key and salt (``runtime/program/executor.py``): for anybody
+else its id is unknown. An unknown ``program_id`` is a 404, one that ended recently a 410 whose
+``code`` says why (``program_deleted``, ``program_expired``, ``program_evicted``, ...).
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.program.events import ProgramEvent, ProgramStarted
+from runtime.program.executor import ProgramGone
 from runtime.program.spec import parse_program
 from runtime.server.errors import ApiError
-from runtime.server.state import get_state
+from runtime.server.state import caller_of, get_state, query_salt
 from runtime.server.streams import guarded_sse, sse_event
 from runtime.server.tracing import trace_request
 
@@ -29,8 +35,11 @@ async def run_program(request: Request) -> Response:
     state.require_ready()
     body = await state.read_body(request)
     parsed = parse_program(body, state.tokenizer_manager.limits)
-    events = state.programs.run(parsed)
-    first = await events.__anext__()  # refusals (unknown branch, busy program) raise here
+    events = state.programs.run(parsed, caller_of(request))
+    try:
+        first = await events.__anext__()  # refusals (unknown branch, busy program) raise here
+    except ProgramGone as exc:
+        raise _gone(exc) from None
     trace = trace_request(request, "text_completion", model=state.args.model_name)
     if trace is not None and isinstance(first, ProgramStarted):
         trace.program_id = first.program_id
@@ -63,6 +72,12 @@ async def _sse(
 @router.delete("/program/{program_id}")
 async def end_program(program_id: str, request: Request) -> Response:
     state = get_state(request)
-    if not state.programs.end(program_id):
-        raise ApiError(404, f"no program {program_id!r} is running")
+    salt, caller = query_salt(request), caller_of(request)
+    if not state.programs.end(program_id, salt, caller):
+        raise _gone(state.programs.gone(program_id, salt, caller))
     return JSONResponse({"success": True})
+
+
+def _gone(exc: ProgramGone) -> ApiError:
+    code = "program_not_found" if exc.reason is None else f"program_{exc.reason}"
+    return ApiError(exc.status_code, str(exc), param="program_id", code=code)

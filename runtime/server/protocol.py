@@ -42,6 +42,8 @@ class GenerateReqInput(NativeRequest):
 
 
 class AbortReqInput(NativeRequest):
-    """``POST /abort_request``: abort the request with this id (a no-op if it is finished)."""
+    """``POST /abort_request``: abort the running request with this id and salt (the one its
+    request gave); 404 if none is running."""
 
     rid: RequestId
+    cache_salt: CacheSalt | None = None

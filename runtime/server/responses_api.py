@@ -10,6 +10,10 @@ Constraints: ``text.format`` (json_schema / json_object) and ``tool_choice`` req
 allowed_tools, as in chat completions. Responses made with ``store`` (the default) are kept in
 a bounded in-memory store (``--responses-store-size``). ``chat_template_kwargs`` (extension)
 and ``reasoning.effort: "none"`` (``enable_thinking: false``) reach the chat template.
+
+A stored response belongs to the caller's key and ``cache_salt`` (``responses_store.Owner``);
+the body-less routes take the salt as a ``cache_salt`` query parameter. To anybody else the id
+is unknown: a 404, as for an id never stored (so is an unknown ``previous_response_id``).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ from runtime.server.responses_output import new_id
 from runtime.server.responses_prompt import conversation_prompt, stored_turn
 from runtime.server.responses_protocol import InputItemsQuery, ResponsesRequest
 from runtime.server.responses_run import ResponseRun, new_response, run_response, stream_response
-from runtime.server.responses_store import StoredResponse
-from runtime.server.state import ServerState, get_state, open_streams
+from runtime.server.responses_store import Owner, StoredResponse
+from runtime.server.state import ServerState, caller_of, get_state, open_streams, query_salt
 from runtime.server.streams import merge_streams, primed
 from runtime.server.tool_call_formats import GENERIC_FORMAT
 from runtime.server.tool_calls import turn_constraint
@@ -72,7 +76,8 @@ async def create_response(request: Request) -> Response:
     for name in _REFUSED:
         if getattr(body, name) not in (None, False):
             raise ApiError(400, f"{name} is not supported by this server", param=name)
-    previous = _previous(state, body.previous_response_id)
+    owner = (caller_of(request), body.cache_salt)
+    previous = _previous(state, body.previous_response_id, owner)
     items = input_items(body.input)
     for item in items:  # ids, so input_items can list them and later turns reference them
         prefix = (
@@ -81,7 +86,9 @@ async def create_response(request: Request) -> Response:
         if prefix is not None:
             item.setdefault("id", new_id(prefix))
     earlier = previous.messages if previous else []
-    messages = items_to_messages(items, state.responses.item, earlier=earlier)
+    messages = items_to_messages(
+        items, lambda item_id: state.responses.item(item_id, owner), earlier=earlier
+    )
     history = earlier + messages
     functions = _functions(body)
     choice, names = _tool_choice(body, functions)
@@ -150,7 +157,7 @@ async def create_response(request: Request) -> Response:
         if body.store:
             answer = items_to_messages(output_to_items(run.response["output"]), _no_references)
             turn = stored_turn(run.response, items, history, answer, prompt, final)
-            state.responses.put(turn)
+            state.responses.put(dataclasses.replace(turn, owner=owner))
 
     if not body.stream:
         await run_response(run, merge_streams(request, streams))
@@ -163,21 +170,19 @@ async def create_response(request: Request) -> Response:
 
 @router.get("/responses/{response_id}")
 async def retrieve_response(request: Request, response_id: str) -> Response:
-    return JSONResponse(_stored(get_state(request), response_id).response)
+    return JSONResponse(_stored(request, response_id).response)
 
 
 @router.delete("/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> Response:
-    state = get_state(request)
-    _stored(state, response_id)
-    state.responses.delete(response_id)
+    _stored(request, response_id)
+    get_state(request).responses.delete(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
 @router.get("/responses/{response_id}/input_items")
 async def list_input_items(request: Request, response_id: str) -> Response:
-    state = get_state(request)
-    stored = _stored(state, response_id)
+    stored = _stored(request, response_id)
     query = parse_model(InputItemsQuery, dict(request.query_params))
     items = list(stored.input_items)
     if query.order == "desc":
@@ -204,17 +209,22 @@ def _no_references(item_id: str) -> None:
     return None
 
 
-def _stored(state: ServerState, response_id: str) -> StoredResponse:
-    return _lookup(state, response_id, 404, "No response", "response_id", "not_found")
+def _stored(request: Request, response_id: str) -> StoredResponse:
+    """The caller's stored response ``response_id`` (its salt: the ``cache_salt`` query
+    parameter)."""
+    owner = (caller_of(request), query_salt(request))
+    return _lookup(
+        get_state(request), response_id, owner, "No response", "response_id", "not_found"
+    )
 
 
-def _previous(state: ServerState, response_id: str | None) -> StoredResponse | None:
+def _previous(state: ServerState, response_id: str | None, owner: Owner) -> StoredResponse | None:
     if response_id is None:
         return None
     return _lookup(
         state,
         response_id,
-        400,
+        owner,
         "Previous response",
         "previous_response_id",
         "previous_response_not_found",
@@ -222,12 +232,14 @@ def _previous(state: ServerState, response_id: str | None) -> StoredResponse | N
 
 
 def _lookup(
-    state: ServerState, response_id: str, status: int, what: str, param: str, code: str
+    state: ServerState, response_id: str, owner: Owner, what: str, param: str, code: str
 ) -> StoredResponse:
-    """The stored response ``response_id``; ApiError ``status`` where none is stored."""
-    stored = state.responses.get(response_id)
+    """``owner``'s stored response ``response_id``; ApiError 404 naming it where none is (never
+    stored, dropped from the store, deleted, or another owner's)."""
+    stored = state.responses.get(response_id, owner)
     if stored is None:
-        raise ApiError(status, f"{what} with id '{response_id}' not found.", param=param, code=code)
+        message = f"{what} with id '{response_id}' not found."
+        raise ApiError(404, message, param=param, code=code)
     return stored
 
 

@@ -6,6 +6,10 @@ messages (without the instructions, which a turn does not inherit) and the exact
 model saw and produced, so the next prompt can start with those very tokens and continue from
 their KV in the radix cache. Oldest entries go first once ``capacity``
 responses are held.
+
+A response, and the items in it, belong to the caller's key and cache salt that made it
+(``Owner``): for any other owner the store holds nothing under that id, exactly as for an id it
+never held.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+# (the caller's key, runtime.server.state.caller_of; the request's cache salt)
+Owner = tuple[str, str | None]
+NO_OWNER: Owner = ("", None)
 
 
 @dataclass
@@ -27,21 +35,25 @@ class StoredResponse:
     output_ids: array[int]  # the tokens it produced, the stop token included
     ends_with_stop_token: bool  # output_ids[-1] is the stop token that ended the output
     answer_index: int | None  # index in messages of this turn's one assistant message
+    owner: Owner = NO_OWNER
 
 
 class ResponseStore:
-    """Responses by id, least recently stored dropped first beyond ``capacity``."""
+    """Responses by id, least recently stored dropped first beyond ``capacity``; each read
+    only by its owner."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._items: dict[str, tuple[str, dict[str, Any]]] = {}  # item id -> (response id, item)
+        # (owner, item id) -> (response id, item): a client may give its input items any id.
+        self._items: dict[tuple[Owner, str], tuple[str, dict[str, Any]]] = {}
 
     def __len__(self) -> int:
         return len(self._responses)
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        return self._responses.get(response_id)
+    def get(self, response_id: str, owner: Owner = NO_OWNER) -> StoredResponse | None:
+        stored = self._responses.get(response_id)
+        return stored if stored is not None and stored.owner == owner else None
 
     def put(self, stored: StoredResponse) -> None:
         response_id = stored.response["id"]
@@ -49,7 +61,7 @@ class ResponseStore:
         self._responses[response_id] = stored
         for item in (*stored.input_items, *stored.response["output"]):
             if isinstance(item.get("id"), str):
-                self._items[item["id"]] = (response_id, item)
+                self._items[stored.owner, item["id"]] = (response_id, item)
         while len(self._responses) > self.capacity:
             self.delete(next(iter(self._responses)))
 
@@ -58,12 +70,13 @@ class ResponseStore:
         if stored is None:
             return False
         for item in (*stored.input_items, *stored.response["output"]):
-            owner = self._items.get(item.get("id", ""))
-            if owner is not None and owner[0] == response_id:
-                del self._items[item["id"]]
+            key = (stored.owner, item.get("id", ""))
+            found = self._items.get(key)
+            if found is not None and found[0] == response_id:
+                del self._items[key]
         return True
 
-    def item(self, item_id: str) -> dict[str, Any] | None:
-        """A stored input or output item by its id."""
-        found = self._items.get(item_id)
+    def item(self, item_id: str, owner: Owner = NO_OWNER) -> dict[str, Any] | None:
+        """A stored input or output item of ``owner``'s by its id."""
+        found = self._items.get((owner, item_id))
         return found[1] if found is not None else None

@@ -17,6 +17,7 @@ from fastapi import Request
 from runtime.generate_input import SubRequest
 from runtime.heartbeat import Heartbeat
 from runtime.program.executor import ProgramRunner
+from runtime.request_checks import check_cache_salt
 from runtime.role_blocks import role_blocks_or_why
 from runtime.server.errors import ApiError
 from runtime.server.generated_turns import GeneratedTurns
@@ -65,7 +66,9 @@ class ServerState:
         self.tool_decider = ToolDecider()
         # Where request spans go with --otlp-traces-endpoint (None: tracing is off).
         self.tracing: SpanSink | None = open_span_sink(self.args.otlp_traces_endpoint)
-        self.programs = ProgramRunner(self.generation, self.args.program_pin_timeout_s)
+        self.programs = ProgramRunner(
+            self.generation, self.args.program_pin_timeout_s, self.args.max_programs_per_tenant
+        )
 
     def close(self) -> None:
         """At shutdown: stop validate-and-retry's workers and send the spans still queued."""
@@ -114,6 +117,22 @@ ADMIN_SCOPE_KEY = "arbor.admin"
 def caller_is_admin(request: Request) -> bool:
     """Whether the caller may see what ``--admin-api-key`` guards."""
     return bool(request.scope.get(ADMIN_SCOPE_KEY, True))
+
+
+def caller_of(request: Request) -> str:
+    """Which key the caller holds, as far as what it owns goes: programs, request ids and stored
+    responses belong to a caller and a cache salt, and no other caller or salt finds them.
+    With ``--admin-api-key`` the admin and everyone else are apart; otherwise every caller the
+    API key lets in is one."""
+    return "admin" if caller_is_admin(request) else "api-key"
+
+
+def query_salt(request: Request) -> str | None:
+    """The ``cache_salt`` query parameter of a GET or DELETE (its body-less routes); checked
+    as the body field is (InvalidRequestValue, a 400 naming it)."""
+    salt = request.query_params.get("cache_salt")
+    check_cache_salt(salt)
+    return salt
 
 
 def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[RequestOutput]]:

@@ -5,6 +5,7 @@ interpreted or compiled (issue 41)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,3 +61,34 @@ def test_a_bad_salt_fails_when_the_backend_is_made(tiny_model_path: Path) -> Non
         fl.RuntimeEndpoint("http://127.0.0.1:9", cache_salt="")
     with pytest.raises(InvalidRequestValue, match="cache_salt"):  # before the model loads
         fl.Engine(tiny_model_path, cache_salt="new\nline")
+
+
+@fl.function
+def read_then_fail(s: fl.ProgramState, topic: str) -> None:
+    s += HEADER + topic
+    s += fl.gen("a", max_tokens=2, temperature=0)
+    if s["a"] is not None:  # read: the segment ran and the runtime holds the program
+        raise RuntimeError("the program's own code fails between segments")
+
+
+@pytest.mark.parametrize("kind", ["engine", "server"])
+def test_a_salted_program_that_stops_early_is_ended_under_its_salt(
+    kind: str, engine_backend: fl.Engine, server_url: str, server: Any, request
+) -> None:
+    """The backend ends the program it leaves open (``DELETE /program/{id}``, or the engine's
+    ``end_program``) under its salt: the runtime knows the program under that salt alone."""
+
+    def pinned() -> int:
+        if kind == "engine":
+            info = engine_backend.engine.get_server_info()
+        else:
+            info = server.server_info()
+        return int(info["num_pinned_programs"])
+
+    backend = _salted(kind, f"{request.node.name}-salt", engine_backend, server_url)
+    before = pinned()
+    with pytest.raises(RuntimeError, match="own code fails"):
+        read_then_fail.run(backend=backend, compile=True, topic="caches")
+    assert pinned() == before
+    if isinstance(backend, fl.RuntimeEndpoint):
+        backend.shutdown()

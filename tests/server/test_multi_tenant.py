@@ -114,18 +114,24 @@ def test_cached_tokens_are_zero_across_salts_on_every_api(tenant: httpx.Client, 
 def test_a_program_runs_under_the_salt_it_started_with(tenant: httpx.Client) -> None:
     text = "A compiled program's prefix, long enough to fill a few pages of the cache. " * 4
     segment = {
-        "program_id": "tenant-program",
         "cache_salt": "tenant-a",
         "branches": {"": [{"type": "text", "text": text}, {"type": "gen", "name": "g",
                                                            "sampling_params": ONE_TOKEN}]},
     }  # fmt: skip
     first = tenant.post("/program", json=segment)
     assert first.status_code == 200, first.text
-    other = tenant.post("/program", json={**segment, "cache_salt": "tenant-b"})
-    assert other.status_code == 400 and other.json()["error"]["param"] == "cache_salt"
-    unsalted = {k: v for k, v in segment.items() if k != "cache_salt"}
-    assert tenant.post("/program", json=unsalted).status_code == 400
-    assert tenant.delete("/program/tenant-program").status_code == 200
+    segment["program_id"] = program_id = first.json()["program_id"]
+    # Under another salt, or none, the program is unknown: the 404 of an id never made.
+    never = tenant.post("/program", json={**segment, "program_id": "never-made"}).json()
+    for salt in ("tenant-b", None):
+        other = tenant.post("/program", json={**segment, "cache_salt": salt})
+        assert other.status_code == 404, other.text
+        assert other.json()["error"]["message"] == never["error"]["message"].replace(
+            "never-made", program_id
+        )
+    for salt, status in (("tenant-b", 404), ("tenant-a", 200)):
+        ended = tenant.delete(f"/program/{program_id}", params={"cache_salt": salt})
+        assert ended.status_code == status, (salt, ended.text)
     for salt, cached in (("tenant-b", 0), ("tenant-a", 1)):
         answer = tenant.post("/generate", json={"text": text, "sampling_params": ONE_TOKEN,
                                                 "cache_salt": salt}).json()  # fmt: skip

@@ -229,12 +229,14 @@ def test_store_false_is_not_kept(client: openai.OpenAI, model: str):
     response = client.responses.create(model=model, input="hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
-    with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(
-            model=model, input="again", previous_response_id=response.id, max_output_tokens=2
-        )
-    assert info.value.body["param"] == "previous_response_id"
-    assert info.value.body["code"] == "previous_response_not_found"
+    for previous in (response.id, "resp_never_made"):  # no turn goes on without its context
+        with pytest.raises(openai.NotFoundError) as info:
+            client.responses.create(
+                model=model, input="again", previous_response_id=previous, max_output_tokens=2
+            )
+        assert info.value.body["param"] == "previous_response_id"
+        assert info.value.body["code"] == "previous_response_not_found"
+        assert previous in info.value.body["message"]
 
 
 @pytest.mark.parametrize(

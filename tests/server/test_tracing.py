@@ -184,11 +184,11 @@ def test_responses_messages_and_programs_get_spans(traced: Any) -> None:
 
     three = {"max_new_tokens": 3, "ignore_eos": True}
     ops = [{"type": "text", "text": PROMPT}, {"type": "gen", "name": "g", "sampling_params": three}]
-    segment = {"program_id": "traced-program", "branches": {"": ops}}
-    response = httpx.post(f"{traced.url}/program", json=segment, timeout=60.0)
+    response = httpx.post(f"{traced.url}/program", json={"branches": {"": ops}}, timeout=60.0)
     response.raise_for_status()
-    httpx.delete(f"{traced.url}/program/traced-program", timeout=10.0)
-    (span,) = spans_where(traced, {"arbor.program.id": "traced-program"})
+    program_id = response.json()["program_id"]
+    httpx.delete(f"{traced.url}/program/{program_id}", timeout=10.0)
+    (span,) = spans_where(traced, {"arbor.program.id": program_id})
     assert span["attributes"]["gen_ai.usage.output_tokens"] == 3
     assert span["attributes"]["arbor.generations"] == 1
     check_timings(span)
