@@ -27,6 +27,7 @@ from runtime.model_config import ModelConfig, resolve_dtype
 from runtime.model_files import locate_model
 from runtime.model_loader import load_model, resolve_quantization
 from runtime.server_args import DEFAULT_CUDA_GRAPH_MAX_BS, ServerArgs
+from runtime.startup_phases import StartupPhases
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +123,13 @@ class ModelRunner:
     """
 
     def __init__(self, spec: RunnerConfig, tp: TPGroup = SINGLE) -> None:
+        # How long each part of this constructor took (the server logs it at startup).
+        self.startup_phases = phases = StartupPhases()
         if spec.kernel_backend is not None:  # before loading: the model and graphs use them
             kernels.set_kernel_backend(spec.kernel_backend)
+        if torch.device(spec.device).type == "cpu" and kernels.kernel_backend() != "torch":
+            kernels.native_available()  # loaded now, not inside the first op that runs
+        phases.lap("kernels")
         self.config = config = ModelConfig.from_pretrained(spec.model_path)
         check_tp_size(tp.size, config.num_heads, config.num_kv_heads, config.intermediate_size)
         self.tp = tp
@@ -139,6 +145,7 @@ class ModelRunner:
         )
         with one_thread():
             self.model = load_model(self.config, self.dtype, self.device, tp, self.quantization)
+        phases.lap("load model")
         self.context_len = spec.context_len or self.config.max_position_embeddings
         self.max_requests = spec.max_requests
         self.page_size = spec.page_size
@@ -158,9 +165,11 @@ class ModelRunner:
             self.device,
             record_writes=tp.size > 1 and tp.is_leader,
         )
+        phases.lap("cache pool")
         if spec.pack_weights:  # after sizing the KV pool, which counts the plain weights
             with one_thread():
                 self.model.pack_weights()
+            phases.lap("pack weights")
         self.graph_runner: CudaGraphRunner | None = None
         factory = None if spec.disable_cuda_graph else self._graph_factory()
         if factory is not None and tp.size > 1:
@@ -176,6 +185,7 @@ class ModelRunner:
                     self.model, self.kv_pool, self.req_to_token_pool, self.config.vocab_size,
                     max_bs, factory,
                 )  # fmt: skip
+            phases.lap("cuda graphs")
 
     @property
     def kv_bytes_per_token(self) -> int:
