@@ -21,7 +21,7 @@ import pickle
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +39,7 @@ from grammar import (
     apply_filled_masks,
     create_backend,
 )
+from runtime.histogram import Histogram
 from runtime.incremental_decoder import IncrementalDecoder
 from runtime.sampling_params import GRAMMAR_FIELDS, SamplingParams
 from runtime.scheduler.reasoning_gate import ReasoningGate, reasoning_gate
@@ -57,6 +58,8 @@ _OPTION_FIELDS = ("grammar_best_effort", "grammar_max_whitespace", "json_format"
 # cost more than it hid; 5-25 ms fills inside free-text strings hide 15% of the step).
 OVERLAP_FILL_MIN_MS = 1.0
 _FILL_EMA = 0.2  # weight of the newest fill in the moving average
+# Upper bounds (seconds) of the /metrics histogram of grammar compile times.
+COMPILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def needs_preparing(params: SamplingParams) -> bool:
@@ -93,6 +96,8 @@ class PendingConstraint:
 
     prepare: Future[Prepared]
     compile: CompileHandle | None = None
+    since: float = field(default_factory=time.monotonic)  # when it joined the grammar queue
+    cached: bool = False  # the compile cache held its grammar
 
 
 @dataclass
@@ -154,6 +159,9 @@ class GrammarManager:
         self._prepared: tuple[tuple[int, int, int | None], ...] | None = None
         self.fill_ms = 0.0  # moving average of one step's mask fill (see prepare_masks)
         self._blank_tokens: dict[int, bool] = {}
+        # Seconds each constraint the compile cache did not hold took, from the grammar queue
+        # to its matcher (the sandbox's preparation and the compile): /metrics.
+        self.compile_seconds = Histogram(COMPILE_BUCKETS)
 
     def enqueue(self, req: Req) -> None:
         """Start preparing ``req``'s constraint and stop regexes (see ``needs_preparing``)."""
@@ -204,9 +212,12 @@ class GrammarManager:
                 return True
             state.notes = prepared.lowered.notes
             pending.compile = self.service.submit_lowered(prepared.lowered)
+            pending.cached = pending.compile.result is not None
         compiled = self.service.poll(pending.compile)
         if compiled is None:
             return False
+        if not pending.cached:
+            self.compile_seconds.observe(time.monotonic() - pending.since)
         matcher = compiled.new_matcher()
         state.gate = reasoning_gate(req.sampling, req.input_ids, matcher, self._blank)
         if state.gate is None:

@@ -73,6 +73,7 @@ from runtime.scheduler.token_ratio import NewTokenRatio
 from runtime.server_args import ServerArgs
 from runtime.speculative.drafts import JUMP, DraftManager, SpeculationConfig
 from runtime.speculative.verify import DraftVerifier
+from runtime.startup_phases import StartupPhases
 from runtime.tp_runner import TensorParallelRunner, start_model_runner
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,9 @@ class Scheduler:
         args = args.for_device(torch.cuda.is_available(), stored, cpu_flags())
         # With tp_size > 1, rank 0 of a tensor-parallel group: it starts the other ranks.
         self.runner = start_model_runner(args.tp_size, RunnerConfig.from_server_args(args))
+        # How long each part of the start took (the server process logs them when ready).
+        self.startup = StartupPhases()
+        self.startup.extend(self.runner.startup_phases.phases)
         try:
             self._set_up(args)
         except BaseException:
@@ -131,7 +135,8 @@ class Scheduler:
     def _set_up(self, args: ServerArgs) -> None:
         """Everything but the model runner (which must be shut down if this raises)."""
         config = self.runner.config
-        self.tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
+        with self.startup.phase("tokenizer"):
+            self.tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
         self.context_len = self.runner.context_len
         allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
         tree = (
@@ -162,7 +167,10 @@ class Scheduler:
         self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio, not args.disable_program_scheduling)
         self.programs = ProgramAdmission(self.kv, self.ratio, not args.disable_program_scheduling)
-        self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, config.eos_token_ids)
+        with self.startup.phase("grammar backend"):  # the tokenizer's vocabulary, indexed
+            self.grammar = GrammarManager(
+                args, self.tokenizer, config.vocab_size, config.eos_token_ids
+            )
         self.sampler = Sampler(
             config.vocab_size,
             config.eos_token_ids,
@@ -629,6 +637,8 @@ class Scheduler:
             "spec_accept_len": self.stats.generated_tokens / max(self.stats.emit_steps, 1),
             # Objects this process froze out of the garbage collector's passes (runtime/heap.py).
             "gc_frozen_objects": frozen_objects(),
+            "startup_phases": self.startup.to_list(),
+            "grammar_compile_seconds": self.grammar.compile_seconds.to_dict(),
             **dataclasses.asdict(self.stats),
             **self.drafts.info(),
             **(self.disk.info() if self.disk is not None else NO_TIER_INFO),

@@ -2,9 +2,11 @@
 
 The plain probe costs nothing (no message to any process): 200 ``{"status": "ok"}`` once the
 scheduler is ready and its loop still turns, else 503 with the reason in ``status`` (and the
-detail in ``error``): ``starting`` (the model loads), ``dead`` (the scheduler crashed),
-``no replica serving`` (a routed server's replicas are all down), ``stalled`` (the scheduler
-has not finished a loop iteration within the stall bound; ``runtime/heartbeat.py``).
+detail in ``error``): ``starting`` (the model loads), ``warming up`` (the server's warm-up
+runs its first requests and the tool calibration: ``runtime/server/warm_up.py``), ``dead``
+(the scheduler crashed), ``no replica serving`` (a routed server's replicas are all down),
+``stalled`` (the scheduler has not finished a loop iteration within the stall bound;
+``runtime/heartbeat.py``).
 
 The deep probe also sends a one-token request through the whole pipeline (tokenizer,
 scheduler, detokenizer, back) and answers 503 ``probe failed`` unless it comes back within
@@ -33,6 +35,9 @@ async def health(request: Request) -> Response:
     ``?deep=1`` also runs a one-token request through every process."""
     state = get_state(request)
     why = shallow_failure(state)
+    warm_up = getattr(request.app.state, "warm_up", None)  # a routed server has none
+    if why is None and warm_up is not None and not warm_up.done:
+        why = {"status": "warming up"}
     if why is None and request.query_params.get("deep", "0").lower() in ("1", "true", "yes"):
         probe: DeepProbe = request.app.state.deep_probe
         failure = await probe.run(state)

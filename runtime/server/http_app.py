@@ -98,9 +98,8 @@ async def metrics(request: Request) -> Response:
             )
         except (asyncio.TimeoutError, SchedulerDied):
             scheduler_info = None
-    return PlainTextResponse(
-        state.metrics.render(scheduler_info), media_type="text/plain; version=0.0.4"
-    )
+    text = state.metrics.render(scheduler_info, state.tool_decider.sources)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 class ApiKeyMiddleware:

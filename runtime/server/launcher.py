@@ -15,11 +15,13 @@ process exits with status 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,9 @@ from runtime.server.http_app import create_app
 from runtime.server.http_protocol import StopSignal, bound_port, uvicorn_config
 from runtime.server.processes import IpcAddresses, run_detokenizer_process, run_scheduler_process
 from runtime.server.state import ServerState
+from runtime.server.warm_up import WarmUp
 from runtime.server_args import ServerArgs
+from runtime.startup_phases import StartupPhases, log_startup
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +54,14 @@ def launch_server(args: ServerArgs) -> int:
     """Serve until SIGINT/SIGTERM (returns 0) or until a child process dies or the scheduler
     fails (returns 1). Blocks; call from the main thread (it installs signal handlers). A
     model that cannot be loaded raises ModelLoadError before any process starts."""
+    launched = time.perf_counter()
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s [{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
-    check_model_files(args)
+    phases = StartupPhases()
+    with phases.phase("model files"):
+        check_model_files(args)
     if args.dp_size > 1:
         from runtime.server.dp_launcher import launch_routed_server
 
@@ -69,6 +76,7 @@ def launch_server(args: ServerArgs) -> int:
     heartbeat = Heartbeat.shared()
     try:
         children = _start_children(args, addresses, heartbeat)
+        phases.lap("start processes")
         parts = build_components(args, Channels(tokenizer_inbox=inbox, to_scheduler=to_scheduler))
         assert parts.tokenizer_manager is not None
         state = ServerState(
@@ -83,9 +91,10 @@ def launch_server(args: ServerArgs) -> int:
             },
             scheduler_heartbeat=heartbeat,
         )
+        phases.lap("tokenizer manager")
         if stop.signum is not None:
             return 0
-        supervisor = _Supervisor(state, children, stop)
+        supervisor = _Supervisor(state, children, stop, phases, launched)
         return uvloop.run(supervisor.serve(inbox, addresses, context))
     finally:
         _stop_children(children)
@@ -106,22 +115,33 @@ def check_model_files(args: ServerArgs) -> None:
 
 
 class _Supervisor:
-    """Runs uvicorn and, beside it, the watch over the child processes."""
+    """Runs uvicorn and, beside it, the watch over the child processes and the warm-up
+    (``runtime.server.warm_up``) once the scheduler is ready."""
 
     def __init__(
-        self, state: ServerState, children: dict[str, BaseProcess], stop: StopSignal
+        self,
+        state: ServerState,
+        children: dict[str, BaseProcess],
+        stop: StopSignal,
+        phases: StartupPhases,
+        launched: float,
     ) -> None:
         self.state = state
         self.children = children
         self.stop = stop
         self.exit_code = 0
+        self.phases = phases  # the server process's, so far
+        self.launched = launched  # perf_counter() at launch_server's start
+        self.warm_up = WarmUp()
 
     async def serve(
         self, inbox: ZmqReceiver, addresses: IpcAddresses, context: zmq.Context[Any]
     ) -> int:
         args = self.state.args
         receiver = self.state.tokenizer_manager.start_receiver(inbox, asyncio.get_running_loop())
-        server = uvicorn.Server(uvicorn_config(create_app(self.state), args))
+        app = create_app(self.state)
+        app.state.warm_up = self.warm_up  # /health says ready once it is done
+        server = uvicorn.Server(uvicorn_config(app, args))
         self.stop.server = server
         watch = asyncio.create_task(self._watch(server))
         try:
@@ -138,7 +158,7 @@ class _Supervisor:
 
     async def _watch(self, server: uvicorn.Server) -> None:
         manager = self.state.tokenizer_manager
-        announced = False
+        warming: asyncio.Task[None] | None = None
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             for name, process in self.children.items():
@@ -148,12 +168,23 @@ class _Supervisor:
             if manager.dead:
                 self._fail(server, f"the scheduler failed: {manager.dead}")
                 return
-            if not announced and manager.ready.is_set():
-                announced = True
-                args = self.state.args
-                freeze_startup_heap("server process", args)
-                port = bound_port(server, args.port)
-                logger.info("ready: %s at http://%s:%d", args.model_name, args.host, port)
+            if warming is None and manager.ready.is_set():
+                self.phases.lap("scheduler start")
+                announce = functools.partial(self._announce, server)
+                warming = asyncio.create_task(self.warm_up.run(self.state, announce))
+
+    def _announce(self, server: uvicorn.Server) -> None:
+        """Once warmed up, before /health says ready: one line per startup phase (the
+        scheduler's, the server process's, the warm-up's), then the ready line."""
+        args = self.state.args
+        freeze_startup_heap("server process", args)
+        scheduler = self.state.tokenizer_manager.server_info.get("startup_phases") or []
+        phases = [(f"scheduler: {name}", seconds) for name, seconds in scheduler]
+        phases += [(f"server: {name}", seconds) for name, seconds in self.phases.phases]
+        phases += self.warm_up.phases.phases
+        log_startup(logger, phases, time.perf_counter() - self.launched)
+        port = bound_port(server, args.port)
+        logger.info("ready: %s at http://%s:%d", args.model_name, args.host, port)
 
     def _fail(self, server: uvicorn.Server, message: str) -> None:
         logger.error("%s; shutting down", message)

@@ -3,14 +3,14 @@ the scheduler's gauges. No client library: counters and histograms are a few dic
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from runtime.errors import RequestError
+from runtime.histogram import Histogram
 from runtime.tokenizer_manager import RequestOutput
 
 PREFIX = "arbor_"
@@ -92,32 +92,6 @@ REPLICA_GAUGES = (
 )
 
 
-class Histogram:
-    def __init__(self, buckets: Sequence[float]) -> None:
-        self.buckets = tuple(buckets)
-        self.counts = [0] * len(self.buckets)
-        self.total = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        index = bisect.bisect_left(self.buckets, value)
-        if index < len(self.counts):
-            self.counts[index] += 1
-        self.total += 1
-        self.sum += value
-
-    def render(self, name: str, help_text: str) -> list[str]:
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        cumulative = 0
-        for bound, count in zip(self.buckets, self.counts, strict=True):
-            cumulative += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.total}')
-        lines.append(f"{name}_sum {self.sum}")
-        lines.append(f"{name}_count {self.total}")
-        return lines
-
-
 class ServerMetrics:
     """Counters and latency histograms over every generation request the server runs.
 
@@ -180,8 +154,14 @@ class ServerMetrics:
         inter-token latency samples (None before the first sample)."""
         return {"ttft": _percentiles(self.recent_ttft), "itl": _percentiles(self.recent_itl)}
 
-    def render(self, scheduler_info: dict[str, Any] | None) -> str:
-        """The exposition text; scheduler gauges are left out when ``scheduler_info`` is None."""
+    def render(
+        self,
+        scheduler_info: dict[str, Any] | None,
+        tool_thresholds: Mapping[str, int] | None = None,
+    ) -> str:
+        """The exposition text; scheduler gauges are left out when ``scheduler_info`` is None.
+        ``tool_thresholds``: how many tool-decision thresholds were set, by where from
+        (``ToolDecider.sources``)."""
         p = PREFIX
         lines = [
             f"# HELP {p}requests_total Generation requests finished, by finish reason.",
@@ -205,6 +185,22 @@ class ServerMetrics:
                 if isinstance(reading, (int, float)):
                     lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} {kind}"]
                     lines.append(f"{p}{name} {float(reading)}")
+        compile_times = (scheduler_info or {}).get("grammar_compile_seconds")
+        if isinstance(compile_times, dict):
+            lines += Histogram.from_dict(compile_times).render(
+                f"{p}grammar_compile_seconds",
+                "Seconds a constrained request waited for its grammar to be prepared and "
+                "compiled (grammars already in the compile cache are not counted).",
+            )
+        if tool_thresholds:
+            name = f"{p}tool_thresholds_total"
+            lines += [
+                f"# HELP {name} Tool-decision thresholds set, by source: calibrated at startup, "
+                "read from the cache folder, or calibrated on a request's demand.",
+                f"# TYPE {name} counter",
+            ]
+            for source, count in sorted(tool_thresholds.items()):
+                lines.append(f'{name}{{source="{source}"}} {count}')
         lines += _routed_lines(
             (scheduler_info or {}).get("replicas"), (scheduler_info or {}).get("router")
         )
