@@ -48,5 +48,5 @@ def log_startup(logger: logging.Logger, phases: Iterable[tuple[str, float]], tot
     """One ``startup:`` line per phase, then the total (wall seconds from the launch to ready;
     the scheduler's phases overlap the server process's own start, so they need not add up)."""
     for name, seconds in phases:
-        logger.info("startup: %-22s %7.2f s", name, seconds)
-    logger.info("startup: %-22s %7.2f s", "total", total)
+        logger.info("startup: %-30s %7.2f s", name, seconds)
+    logger.info("startup: %-30s %7.2f s", "total", total)
