@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from runtime.errors import ModelLoadError
 from runtime.model_files import locate_model
 
+if TYPE_CHECKING:
+    import torch
+
 # What runtime.layers.rotary computes; divisors: Llama 3's scaling as a GGUF file stores it.
 ROPE_TYPES = ("default", "linear", "llama3", "divisors")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The dtypes a checkpoint is stored in and a model computes in, with their sizes in bytes (by
+# name: the server's HTTP process reads configs without importing torch).
+_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -39,14 +42,14 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     mlp_bias: bool
-    checkpoint_dtype: torch.dtype
+    checkpoint_dtype: str  # a name in _DTYPES
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V over all layers for one token, in the checkpoint dtype."""
-        elem = torch.tensor([], dtype=self.checkpoint_dtype).element_size()
+        elem = _DTYPES[self.checkpoint_dtype]
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
     @classmethod
@@ -91,7 +94,7 @@ class ModelConfig:
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=raw.get("attention_bias", False),
             mlp_bias=raw.get("mlp_bias", False),
-            checkpoint_dtype=_DTYPES[stored_dtype(raw)],
+            checkpoint_dtype=stored_dtype(raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(path, raw),
         )
@@ -135,8 +138,11 @@ def _eos_ids(path: Path, raw: dict[str, Any]) -> tuple[int, ...]:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto`` is float32 on CPU (bf16 matmuls are slower there) and bfloat16 on GPU."""
+    import torch
+
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    dtype_of_name: torch.dtype = getattr(torch, dtype)  # the names are torch's
+    return dtype_of_name

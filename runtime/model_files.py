@@ -174,12 +174,38 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None) -> Any:
     """The tokenizer of ``model_path`` (or of ``tokenizer_path``, a folder or GGUF file),
-    with its chat template. Both are local: nothing is fetched."""
+    with its chat template. Both are local: nothing is fetched.
+
+    A tokenizer whose ``tokenizer_config.json`` names ``TokenizersBackend`` (every converted
+    GGUF file's, the built-in model's) is loaded as that class: the class AutoTokenizer picks
+    for it, without the model configs AutoTokenizer imports, which import torch (240 MB in the
+    server's HTTP and detokenizer processes, which use none)."""
+    files = locate_model(tokenizer_path or model_path)
+    folder = str(files.config_dir)
+    tokenizer: PreTrainedTokenizerBase
+    if _names_tokenizers_backend(files.config_dir / "tokenizer_config.json"):
+        from transformers import TokenizersBackend
+
+        tokenizer = TokenizersBackend.from_pretrained(folder)
+        return tokenizer
     from transformers import AutoTokenizer
 
-    files = locate_model(tokenizer_path or model_path)
-    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(files.config_dir))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     return tokenizer
+
+
+def _names_tokenizers_backend(tokenizer_config: Path) -> bool:
+    """Whether the file names ``TokenizersBackend`` as the tokenizer's class, with no code of
+    its own (``auto_map``)."""
+    try:
+        raw = json.loads(tokenizer_config.read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(raw, dict)
+        and raw.get("tokenizer_class") == "TokenizersBackend"
+        and "auto_map" not in raw
+    )
 
 
 def iter_checkpoint_slices(model_path: str | Path) -> Iterator[tuple[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +28,46 @@ def _python(code: str) -> str:
         "frontend_lang",
         "grammar",
         "runtime.server.http_app",  # the server's HTTP process: torch is the scheduler's
+        "runtime.server.launcher",
+        "runtime.model_config",  # the HTTP process checks the model's config before starting
+        "runtime.gguf",  # ... and converts a GGUF file's config and tokenizer
+        "runtime.kv_budget",
     ],
 )
 def test_importing_does_not_import_torch(module: str) -> None:
     assert _python(f"import sys, {module}; print('torch' in sys.modules)") == "False"
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.runtime.gguf_files import write_gguf
+
+    return write_gguf(tiny_model_path, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_the_tokenizer_processes_load_no_torch(
+    kind: str, tiny_model_path: Path, tiny_gguf: Path
+) -> None:
+    """The HTTP process and the detokenizer read the model's config and load its tokenizer:
+    neither imports torch, which took 240 MB in each. (A GGUF file's first conversion, cached
+    once per file, runs transformers' converter, which does.)"""
+    from runtime.model_files import locate_model
+
+    path = str(tiny_model_path if kind == "folder" else tiny_gguf)
+    locate_model(path)  # converted here, as the server's first start does
+    code = (
+        "import sys; from runtime.model_config import ModelConfig; "
+        "from runtime.model_files import load_tokenizer; "
+        f"ModelConfig.from_pretrained({path!r}); tokenizer = load_tokenizer({path!r}); "
+        "print(tokenizer.encode('hello world'), 'torch' in sys.modules)"
+    )
+    ids, torch_loaded = _python(code).rsplit(" ", 1)
+    assert torch_loaded == "False"
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(locate_model(path).config_dir))
+    assert ids == str(auto.encode("hello world"))  # the tokenizer AutoTokenizer loads
 
 
 def test_the_dsl_loads_the_openai_sdk_on_first_use() -> None:
