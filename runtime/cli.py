@@ -105,13 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # flags that parse but do not go together
             serve.error(str(exc))
         from runtime.errors import ModelLoadError
+        from runtime.kv_budget import KVMemoryError, check_server_kv
         from runtime.server import launch_server
 
         try:
+            check_server_kv(server_args)
             return launch_server(server_args)
         except ModelLoadError as exc:  # the model's files, named in one line
             print(f"arbor serve: error: {exc}", file=sys.stderr)
             return 1
+        except KVMemoryError as exc:  # a pool size this machine cannot hold, in one line
+            print(f"arbor serve: error: {exc}", file=sys.stderr)
+            return 2
     return 2
 
 

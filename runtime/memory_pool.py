@@ -44,11 +44,17 @@ class KVPool:
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.dtype = dtype
-        # Zero-filled: decode attention reads padding slots under a mask, and 0 * garbage could
-        # be NaN, 0 * 0 cannot.
+        # Left unwritten (torch.empty): the OS commits a page of a CPU pool when a token is
+        # first written to it, so a server takes memory as its cache grows, not at start.
+        # Attention reads only the slots of a sequence's written positions (every kernel stops
+        # at seq_lens; the triton ones mask the loads past it); a padded row reads the padding
+        # slot after writing it. The padding slot is zeroed anyway, so that no read of it can
+        # ever meet garbage (0 * NaN is NaN).
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buffer in self.k_buffers + self.v_buffers:
+            buffer[PADDING_SLOT].zero_()
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v: [T, Hkv, D] at slots: [T], cast to the pool's dtype."""

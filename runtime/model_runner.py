@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import arbor_kernels as kernels
 import torch
 
+from runtime import kv_budget
 from runtime.cascade import DEFAULT_MIN_PREFIX
 from runtime.cuda_graph_runner import (
     DECODE_OPS,
@@ -54,10 +55,14 @@ class RunnerConfig:
     """What a model runner is built from: the slice of ``ServerArgs`` it reads.
 
     kv_slots: KV pool size in tokens; None derives it from ``mem_fraction`` of the device's
-    memory left after the weights, in whole pages of ``page_size``. max_requests: rows of the
-    request-to-slot table. context_len: None takes the model's. kv_cache_dtype: ``auto`` stores
-    K/V in the compute dtype, ``fp32``, ``bf16`` or ``fp16`` in that dtype (and sizes the
-    default pool by it). cascade_min_prefix: decode requests sharing at least this many tokens
+    memory left after the weights, in whole pages of ``page_size``; with ``mem_fraction`` None
+    too, on CPU from the requests the pool can serve (``kv_budget.default_cpu_kv_slots``:
+    ``max_requests * context_len``, capped at 1 GiB of K/V), on GPU from
+    ``kv_budget.DEFAULT_GPU_MEM_FRACTION``. A CPU pool bigger than the memory available is a
+    ``kv_budget.KVMemoryError``. max_requests: rows of the request-to-slot table.
+    context_len: None takes the model's. kv_cache_dtype: ``auto`` stores K/V in the compute
+    dtype, ``fp32``, ``bf16`` or ``fp16`` in that dtype (and sizes the default pool by it).
+    cascade_min_prefix: decode requests sharing at least this many tokens
     attend to them in one shared-prefix pass (runtime/cascade.py); None turns that off.
     pack_weights: move the projection weights into oneDNN's layout on CPU, float32 or bfloat16
     (``CausalLM.pack_weights``). cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches
@@ -77,7 +82,7 @@ class RunnerConfig:
     kv_slots: int | None = None
     max_requests: int = 256
     context_len: int | None = None
-    mem_fraction: float = 0.3
+    mem_fraction: float | None = None
     page_size: int = 1
     kv_cache_dtype: str = "auto"
     cascade_min_prefix: int | None = DEFAULT_MIN_PREFIX
@@ -150,6 +155,9 @@ class ModelRunner:
         self.max_requests = spec.max_requests
         self.page_size = spec.page_size
         self.kv_slots = spec.kv_slots or self._default_kv_slots(spec.mem_fraction)
+        if self.device.type == "cpu":
+            pool_bytes = self.kv_slots * self.kv_bytes_per_token * tp.size
+            kv_budget.check_pool_fits(self.kv_slots, pool_bytes)
         self.kv_pool = KVPool(
             self.kv_slots,
             self.config.num_layers,
@@ -236,7 +244,15 @@ class ModelRunner:
             return None
         return CudaGraphFactory()
 
-    def _default_kv_slots(self, mem_fraction: float) -> int:
+    def _default_kv_slots(self, mem_fraction: float | None) -> int:
+        if mem_fraction is None and self.device.type == "cpu":
+            slots = kv_budget.default_cpu_kv_slots(
+                self.max_requests, self.context_len, self.kv_bytes_per_token, self.page_size,
+                self.tp.size,
+            )  # fmt: skip
+            return self.tp.min(slots)
+        if mem_fraction is None:
+            mem_fraction = kv_budget.DEFAULT_GPU_MEM_FRACTION
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = free * mem_fraction

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from runtime.cpu_features import auto_cpu_dtype
 from runtime.distributed.partition import check_tp_size
+from runtime.kv_budget import DEFAULT_CPU_KV_BYTES, DEFAULT_GPU_MEM_FRACTION
 from runtime.model_files import builtin_model_path, locate_model
 
 # Declared here, the one source the modules that implement them read:
@@ -127,12 +128,18 @@ class ServerArgs:
     # KV memory
     page_size: int = _flag(1, "tokens per KV page, the unit the KV pool and the cache share", low=1)
     max_total_tokens: int | None = _flag(
-        None, "the KV pool's size in tokens (default: what --mem-fraction-static leaves room for)"
+        None,
+        "the KV pool's size in tokens (default: what --mem-fraction-static leaves room for; "
+        "on CPU without it, --max-running-requests x the context length, at most "
+        f"{DEFAULT_CPU_KV_BYTES >> 30} GiB of K/V, committed as it fills)",
     )
-    mem_fraction_static: float = _flag(
-        0.3,
+    # None: DEFAULT_GPU_MEM_FRACTION on GPU, the capped default pool on CPU (runtime.kv_budget).
+    mem_fraction_static: float | None = _flag(
+        None,
         "the fraction of device memory (CPU: of RAM, less the weights) the KV pool takes "
-        "when --max-total-tokens is not given",
+        f"when --max-total-tokens is not given (default: {DEFAULT_GPU_MEM_FRACTION} on GPU; "
+        "on CPU see --max-total-tokens); more than this machine has available stops the server",
+        low=0.0,
     )
     kv_cache_dtype: str = _flag(
         "auto", "the dtype K/V are stored in; auto: the compute dtype (--dtype)", KV_CACHE_DTYPES

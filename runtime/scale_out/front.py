@@ -131,9 +131,11 @@ class ReplicaSet:
             name=None,
         )
         self.threads_per_replica = cpus
-        if gpus == 0 and self._started_ray:
-            # All replicas share this machine's memory: each sizes its KV pool from its share.
-            args = dataclasses.replace(args, mem_fraction_static=args.mem_fraction_static / dp)
+        fraction = args.mem_fraction_static
+        if gpus == 0 and self._started_ray and fraction is not None:
+            # All replicas share this machine's memory: each sizes its KV pool from its share
+            # (the default CPU pool is capped, runtime/kv_budget.py).
+            args = dataclasses.replace(args, mem_fraction_static=fraction / dp)
         self.handles = [
             ReplicaHandle(i, actor_class.remote(args, i, front_address, cpus)) for i in range(dp)
         ]
