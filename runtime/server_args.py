@@ -173,6 +173,12 @@ class ServerArgs:
         "a compiled DSL program's pinned KV is released after this many idle seconds "
         "(a client that went away without ending it)",
     )
+    max_programs_per_tenant: int = _flag(
+        1024,
+        "compiled DSL programs one tenant (API key and cache salt) holds at once; its next "
+        "program ends its own longest idle one (a continuation of it then gets a 410 'evicted')",
+        low=1,
+    )
     disable_program_scheduling: bool = _flag(
         False,
         "schedule compiled programs' requests like any other (no fork groups admitted "
@@ -180,12 +186,6 @@ class ServerArgs:
     )
     disable_radix_cache: bool = _flag(False, "do not reuse the KV of shared prompt prefixes")
     eviction_policy: str = _flag(
-    max_programs_per_tenant: int = _flag(
-        1024,
-        "compiled DSL programs one tenant (API key and cache salt) holds at once; its next "
-        "program ends its own longest idle one (a continuation of it then gets a 410 'evicted')",
-        low=1,
-    )
         "lru", "which cached prefixes are evicted first when KV runs out", EVICTION_POLICIES
     )
     kv_disk_path: str | None = _flag(
