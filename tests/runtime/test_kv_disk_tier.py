@@ -1,16 +1,19 @@
 """The KV disk tier (``--kv-disk-path``, issue 40) on the in-process Engine and the tiny test
 model: outputs with the tier equal outputs without it while evictions and loads happen, a
-restarted engine serves from disk, a manifest mismatch or a corrupt chunk is a miss, tenants
-never load each other's chunks, the KV accounting holds, a write error keeps serving, and bad
-flags are refused at start."""
+restarted engine serves from disk, a manifest mismatch, a corrupt chunk, a chunk file moved
+under another key or a FIFO in the tier is a miss (issue 51), tenants never load each other's
+chunks, the KV accounting holds, a write error keeps serving, and bad flags are refused at
+start."""
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +247,76 @@ def test_a_truncated_chunk_ends_the_run_and_the_rest_is_recomputed(
     assert ids == reference[0]
     assert cached == 2 * size  # the two chunks before it, from disk
     assert info["kv_disk_loads"] == 2 and info["kv_disk_hits_tokens"] == 2 * size
+
+
+def test_a_chunk_file_moved_under_another_prefix_is_a_miss_and_deleted(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    """Two prompts whose chunk 1 holds the same token ids behind different chunk 0s: their
+    chunk 1 files hold equal token ids under different keys. Swapped, each is a miss (the
+    file names the key it was written under), so the rest is recomputed: same output."""
+    prompt = _prompts()[0]
+    other = _prompts()[1][:CHUNK_TOKENS] + prompt[CHUNK_TOKENS:]
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        _run(engine, [prompt, other])  # both fit the pool: the shutdown saves both
+        assert engine.scheduler.disk is not None
+        folder = engine.scheduler.disk.store.folder
+    key = chunk_keys(np.asarray(prompt), CHUNK_TOKENS, None)[1]
+    other_key = chunk_keys(np.asarray(other), CHUNK_TOKENS, None)[1]
+    path, other_path = chunk_path(folder, key), chunk_path(folder, other_key)
+    path.rename(tmp_path / "swap")
+    other_path.rename(path)
+    (tmp_path / "swap").rename(other_path)
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **POOL, **TIER) as engine:
+        ((ids, cached),) = _run(engine, [prompt])
+        info = _info(engine)
+        engine.check_invariants()
+        assert not path.exists()  # deleted (until shutdown saves the chunk again)
+    assert ids == reference[0]
+    assert cached == CHUNK_TOKENS  # chunk 0 from disk, the rest recomputed
+    assert info["kv_disk_loads"] == 1
+
+
+def _release_fifo_readers(fifo: Path, done: Callable[[], bool]) -> None:
+    """Open ``fifo`` for writing, and close it, until ``done()`` (30 s at most): each reader
+    blocked opening it (a read-ahead, then a load) goes on, so a test that found a hang fails
+    instead of hanging."""
+    deadline = time.monotonic() + 30
+    while not done() and time.monotonic() < deadline:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # no reader is waiting right now
+        time.sleep(0.05)
+
+
+def test_a_fifo_in_the_tier_is_a_miss_not_a_hang(
+    tiny_model_path: Path, tmp_path: Path, reference: list[list[int]]
+) -> None:
+    """A FIFO named like a chunk the tier holds: the load opens nothing that can block, so the
+    request completes (within a bound), with the chunks before it from disk."""
+    prompt = _prompts()[0]
+    through = {**POOL, **TIER, "kv_disk_write_policy": "write_through"}
+    with Engine(tiny_model_path, kv_disk_path=str(tmp_path), **through) as engine:
+        _run(engine, [prompt])
+        disk = engine.scheduler.disk
+        assert disk is not None
+        disk.store.flush(timeout=30)  # every chunk of the prompt written
+        assert engine.flush_cache()  # memory only: the next request loads from disk
+        path = chunk_path(disk.store.folder, chunk_keys(np.asarray(prompt), CHUNK_TOKENS, None)[2])
+        path.unlink()
+        os.mkfifo(path)
+        with ThreadPoolExecutor(1) as pool:
+            request = pool.submit(_run, engine, [prompt])
+            try:
+                ((ids, cached),) = request.result(timeout=60)
+            except TimeoutError:
+                _release_fifo_readers(path, request.done)
+                pytest.fail("the request hung on a FIFO in the KV disk tier")
+        engine.check_invariants()
+        assert not os.path.lexists(path)
+    assert ids == reference[0]
+    assert cached == 2 * CHUNK_TOKENS
 
 
 def test_write_through_writes_on_insert(tiny_model_path: Path, tmp_path: Path) -> None:
