@@ -171,11 +171,11 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_environment_variable_sets_the_starting_backend() -> None:
     result = _python(
-        "import kernels; print(kernels.kernel_backend())", ARBOR_KERNEL_BACKEND="torch"
+        "import arbor_kernels as k; print(k.kernel_backend())", ARBOR_KERNEL_BACKEND="torch"
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "torch"
-    bad = _python("import kernels", ARBOR_KERNEL_BACKEND="cuda")
+    bad = _python("import arbor_kernels", ARBOR_KERNEL_BACKEND="cuda")
     assert bad.returncode != 0
     assert "ARBOR_KERNEL_BACKEND='cuda' is not a kernel backend" in bad.stderr
 

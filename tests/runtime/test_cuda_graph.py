@@ -161,7 +161,8 @@ def test_padding_rows_write_only_the_padding_slot(
     untouched = [s for s in range(pool.num_slots) if s not in written and s != PADDING_SLOT]
     after = pool.k_buffers + pool.v_buffers
     for old, new in zip(before, after, strict=True):
-        assert torch.equal(old[untouched], new[untouched])  # bit for bit
+        # bit for bit (the pool starts unwritten: torch.empty, so NaN bit patterns may be there)
+        assert torch.equal(old[untouched].view(torch.int32), new[untouched].view(torch.int32))
         assert new[PADDING_SLOT].any()  # the 3 padding rows did write somewhere: here
     graph_kv = [b[batch.out_cache_loc].clone() for b in after]
     for old, new in zip(before, after, strict=True):
