@@ -18,11 +18,19 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import time
-from collections.abc import MutableSequence
+from typing import Protocol
 
 # How many times the longest forward step seen a silence must last to count as a stall.
 LONGEST_STEP_FACTOR = 4.0
 _LAST_BEAT, _LONGEST_STEP = 0, 1
+
+
+class _Doubles(Protocol):
+    """A shared ``RawArray`` of doubles, or a plain list for a local heartbeat."""
+
+    def __getitem__(self, index: int) -> float: ...
+
+    def __setitem__(self, index: int, value: float) -> None: ...
 
 
 class Heartbeat:
@@ -32,7 +40,7 @@ class Heartbeat:
     scheduler process and hand it over as a ``Process`` argument. One writer (the scheduler
     thread), any number of readers."""
 
-    def __init__(self, values: MutableSequence[float]) -> None:
+    def __init__(self, values: _Doubles) -> None:
         self._values = values
         self._values[_LAST_BEAT] = time.monotonic()
 

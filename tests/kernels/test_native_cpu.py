@@ -310,7 +310,8 @@ def test_without_a_build_auto_falls_back_to_the_reference_with_one_warning(
 
 
 def test_without_a_build_forcing_native_names_the_cause(tmp_path: Path) -> None:
-    done = _python("import arbor_kernels as k; k.set_kernel_backend('native')", str(tmp_path), "auto")
+    code = "import arbor_kernels as k; k.set_kernel_backend('native')"
+    done = _python(code, str(tmp_path), "auto")
     assert done.returncode != 0
     assert "kernel backend 'native' requested but unavailable" in done.stderr
 
