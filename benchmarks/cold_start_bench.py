@@ -22,6 +22,7 @@ import httpx
 
 from benchmarks.common import print_table, write_json
 from runtime.server import ServerProcess
+from tests.tool_fixtures import function_tool
 
 QUESTIONS = (
     "What is the weather in Paris?",
@@ -29,18 +30,9 @@ QUESTIONS = (
     "Name a famous painting by Monet.",
     "How hot is it in Lima today?",
 )
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER_TOOL = function_tool(
+    "get_weather", {"city": {"type": "string"}}, "Get the current weather in a city.", closed=False
+)
 KINDS = ("chat", "tools_auto")
 MAX_TOKENS = 16
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from runtime.server import ServerProcess
-from tests.server.server_process import API_KEY, POOL
+from tests.server.server_process import ADMIN_KEY, API_KEY, POOL
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +41,20 @@ def model(client: openai.OpenAI) -> str:
     models = client.models.list().data
     assert len(models) == 1
     return models[0].id
+
+
+# A module that starts its own ``server`` with ``--api-key`` and ``--admin-api-key ADMIN_KEY``
+# (the tenant tests) talks to it through these two.
+@pytest.fixture(scope="module")
+def tenant(server: ServerProcess) -> Iterator[httpx.Client]:
+    """A client holding the API key every tenant shares."""
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def admin(server: ServerProcess) -> Iterator[httpx.Client]:
+    """A client holding the operator's key."""
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+        yield client

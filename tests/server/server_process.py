@@ -11,6 +11,8 @@ from typing import Any
 POOL = ("--max-total-tokens", "8192")
 # The key of the shared keyed server (tests/server/conftest.py).
 API_KEY = "arbor-test-key"
+# The operator key of servers started with --admin-api-key (the `admin` fixture holds it).
+ADMIN_KEY = "arbor-test-admin-key"
 
 
 def pid_alive(pid: int) -> bool:

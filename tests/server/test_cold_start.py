@@ -11,23 +11,15 @@ import pytest
 
 from runtime.server import ServerProcess
 from tests.server.server_process import POOL
+from tests.tool_fixtures import function_tool
 
 pytestmark = pytest.mark.timeout(300)
 
 # The generic format: the one whose tool_choice "auto" is decided by the calibrated threshold.
 SERVE = (*POOL, "--tool-call-parser", "generic", "--log-level", "info")
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+TOOL = function_tool(
+    "get_weather", {"city": {"type": "string"}}, "Get the current weather in a city.", closed=False
+)
 
 
 def _metrics(server: ServerProcess) -> dict[str, float]:

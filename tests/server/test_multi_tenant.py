@@ -17,12 +17,11 @@ import pytest
 from runtime.scheduler.cache_view import salt_label
 from runtime.server import ServerProcess
 from tests.runtime.helpers import random_prompts
-from tests.server.server_process import POOL, sse_payloads
+from tests.server.server_process import ADMIN_KEY, POOL, sse_payloads
 
 pytestmark = pytest.mark.timeout(300)
 
 API_KEY = "tenant-shared-key"
-ADMIN_KEY = "operator-only-key"
 ONE_TOKEN = {"max_new_tokens": 1, "temperature": 0}
 
 
@@ -30,20 +29,6 @@ ONE_TOKEN = {"max_new_tokens": 1, "temperature": 0}
 def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
     with ServerProcess(tiny_model_path, *POOL, "--admin-api-key", ADMIN_KEY, api_key=API_KEY) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def tenant(server: ServerProcess) -> Iterator[httpx.Client]:
-    """A client holding the API key every tenant shares."""
-    with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,11 @@ import httpx
 import pytest
 
 from runtime.server import ServerProcess
-from tests.server.server_process import POOL, sse_payloads
+from tests.server.server_process import ADMIN_KEY, POOL, sse_payloads
 
 pytestmark = pytest.mark.timeout(300)
 
 API_KEY = "owner-test-key"
-ADMIN_KEY = "owner-test-admin"
 PIN_TIMEOUT_S = 3.0
 MAX_PROGRAMS = 8
 ONE_TOKEN = {"max_new_tokens": 1, "temperature": 0}
@@ -38,19 +37,6 @@ def server(tiny_model_path: Path) -> Iterator[ServerProcess]:
     )  # fmt: skip
     with ServerProcess(tiny_model_path, *POOL, *flags, api_key=API_KEY) as process:
         yield process
-
-
-@pytest.fixture(scope="module")
-def tenant(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")
