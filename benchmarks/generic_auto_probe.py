@@ -1,6 +1,6 @@
 """Why the generic format's ``tool_choice: auto`` calls or answers: the branch probabilities.
 
-Under auto the reply envelope's first key decides (``runtime.server.generic_tools``): the
+Under auto the reply envelope's first key decides (``runtime.chat.generic_tools``): the
 grammar admits ``"tool_call"`` or ``"response"`` and greedy decoding takes the likelier token.
 For every item of quality_bench's frozen ``tool_weather`` and ``no_call`` sets, and for
 content-free requests (``N/A``, empty, ``[MASK]`` as the user turn), this renders the prompt the
@@ -31,9 +31,9 @@ from typing import Any
 
 from benchmarks.common import print_table, write_json
 from benchmarks.quality_tasks import Task, load_tasks
+from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
 from runtime.engine import Engine
 from runtime.model_files import builtin_model_path
-from runtime.server.generic_tools import ReplyEnvelope, generic_messages
 
 CONTENT_FREE = ("N/A", "", "[MASK]")
 AFTER = "tool_weather, after the result"  # the turn after the call and its result

@@ -1,5 +1,5 @@
 """How well a model whose chat template has no tool syntax calls tools: the generic format's
-prompt (``runtime.server.generic_tools``) against the template alone, on the tuning prompts
+prompt (``runtime.chat.generic_tools``) against the template alone, on the tuning prompts
 in ``benchmarks/data/generic_tools_tuning.json`` (tuning data the format was chosen on, not a
 frozen evaluation set).
 
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_table
+from runtime.chat.generic_tools import generic_messages
+from runtime.chat.tool_calls import parse_tool_calls, tool_call_constraint
 from runtime.engine import Engine
 from runtime.model_files import builtin_model_path
-from runtime.server.generic_tools import generic_messages
-from runtime.server.tool_calls import parse_tool_calls, tool_call_constraint
 
 DATA = Path(__file__).parent / "data" / "generic_tools_tuning.json"
 MAX_TOKENS = 80

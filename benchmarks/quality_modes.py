@@ -29,7 +29,7 @@ import httpx
 
 import frontend_lang as fl
 from benchmarks.quality_tasks import Item, Task, find_json_object, read_label, tool_arguments
-from runtime.server.tool_calls import parse_tool_calls
+from runtime.chat.tool_calls import parse_tool_calls
 
 NO_FIELD_NOTE = "server has no json_format: sent without it (its compact JSON)"
 

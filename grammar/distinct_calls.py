@@ -6,7 +6,7 @@ call equal in name and arguments to an earlier one in the same reply is never us
 context-free grammar cannot compare two calls, so this guard follows the output's text beside
 the grammar: once a call in the list closes equal to an earlier one, the list may only end
 (tokens that start with ``,`` are masked until ``]``). The reply then holds that call twice at
-most, and the envelope's reader (``runtime.server.tool_call_envelope``) drops the repeat.
+most, and the envelope's reader (``runtime.chat.tool_call_envelope``) drops the repeat.
 One token can close a call and start the next (``}},``), so while the call being written reads
 as the start of an earlier one, tokens that close something and then write ``,`` are masked
 too: the model writes the same text in smaller tokens, and the guard sees the call close.

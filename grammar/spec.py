@@ -199,7 +199,7 @@ class GrammarSpec:
         the output may satisfy instead of calling tools (tool_choice "auto" with a response
         format; ``{"type": "object"}`` for JSON mode), checked like ``for_json_schema``.
         branch: with mode "auto", "call" or "answer" holds the envelope to that side (the
-        server decided which: ``runtime.server.tool_decision``); None leaves both.
+        server decided which: ``runtime.chat.tool_decision``); None leaves both.
         """
         options = options or GrammarOptions()
         get_format(format)

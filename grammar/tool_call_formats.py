@@ -1,6 +1,6 @@
 """The tool-call syntaxes of the model families, by format name: one description per format that
 both the grammar writing the calls (``grammar.tool_calls``) and the server's parser reading
-them back from free text (``runtime.server.tool_call_parser``) use. Adding a format is one
+them back from free text (``runtime.chat.tool_call_parser``) use. Adding a format is one
 entry here. Imports nothing heavy: the server's HTTP process reads it.
 
 Every format writes one call as the JSON object ``{"name": NAME, "<arguments key>": ARGS}``;
@@ -12,7 +12,7 @@ they differ in what surrounds the calls of one turn::
     generic  <tool_call>{...}</tool_call><tool_call>{...}</tool_call>
 
 ``generic`` is the format the server describes itself, in the system turn, to a model whose
-chat template has no tool syntax (``runtime.server.generic_tools``): hermes's syntax under
+chat template has no tool syntax (``runtime.chat.generic_tools``): hermes's syntax under
 its own name, never detected from a template's text.
 """
 
@@ -81,7 +81,7 @@ MISTRAL = ToolCallFormat(
     bare_start="[",
     template_hints=("[TOOL_CALLS]",),
 )
-# Written between tags the server's own prompt names (runtime.server.generic_tools); no hints.
+# Written between tags the server's own prompt names (runtime.chat.generic_tools); no hints.
 GENERIC = ToolCallFormat("generic", marker="<tool_call>", item_close="</tool_call>")
 # In the order a server checks chat templates for their hints: a Mistral template may also
 # mention <tool_call>-like text, never the reverse; Llama 3 header tokens are the weakest hint.

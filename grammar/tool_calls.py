@@ -111,8 +111,8 @@ def reply_envelope_ebnf(
 ) -> tuple[str, str]:
     """(EBNF text, start rule) for a whole reply that is one JSON object choosing between
     calling tools and answering (tool_choice "auto" in the ``generic`` format, whose prompt
-    describes it: ``runtime.server.generic_tools``); ``branch`` "call" or "answer" holds it to
-    that side alone (the server decided: ``runtime.server.tool_decision``)::
+    describes it: ``runtime.chat.generic_tools``); ``branch`` "call" or "answer" holds it to
+    that side alone (the server decided: ``runtime.chat.tool_decision``)::
 
         {"tool_call": {"name": NAME, "arguments": ARGS}}          (without ``parallel``)
         {"tool_calls": [{"name": NAME, "arguments": ARGS}, ...]}  (with ``parallel``)

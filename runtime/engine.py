@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from runtime.channels import QueueChannel
+from runtime.chat.reasoning import ReasoningResults, require_reasoning
 from runtime.components import Channels, build_components
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
@@ -24,7 +25,6 @@ from runtime.ipc import ControlCommand
 from runtime.model_files import locate_model
 from runtime.program.executor import ProgramRunner
 from runtime.role_blocks import ChatTemplateError, RoleBlocks, role_blocks_or_why
-from runtime.server.reasoning import ReasoningResults, require_reasoning
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import final_output
 from runtime.validate_retry import ValidatedGeneration

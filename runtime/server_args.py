@@ -31,7 +31,7 @@ StrictMode = Literal["exact", "validate"]
 STRICT_MODES: tuple[str, ...] = typing.get_args(StrictMode)
 # How the --dp router picks a replica (runtime.scale_out.routing).
 ROUTING_POLICIES = ("cache_aware", "round_robin", "shortest_queue", "random")
-# Tool-call formats of chat completions (runtime.server.tool_call_formats; qwen is hermes;
+# Tool-call formats of chat completions (runtime.chat.tool_call_formats; qwen is hermes;
 # generic: the server's own prompt, for templates without tool syntax).
 TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "mistral", "generic")
 # The names below are duplicated from the modules that implement them, so that parsing flags
@@ -50,7 +50,7 @@ KERNEL_BACKENDS = ("auto", "torch", "triton", "native")
 EVICTION_POLICIES = ("lru", "lfu", "fifo")
 # grammar's registered constraint backends.
 GRAMMAR_BACKENDS = ("xgrammar",)
-# runtime.server.reasoning.REASONING_FORMATS.
+# runtime.chat.reasoning.REASONING_FORMATS.
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 # runtime.speculative's proposers.
 SPECULATIVE_ALGORITHMS = ("ngram", "draft")

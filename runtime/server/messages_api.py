@@ -21,11 +21,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.chat.generic_tools import ReplyEnvelope, reply_envelope
+from runtime.chat.reasoning import make_reasoning_parser
+from runtime.chat.tool_call_formats import GENERIC_FORMAT
+from runtime.chat.tool_calls import make_tool_parser, turn_constraint
 from runtime.generate_input import SubRequest
 from runtime.request_checks import check_output_room
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import ReplyEnvelope, reply_envelope
 from runtime.server.messages_input import chat_messages
 from runtime.server.messages_protocol import (
     CountTokensRequest,
@@ -48,11 +51,8 @@ from runtime.server.openai_api import (
     template_variables,
 )
 from runtime.server.openai_protocol import FunctionDefinition
-from runtime.server.reasoning import make_reasoning_parser
 from runtime.server.state import ServerState, open_streams
 from runtime.server.streams import merge_streams, primed
-from runtime.server.tool_call_formats import GENERIC_FORMAT
-from runtime.server.tool_calls import make_tool_parser, turn_constraint
 from runtime.server.tracing import trace_request
 
 router = APIRouter(prefix="/v1")

@@ -10,7 +10,7 @@ writes it. A block is closed when the next kind starts, a call ends, or the outp
 Whitespace alone opens no text block (between calls, or before the first); it is kept for the
 text that follows. A tool_use block's ``input`` is its JSON once the call is whole; a call
 the parser drops (cut off by max_tokens) keeps its block, with ``input`` holding the members
-its arguments had written whole (``runtime.server.partial_json``), the fragments a stream sent.
+its arguments had written whole (``runtime.chat.partial_json``), the fragments a stream sent.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.server.partial_json import complete_prefix_object
+from runtime.chat.partial_json import complete_prefix_object
 
 
 def tool_use_id(call_id: str) -> str:

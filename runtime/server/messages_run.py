@@ -23,19 +23,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import RequestError, SchedulerDied
-from runtime.server.errors import ClientGone, anthropic_error_body
-from runtime.server.generated_turns import GeneratedTurns
-from runtime.server.messages_output import ContentBuilder, tool_use_id
-from runtime.server.reasoning import ReasoningParser
-from runtime.server.responses_output import new_id
-from runtime.server.streams import Events
-from runtime.server.tool_call_events import (
+from runtime.chat.generated_turns import GeneratedTurns
+from runtime.chat.reasoning import ReasoningParser
+from runtime.chat.tool_call_events import (
     ToolCallArguments,
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.server.tool_calls import EnvelopeParser, ToolCallParser, split_output
+from runtime.chat.tool_calls import EnvelopeParser, ToolCallParser, split_output
+from runtime.errors import RequestError, SchedulerDied
+from runtime.server.errors import ClientGone, anthropic_error_body
+from runtime.server.messages_output import ContentBuilder, tool_use_id
+from runtime.server.responses_output import new_id
+from runtime.server.streams import Events
 from runtime.tokenizer_manager import RequestOutput
 
 

@@ -10,7 +10,7 @@ then ``data: [DONE]``. The body is validated and expanded as the Engine's argume
 ``require_reasoning`` (SGLang's name; needs ``--reasoning-parser``): a constraint in the
 sampling params starts after the reasoning, and each result's ``text`` is the answer alone,
 with the thinking in ``reasoning_content`` (streamed: ``delta`` and ``reasoning_delta``), as
-chat completions split them (``runtime.server.reasoning``).
+chat completions split them (``runtime.chat.reasoning``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.chat.reasoning import ReasoningResults, require_reasoning
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.ipc import ControlCommand
 from runtime.request_checks import check_output_room
 from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
-from runtime.server.reasoning import ReasoningResults, require_reasoning
 from runtime.server.request_body import parse_model
 from runtime.server.state import ServerState, caller_is_admin, get_state, open_streams
 from runtime.server.streams import (

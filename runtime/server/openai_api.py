@@ -21,12 +21,15 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.chat.generic_tools import ReplyEnvelope, generic_messages, reply_envelope
+from runtime.chat.reasoning import constrain_after_reasoning, make_reasoning_parser
+from runtime.chat.tool_call_formats import GENERIC_FORMAT
+from runtime.chat.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.request_checks import check_output_room
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import ReplyEnvelope, generic_messages, reply_envelope
 from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
@@ -36,13 +39,10 @@ from runtime.server.openai_protocol import (
     SamplingRequest,
 )
 from runtime.server.openai_stream import chat_stream, completion_stream
-from runtime.server.reasoning import constrain_after_reasoning, make_reasoning_parser
 from runtime.server.request_body import parse_model
 from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.state import ServerState, get_state, open_streams
 from runtime.server.streams import Events, collect_finals, guarded_sse, merge_streams, primed
-from runtime.server.tool_call_formats import GENERIC_FORMAT
-from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.server.generated_turns import GeneratedTurns
-from runtime.server.reasoning import ReasoningParser
+from runtime.chat.generated_turns import GeneratedTurns
+from runtime.chat.reasoning import ReasoningParser
+from runtime.chat.tool_call_events import ToolCall
+from runtime.chat.tool_calls import EnvelopeParser, ToolCallParser, parse_output
 from runtime.server.token_text import TokenText
-from runtime.server.tool_call_events import ToolCall
-from runtime.server.tool_calls import EnvelopeParser, ToolCallParser, parse_output
 from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
 

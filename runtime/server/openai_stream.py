@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from runtime.chat.tool_call_events import ToolCallArguments, ToolCallEvent, ToolCallStart
+from runtime.chat.tool_calls import make_tool_parser
 from runtime.server.openai_format import (
     ResponseContext,
     chat_logprobs,
@@ -33,8 +35,6 @@ from runtime.server.openai_format import (
     usage,
 )
 from runtime.server.streams import Events, sse_event
-from runtime.server.tool_call_events import ToolCallArguments, ToolCallEvent, ToolCallStart
-from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
 
 

@@ -24,11 +24,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.chat.generic_tools import reply_envelope
+from runtime.chat.reasoning import make_reasoning_parser, reasoning_token_ids
+from runtime.chat.tool_call_formats import GENERIC_FORMAT
+from runtime.chat.tool_calls import turn_constraint
 from runtime.generate_input import LogprobOptions, SubRequest
 from runtime.request_checks import check_output_room
 from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import reply_envelope
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
     after_reasoning,
@@ -38,7 +41,6 @@ from runtime.server.openai_api import (
     template_variables,
 )
 from runtime.server.openai_protocol import FunctionDefinition
-from runtime.server.reasoning import make_reasoning_parser, reasoning_token_ids
 from runtime.server.request_body import parse_model
 from runtime.server.responses_input import input_items, items_to_messages, output_to_items
 from runtime.server.responses_output import new_id
@@ -48,8 +50,6 @@ from runtime.server.responses_run import ResponseRun, new_response, run_response
 from runtime.server.responses_store import Owner, StoredResponse
 from runtime.server.state import ServerState, caller_of, get_state, open_streams, query_salt
 from runtime.server.streams import merge_streams, primed
-from runtime.server.tool_call_formats import GENERIC_FORMAT
-from runtime.server.tool_calls import turn_constraint
 from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
@@ -298,7 +298,7 @@ def _constraints(
 ) -> dict[str, Any]:
     """The turn's constraint (``turn_constraint``) with ``text.format`` as the answer's;
     ``envelope``: the generic format's reply envelope under auto, held to ``branch`` when the
-    server decided (``runtime.server.tool_decision``)."""
+    server decided (``runtime.chat.tool_decision``)."""
     allowed = [f for f in functions if f["name"] in names]
     parallel = body.parallel_tool_calls and _max_calls(body) != 1
     name = next(iter(names)) if choice == "named" else None

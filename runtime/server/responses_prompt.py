@@ -18,8 +18,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.chat.generic_tools import ReplyEnvelope, call_names
 from runtime.server.errors import ApiError
-from runtime.server.generic_tools import ReplyEnvelope, call_names
 from runtime.server.openai_api import render_chat
 from runtime.server.responses_store import StoredResponse
 from runtime.server.state import ServerState

@@ -17,25 +17,25 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import RequestError, SchedulerDied
-from runtime.server.errors import ClientGone
-from runtime.server.openai_format import chat_logprobs
-from runtime.server.reasoning import ReasoningParser
-from runtime.server.responses_output import OutputBuilder, new_id
-from runtime.server.responses_protocol import ResponsesRequest
-from runtime.server.streams import Events
-from runtime.server.token_text import TokenText
-from runtime.server.tool_call_events import (
+from runtime.chat.reasoning import ReasoningParser
+from runtime.chat.tool_call_events import (
     ToolCallArguments,
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.server.tool_calls import (
+from runtime.chat.tool_calls import (
     EnvelopeParser,
     ToolCallParser,
     make_tool_parser,
     split_output,
 )
+from runtime.errors import RequestError, SchedulerDied
+from runtime.server.errors import ClientGone
+from runtime.server.openai_format import chat_logprobs
+from runtime.server.responses_output import OutputBuilder, new_id
+from runtime.server.responses_protocol import ResponsesRequest
+from runtime.server.streams import Events
+from runtime.server.token_text import TokenText
 from runtime.tokenizer_manager import RequestOutput
 
 

@@ -14,20 +14,20 @@ from typing import Any
 
 from fastapi import Request
 
+from runtime.chat.generated_turns import GeneratedTurns
+from runtime.chat.generic_tools import template_renders_tools
+from runtime.chat.tool_call_formats import resolve_format
+from runtime.chat.tool_decision import ToolDecider
 from runtime.generate_input import SubRequest
 from runtime.heartbeat import Heartbeat
 from runtime.program.executor import ProgramRunner
 from runtime.request_checks import check_cache_salt
 from runtime.role_blocks import role_blocks_or_why
 from runtime.server.errors import ApiError
-from runtime.server.generated_turns import GeneratedTurns
-from runtime.server.generic_tools import template_renders_tools
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_body import read_json
 from runtime.server.responses_store import ResponseStore
 from runtime.server.token_text import TokenText
-from runtime.server.tool_call_formats import resolve_format
-from runtime.server.tool_decision import ToolDecider
 from runtime.server.tracing import SpanSink, open_span_sink
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import RequestOutput, TokenizerManager

@@ -23,15 +23,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from runtime.chat.generic_tools import ReplyEnvelope
+from runtime.chat.tool_call_formats import GENERIC_FORMAT
+from runtime.chat.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.chat.tool_decision import CALIBRATION_TOOLS
+from runtime.chat.tool_thresholds import ThresholdStore
 from runtime.ipc import ControlCommand
 from runtime.sampling_params import SamplingParams
-from runtime.server.generic_tools import ReplyEnvelope
 from runtime.server.openai_api import render_prompt
 from runtime.server.state import ServerState
-from runtime.server.tool_call_formats import GENERIC_FORMAT
-from runtime.server.tool_calls import calls_or_answer, tool_call_constraint
-from runtime.server.tool_decision import CALIBRATION_TOOLS
-from runtime.server.tool_thresholds import ThresholdStore
 from runtime.startup_phases import StartupPhases
 
 logger = logging.getLogger(__name__)

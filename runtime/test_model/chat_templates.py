@@ -16,7 +16,7 @@ to the text the model produced. ``add_bos`` is replaced by the builder ("true"/"
   block; reasoning kept only after the last user message).
 - plain: chatml with no tool syntax at all (as SmolLM2-135M-Instruct's): it renders the same
   text with and without tools, so a server uses the generic format (``<tool_call>`` blocks
-  described in its own system text, ``runtime.server.generic_tools``) for it.
+  described in its own system text, ``runtime.chat.generic_tools``) for it.
 - mistral: ``[INST] ...[/INST]``, tools in ``[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]``, calls
   as ``[TOOL_CALLS][{...}, ...]`` ending the turn with EOS, results in
   ``[TOOL_RESULTS]...[/TOOL_RESULTS]``.

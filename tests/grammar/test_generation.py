@@ -13,7 +13,7 @@ import torch
 
 from grammar import GrammarOptions, GrammarService, GrammarSpec
 from grammar.json_layout import INDENT_MAX
-from runtime.server.tool_calls import parse_tool_calls
+from runtime.chat.tool_calls import parse_tool_calls
 from tests.grammar.decoder import ConstrainedDecoder, sample_random
 from tests.grammar.ebnf_reference import ARITHMETIC_EBNF, parse_arithmetic
 from tests.grammar.schema_corpus import SCHEMAS, validate_output

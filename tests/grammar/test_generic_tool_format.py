@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from grammar import GrammarError, GrammarOptions, GrammarService, GrammarSpec
-from runtime.server.generic_tools import generic_call_text
+from runtime.chat.generic_tools import generic_call_text
 
 CITY = {
     "type": "object",

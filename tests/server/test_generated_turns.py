@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from runtime.chat.generated_turns import GeneratedTurns
 from runtime.ipc import FinishReason
-from runtime.server.generated_turns import GeneratedTurns
 from runtime.tokenizer_manager import RequestOutput
 
 CALL = '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'

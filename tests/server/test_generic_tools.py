@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from runtime.model_files import builtin_model_path, load_tokenizer
-from runtime.server.generic_tools import (
+from runtime.chat.generic_tools import (
     ReplyEnvelope,
     call_names,
     generic_call_text,
@@ -18,14 +17,15 @@ from runtime.server.generic_tools import (
     generic_system_text,
     template_renders_tools,
 )
-from runtime.server.tool_call_envelope import EnvelopeParser
-from runtime.server.tool_call_events import (
+from runtime.chat.tool_call_envelope import EnvelopeParser
+from runtime.chat.tool_call_events import (
     ToolCallArguments,
     ToolCallDropped,
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.server.tool_calls import calls_or_answer, parse_tool_calls
+from runtime.chat.tool_calls import calls_or_answer, parse_tool_calls
+from runtime.model_files import builtin_model_path, load_tokenizer
 from runtime.test_model import cached_test_model
 
 WEATHER = {

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 from transformers import AutoTokenizer
 
+from runtime.chat.tool_calls import make_tool_parser
 from runtime.errors import RequestError
 from runtime.ipc import FinishReason
 from runtime.server import ServerProcess
@@ -33,7 +34,6 @@ from runtime.server.http_app import ApiKeyMiddleware
 from runtime.server.messages_run import MessageRun, new_message, stream_message
 from runtime.server.state import caller_is_admin
 from runtime.server.streams import Events
-from runtime.server.tool_calls import make_tool_parser
 from runtime.tokenizer_manager import RequestOutput
 from tests.server.server_process import API_KEY as KEY
 from tests.server.test_server_reasoning import _sweep

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.server.partial_json import complete_prefix_object
+from runtime.chat.partial_json import complete_prefix_object
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.sampling_params import SamplingParams
-from runtime.server.reasoning import (
+from runtime.chat.reasoning import (
     REASONING_FORMATS,
     ReasoningDelta,
     constrain_after_reasoning,
     make_reasoning_parser,
     reasoning_token_ids,
 )
+from runtime.sampling_params import SamplingParams
 from runtime.server_args import REASONING_PARSERS, ServerArgs
 
 OPEN_PROMPT = "<|im_start|>assistant\n<think>\n"

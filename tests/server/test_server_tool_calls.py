@@ -19,8 +19,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from runtime.chat.generic_tools import generic_messages
 from runtime.server import ServerProcess
-from runtime.server.generic_tools import generic_messages
 from runtime.server.token_text import TokenText
 from runtime.test_model import CHAT_TEMPLATES, cached_test_model
 from tests.server.server_process import POOL

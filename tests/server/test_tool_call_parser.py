@@ -12,20 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar.tool_call_formats import TOOL_CALL_FORMATS
-from runtime.server.generic_tools import generic_call_text
-from runtime.server.tool_call_events import (
+from runtime.chat.generic_tools import generic_call_text
+from runtime.chat.tool_call_events import (
     ToolCallArguments,
     ToolCallDropped,
     ToolCallEnd,
     ToolCallEvent,
     ToolCallStart,
 )
-from runtime.server.tool_call_formats import (
+from runtime.chat.tool_call_formats import (
     canonical_format,
     detect_format,
     resolve_format,
 )
-from runtime.server.tool_calls import make_tool_parser, parse_output, parse_tool_calls
+from runtime.chat.tool_calls import make_tool_parser, parse_output, parse_tool_calls
 from runtime.server_args import TOOL_CALL_PARSERS, ServerArgs
 from runtime.test_model.chat_templates import CHAT_TEMPLATES
 
@@ -79,7 +79,7 @@ CASES = [
     ("mistral", f"Sure. [TOOL_CALLS] [ {mistral_item(*TIME)} ]", "Sure.", [TIME]),
     ("mistral", "[1, 2] and [TOOL_CAL", "[1, 2] and [TOOL_CAL", []),
     ("mistral", "[] is empty", "[] is empty", []),
-    # generic: the syntax the server's own prompt describes (runtime.server.generic_tools)
+    # generic: the syntax the server's own prompt describes (runtime.chat.generic_tools)
     ("generic", generic_call_text(*WEATHER) + generic_call_text(*TIME), None, [WEATHER, TIME]),
     ("generic", f"I will look. {generic_call_text(*TIME)}", "I will look.", [TIME]),
     ("generic", "It is sunny in Paris.", "It is sunny in Paris.", []),

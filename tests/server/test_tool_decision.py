@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from runtime.server import tool_decision
-from runtime.server.generic_tools import ReplyEnvelope, reply_envelope
-from runtime.server.tool_decision import Threshold, ToolDecider, choose_threshold
-from runtime.server.tool_thresholds import ThresholdStore, calibration_digest
+from runtime.chat import tool_decision
+from runtime.chat.generic_tools import ReplyEnvelope, reply_envelope
+from runtime.chat.tool_decision import Threshold, ToolDecider, choose_threshold
+from runtime.chat.tool_thresholds import ThresholdStore, calibration_digest
 
 
 def test_threshold_cuts_between_the_classes():

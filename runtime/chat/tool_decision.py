@@ -1,7 +1,7 @@
 """The call-or-answer decision of the ``generic`` format under tool_choice "auto", scored.
 
 Under auto a template without tool syntax replies in the reply envelope
-(``runtime.server.generic_tools.ReplyEnvelope``): ``{"tool_call": ...}`` or
+(``runtime.chat.generic_tools.ReplyEnvelope``): ``{"tool_call": ...}`` or
 ``{"response": ...}``. Left to pick the key itself, a small model picks it blind to the
 request: SmolLM2-135M-Instruct prefers the call key by about one nat on weather questions and
 on requests no tool serves alike, so it called on 28 of 32 weather questions and on 26 of 32
@@ -20,7 +20,7 @@ requests that want an answer, each offered one or two of the tools): the cut bet
 scores that classifies most of them, taken when it classifies at least ``MIN_ACCURACY`` of
 them. A model whose scores do not separate them (random weights) keeps its own choice of key.
 A server sets its thresholds at startup, before it says ready (``ToolDecider.prepare``): read
-back from the cache folder where an earlier start kept them (``runtime.server.tool_thresholds``),
+back from the cache folder where an earlier start kept them (``runtime.chat.tool_thresholds``),
 else calibrated and kept there.
 
 The decision is the same for every sample of the request (``n``) and does not sample (the
@@ -38,15 +38,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.model_identity import model_identity
-from runtime.sampling_params import SamplingParams
-from runtime.server.generic_tools import ReplyEnvelope, generic_messages
-from runtime.server.tool_thresholds import (
+from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
+from runtime.chat.tool_thresholds import (
     NUMERICS_FIELDS,
     Threshold,
     ThresholdStore,
     calibration_digest,
 )
+from runtime.model_identity import model_identity
+from runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The tool decision's calibrated thresholds on disk, one file per model and envelope shape.
 
-Calibrating a threshold (``runtime.server.tool_decision``) scores two dozen prompts: seconds
+Calibrating a threshold (``runtime.chat.tool_decision``) scores two dozen prompts: seconds
 on a CPU. It depends only on the model, the prompts as this server renders them and the
 numerics the scheduler runs with, so it is done once and kept in the cache folder
 (``$ARBOR_CACHE_DIR/tool_thresholds``); a restart reads it back in milliseconds.

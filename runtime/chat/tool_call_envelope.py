@@ -1,13 +1,13 @@
 """The reader of the ``generic`` format's reply envelope: under tool_choice "auto" a model
 whose template has no tool syntax replies with one JSON object (the grammar
-``grammar.tool_calls.reply_envelope_ebnf`` holds it to this; ``runtime.server.generic_tools``
+``grammar.tool_calls.reply_envelope_ebnf`` holds it to this; ``runtime.chat.generic_tools``
 describes it in the prompt)::
 
     {"tool_call": {"name": NAME, "arguments": ARGS}}
     {"tool_calls": [{"name": NAME, "arguments": ARGS}, ...]}
     {"response": ANSWER}
 
-``EnvelopeParser`` turns it into the events of ``runtime.server.tool_calls``'s contract as it
+``EnvelopeParser`` turns it into the events of ``runtime.chat.tool_calls``'s contract as it
 streams in: a call starts once its name is read, its arguments go out as written, and it ends
 when its object closes; a string response goes out as content, unescaped, as it is written
 (any other response value, from a response format, as its JSON text once complete). A call
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 
-from runtime.server.tool_call_events import (
+from runtime.chat.tool_call_events import (
     ToolCall,
     ToolCallArguments,
     ToolCallDropped,
@@ -33,7 +33,7 @@ from runtime.server.tool_call_events import (
     ToolCallStart,
     new_call_id,
 )
-from runtime.server.tool_call_parser import ToolCallParser
+from runtime.chat.tool_call_parser import ToolCallParser
 
 _OPEN = re.compile(r'\s*\{\s*"(tool_call|tool_calls|response)"\s*:')
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')

@@ -2,23 +2,23 @@
 
 Formats (described in ``grammar.tool_call_formats``; the server's is
 ``ServerState.tool_call_format``, from ``--tool-call-parser`` or detected from the chat
-template by ``runtime.server.tool_call_formats``)::
+template by ``runtime.chat.tool_call_formats``)::
 
     hermes (alias qwen)  <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
     llama3               {"name": ..., "parameters": {...}}; {...}   (<|python_tag|> optional)
     mistral              [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
     generic              as hermes, described by the server's own system text to a model whose
-                         template has no tool syntax (``runtime.server.generic_tools``)
+                         template has no tool syntax (``runtime.chat.generic_tools``)
 
 With ``tool_choice`` "required" or a named function the output is constrained by grammar to
 calls in the format (``tool_call_constraint``); with "auto" it is free and the parser finds them,
 except in ``generic``: there "auto" constrains the whole reply to the reply envelope, a JSON
 object holding calls or a response (``calls_or_answer``; read by
-``runtime.server.tool_call_envelope.EnvelopeParser``), since a model without tool syntax of
+``runtime.chat.tool_call_envelope.EnvelopeParser``), since a model without tool syntax of
 its own never starts a call unprompted.
 
 The parser (``make_tool_parser``) takes the output in pieces: ``feed(text)`` and, at the end,
-``finish()`` each return events (``runtime.server.tool_call_events``) in output order:
+``finish()`` each return events (``runtime.chat.tool_call_events``) in output order:
 
 - ``str``: content, never tool markup;
 - ``ToolCallStart(index, id, name)``: a call to a known tool began; ``index`` counts calls
@@ -46,11 +46,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.reasoning import ReasoningParser
-from runtime.server.tool_call_envelope import EnvelopeParser
-from runtime.server.tool_call_events import ToolCall, ToolCallEvent
-from runtime.server.tool_call_formats import GENERIC_FORMAT, canonical_format
-from runtime.server.tool_call_parser import ToolCallParser
+from runtime.chat.reasoning import ReasoningParser
+from runtime.chat.tool_call_envelope import EnvelopeParser
+from runtime.chat.tool_call_events import ToolCall, ToolCallEvent
+from runtime.chat.tool_call_formats import GENERIC_FORMAT, canonical_format
+from runtime.chat.tool_call_parser import ToolCallParser
 
 __all__ = [
     "EnvelopeParser",
@@ -79,7 +79,7 @@ def tool_call_constraint(
     tool's parameters schema — one or more with ``parallel``, exactly one without. ``tools``
     are OpenAI function definitions ``{"name", "parameters", ...}``. ``answer``: a JSON schema
     the output may satisfy instead (``calls_or_answer``). ``branch``: the side of a reply
-    envelope the server decided on (``runtime.server.tool_decision``)."""
+    envelope the server decided on (``runtime.chat.tool_decision``)."""
     return (
         {
             "tools": [
@@ -109,9 +109,9 @@ def calls_or_answer(
     output be calls to any of ``tools`` or an answer in that format; None when there is no
     tool or no format (the output is then free, or the format alone). ``envelope`` (the
     ``generic`` format only): the reply envelope instead
-    (``runtime.server.generic_tools.ReplyEnvelope``), calls or a response, the response a
+    (``runtime.chat.generic_tools.ReplyEnvelope``), calls or a response, the response a
     string when there is no format; ``branch`` ("call" or "answer") holds it to the side the
-    server decided on (``runtime.server.tool_decision``)."""
+    server decided on (``runtime.chat.tool_decision``)."""
     if not tools:
         return None
     if envelope:

@@ -1,6 +1,6 @@
 """How a server picks its tool-call format: the ``--tool-call-parser`` flag (a format name or
 an alias) or, without it, what the chat template writes — ``generic`` when the template does
-not render tools at all (``runtime.server.generic_tools``). The formats themselves are described
+not render tools at all (``runtime.chat.generic_tools``). The formats themselves are described
 once, in ``grammar.tool_call_formats``, for the grammar that writes calls and the parser that
 reads them.
 """

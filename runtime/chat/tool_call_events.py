@@ -1,5 +1,5 @@
 """What the tool-call parser reports: finished calls and the events of a streamed output
-(``runtime.server.tool_calls`` has the contract)."""
+(``runtime.chat.tool_calls`` has the contract)."""
 
 from __future__ import annotations
 

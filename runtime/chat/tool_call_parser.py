@@ -1,5 +1,5 @@
 """The incremental tool-call parser: text in, content and call events out, in one format's
-syntax (``grammar.tool_call_formats``). The contract is in ``runtime.server.tool_calls``.
+syntax (``grammar.tool_call_formats``). The contract is in ``runtime.chat.tool_calls``.
 
 The output is read as content until a section of calls opens (a format's marker, or a bare
 start at the beginning of the output, held back until it proves to be a call); a section reads
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from runtime.server.tool_call_events import (
+from runtime.chat.tool_call_events import (
     ToolCall,
     ToolCallArguments,
     ToolCallDropped,
@@ -19,8 +19,8 @@ from runtime.server.tool_call_events import (
     ToolCallStart,
     new_call_id,
 )
-from runtime.server.tool_call_formats import tool_call_format
-from runtime.server.tool_call_scanner import CallScanner
+from runtime.chat.tool_call_formats import tool_call_format
+from runtime.chat.tool_call_scanner import CallScanner
 
 
 @dataclass
@@ -42,7 +42,7 @@ class _Section:
 
 class ToolCallParser:
     """Splits generated text, fed in pieces, into content and tool-call events
-    (``runtime.server.tool_calls`` has the contract). ``calls`` holds the calls that ended,
+    (``runtime.chat.tool_calls`` has the contract). ``calls`` holds the calls that ended,
     in order; ``reported`` every call that started, as its events told it (name, the
     arguments sent so far), by index; ``incomplete`` the indexes of those dropped, and
     ``cut_off`` whether the output ended inside a started call."""

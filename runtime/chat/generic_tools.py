@@ -22,7 +22,7 @@ model call at all. So under ``auto`` the reply is constrained to the ``ReplyEnve
 JSON object that either calls or answers, and the last line of the system text describes that
 instead (as llama.cpp does for templates without tool syntax); a request with a grammar of its
 own keeps the free reply. Which side of the envelope the reply takes, the server decides by
-default from how likely the model finds each tool's name (``runtime.server.tool_decision``).
+default from how likely the model finds each tool's name (``runtime.chat.tool_decision``).
 
 Earlier turns are rendered for such a template too: an assistant turn's calls become its
 text, in the call syntax (with the arguments string as the client sent it, so a re-sent turn
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammar.tool_call_formats import GENERIC
-from runtime.server.errors import ApiError
+from runtime.errors import RequestError
 
 # The call syntax the system text describes is the one the grammar writes and the parser reads.
 CALL_OPEN, CALL_CLOSE = GENERIC.marker, GENERIC.item_close
@@ -94,13 +94,13 @@ def _render(tokenizer: Any, tools: list[dict[str, Any]] | None) -> str:
 class ReplyEnvelope:
     """Under tool_choice "auto" the whole reply is one JSON object that either calls tools or
     answers (the grammar ``grammar.tool_calls.reply_envelope_ebnf`` holds it to that; the
-    parser is ``runtime.server.tool_call_envelope``): ``{"tool_call": CALL}`` (``parallel``:
+    parser is ``runtime.chat.tool_call_envelope``): ``{"tool_call": CALL}`` (``parallel``:
     ``{"tool_calls": [CALL, ...]}``) or ``{"response": ANSWER}``, ANSWER a string
     (``text_answer``) or JSON in the request's response format. ``constrained``: whether the
     grammar holds the reply to it; a free reply (the request's ``reply_envelope: "free"``)
     gets the same prompt and the same reader, and whatever the model writes. ``scored``: the
     server decides between calling and answering by the tool names' scores and holds the
-    grammar to that side (``runtime.server.tool_decision``; the request's ``reply_envelope:
+    grammar to that side (``runtime.chat.tool_decision``; the request's ``reply_envelope:
     "scored"``, the default); otherwise a constrained reply's key is the model's own pick."""
 
     parallel: bool
@@ -136,13 +136,12 @@ class ReplyEnvelope:
 
 def reply_envelope(parallel: bool, text_answer: bool, mode: str | None) -> ReplyEnvelope:
     """The envelope of a request whose ``reply_envelope`` field is ``mode``: "scored" (the
-    default: the server decides call or answer, ``runtime.server.tool_decision``),
+    default: the server decides call or answer, ``runtime.chat.tool_decision``),
     "constrained" (the grammar holds the reply to the envelope and the model picks its key) or
     "free". A free reply cannot promise a response format (only the grammar could hold an
-    answer to it): ApiError 400 naming the field."""
+    answer to it): RequestError (a 400) naming the field."""
     if mode == "free" and not text_answer:
-        raise ApiError(
-            400,
+        raise RequestError(
             'reply_envelope "free" leaves the reply unconstrained, so it cannot be held to a '
             'response format: drop the format or use "constrained"',
             param="reply_envelope",
