@@ -3,7 +3,7 @@
 Each part is written by one manager only, in the module that defines it; every other module
 reads it or calls its methods:
 
-- ``kv`` (``KVPlacement``, kv_manager.py): where its KV lives;
+- ``kv`` (``KVPlacement``, runtime/kv_accounting.py): where its KV lives;
 - ``constraint`` (``ConstraintState``, grammar_manager.py): its matcher, reasoning gate and
   stop regexes;
 - ``out`` (``OutputCursor``, output_processor.py): logprobs recorded and outputs sent;
@@ -20,10 +20,10 @@ import time
 
 from runtime.dry_penalty import DryState
 from runtime.ipc import FinishReason, GenerateRequest, PhaseTimes, ProgramStep
+from runtime.kv_accounting import KVPlacement
 from runtime.sampler import PenaltyCounts
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler.grammar_manager import ConstraintState
-from runtime.scheduler.kv_manager import KVPlacement
 from runtime.scheduler.output_processor import OutputCursor
 from runtime.scheduler.token_array import TokenArray
 from runtime.speculative.drafts import DraftState

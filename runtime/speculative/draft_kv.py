@@ -1,6 +1,6 @@
 """KV accounting of the draft model: which slots each drafting request holds, from admission to
 release, in the draft's own pool and radix tree (page size 1), by the target's ``KVAccounting``
-(runtime/scheduler/kv_manager.py). What differs is the tokens: a sequence holds KV for tokens
+(runtime/kv_accounting.py). What differs is the tokens: a sequence holds KV for tokens
 of its request's sequence, then for tokens it drafted itself.
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 
 from radix_cache import CacheInvariantError, KVSlotAllocator, RadixCache
 from radix_cache.node import KEY_DTYPE, common_prefix_len
+from runtime.kv_accounting import KVAccounting, KVPlacement
 from runtime.memory_pool import ReqToTokenPool
-from runtime.scheduler.kv_manager import KVAccounting, KVPlacement
 
 
 @dataclass
