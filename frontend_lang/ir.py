@@ -8,22 +8,13 @@ Expressions are inert values; the interpreter gives them meaning against a state
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 # select's methods (the runtime's compiled select scores with the same code).
 from runtime.dsl_api import CHOICES_METHODS, JSON_FORMATS, TOKEN_LENGTH_NORMALIZED
 
 ROLES = ("system", "user", "assistant")
-# gen's fields for the runtime's DRY repetition penalty, sent under their own names.
-DRY_FIELDS = (
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "dry_sequence_breakers",
-    "dry_output_only",
-)
 
 
 # The regex a typed gen is constrained to; its text is parsed back with the type.
@@ -121,6 +112,10 @@ class Gen(Expr):
         if self.json_schema is not None:
             return json.loads(text)
         return text
+
+
+# gen's fields for the runtime's DRY repetition penalty, sent under their own names.
+DRY_FIELDS = tuple(field.name for field in fields(Gen) if field.name.startswith("dry_"))
 
 
 @dataclass(frozen=True)
