@@ -21,8 +21,8 @@ from grammar.schema_lengths import StringTooComplex, string_dfa, string_patterns
 from grammar.schema_merge import distribute_combinators
 from grammar.schema_names import KeysUnsupported, plan_keys
 from grammar.schema_numbers import StepTooLarge, multiple_of_ebnf
-from grammar.schema_refs import hoist_refs, resolve_ref
-from grammar.schema_rewrite import DEFS, canonical
+from grammar.schema_refs import follow_refs, hoist_refs
+from grammar.schema_rewrite import DEFS, canonical, listed_values
 from grammar.schema_unique import unique_array_problem
 from grammar.schema_vocabulary import read_as_own_draft
 from grammar.schema_walk import escape_pointer, iter_subschemas
@@ -43,7 +43,6 @@ _IGNORED = {
     "$recursiveRef": "recursive references are not supported",
 }
 _LENGTHS = ("minLength", "maxLength")
-_MAX_REF_HOPS = 32
 # Bounded numbers are written as plain decimals with at most this many fraction digits.
 _FRACTION_STEP = Decimal("0.000001")
 # Keywords that only annotate: harmless next to a $ref.
@@ -264,14 +263,11 @@ def _decimal(value: Any) -> Decimal | None:
 
 def _types(root: dict[str, Any], sub: Any, hops: int = 0) -> set[str] | None:
     """The JSON types ``sub`` admits as declared (number implies integer), None if unknown
-    (a reference chain longer than _MAX_REF_HOPS, e.g. a cycle, is unknown)."""
+    (a reference chain longer than MAX_REF_HOPS, e.g. a cycle, is unknown)."""
+    sub, hops = follow_refs(root, sub, hops)
     if not isinstance(sub, dict):
         return None
-    if isinstance(sub.get("$ref"), str):
-        if hops >= _MAX_REF_HOPS:
-            return None
-        return _types(root, resolve_ref(root, sub["$ref"]).schema, hops + 1)
-    values = _values(sub)
+    values = listed_values(sub)
     if values is not None:
         return {_json_type(v) for v in values}
     declared = sub.get("type")
@@ -299,12 +295,6 @@ def _declared(sub: dict[str, Any]) -> set[str] | None:
     return {declared} if isinstance(declared, str) else set(declared)
 
 
-def _values(sub: dict[str, Any]) -> list[Any] | None:
-    if "const" in sub:
-        return [sub["const"]]
-    return list(sub["enum"]) if isinstance(sub.get("enum"), list) else None
-
-
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -317,21 +307,16 @@ def _json_type(value: Any) -> str:
 
 def _disjoint(root: dict[str, Any], a: Any, b: Any, hops: int = 0) -> bool:
     """Whether no JSON value can satisfy both ``a`` and ``b`` (a sufficient, not exact, test;
-    past _MAX_REF_HOPS references, e.g. arrays of themselves, it answers no)."""
-    for side in (a, b):
-        if isinstance(side, dict) and isinstance(side.get("$ref"), str):
-            if hops >= _MAX_REF_HOPS:
-                return False
-            target = resolve_ref(root, side["$ref"]).schema
-            a, b = (target, b) if side is a else (a, target)
-            return _disjoint(root, a, b, hops + 1)
+    past MAX_REF_HOPS references, e.g. arrays of themselves, it answers no)."""
+    a, hops = follow_refs(root, a, hops)
+    b, hops = follow_refs(root, b, hops)
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a is False or b is False
     types_a, types_b = _types(root, a), _types(root, b)
     if types_a is not None and types_b is not None:
         if not types_a & types_b:
             return True
-    values_a, values_b = _values(a), _values(b)
+    values_a, values_b = listed_values(a), listed_values(b)
     if values_a is not None and values_b is not None:
         return not {canonical(v) for v in values_a} & {canonical(v) for v in values_b}
     if _misses_required(root, a, b) and _misses_required(root, b, a):
@@ -343,7 +328,7 @@ def _disjoint(root: dict[str, Any], a: Any, b: Any, hops: int = 0) -> bool:
                 return True
     props_a, props_b = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required") or ()) & set(b.get("required") or ()):
-        va, vb = _values(props_a.get(name) or {}), _values(props_b.get(name) or {})
+        va, vb = listed_values(props_a.get(name) or {}), listed_values(props_b.get(name) or {})
         if va is not None and vb is not None:
             if not {canonical(v) for v in va} & {canonical(v) for v in vb}:
                 return True

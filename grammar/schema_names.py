@@ -43,13 +43,12 @@ from grammar.schema_lengths import (
     string_dfa,
     string_patterns,
 )
-from grammar.schema_refs import resolve_ref
+from grammar.schema_refs import MAX_REF_HOPS, resolve_ref
 from grammar.schema_rewrite import ANNOTATIONS, DEFS
 
 _NAME_KEYWORDS = frozenset(
     {"type", "pattern", "format", "minLength", "maxLength", "enum", "const", "$ref"}
 )
-_MAX_REF_HOPS = 32
 _EMPTY = Dfa(frozenset(), ((),))
 
 
@@ -147,7 +146,7 @@ def _names_dfa(root: dict[str, Any], names: Any, hops: int) -> Dfa | None:
     if not isinstance(names, dict):
         raise KeysUnsupported("propertyNames", "it must be a schema")
     if isinstance(names.get("$ref"), str):
-        if hops >= _MAX_REF_HOPS or set(names) - ANNOTATIONS - {"$ref"} - set(DEFS):
+        if hops >= MAX_REF_HOPS or set(names) - ANNOTATIONS - {"$ref"} - set(DEFS):
             raise KeysUnsupported("propertyNames", "a reference beside other keywords")
         return _names_dfa(root, resolve_ref(root, names["$ref"]).schema, hops + 1)
     if isinstance(names.get("anyOf"), list) and not set(names) - ANNOTATIONS - {"anyOf"}:

@@ -44,6 +44,9 @@ _IN_PLACE = frozenset(
     {"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies"}
 )
 _BAD_ESCAPE = re.compile(r"~(?![01])")
+# The most references (counted with the nesting around them) a check of the schema's meaning
+# follows before it calls the answer unknown: a cycle of references never ends.
+MAX_REF_HOPS = 32
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,17 @@ def resolve_ref(root: dict[str, Any], ref: str, pointer: str = "") -> Target:
         kind = type(node).__name__
         raise GrammarError(f"invalid JSON schema at {where}: {ref!r} points at a {kind}")
     return Target("".join(f"/{escape_pointer(key)}" for key in path), node)
+
+
+def follow_refs(root: dict[str, Any], schema: Any, hops: int) -> tuple[Any, int]:
+    """``schema``, or where its chain of ``$ref``s ends (the first target that is no reference),
+    and ``hops`` plus the references followed; None for the schema once ``hops`` would pass
+    MAX_REF_HOPS (e.g. a cycle), which a check reads as unknown."""
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+        if hops >= MAX_REF_HOPS:
+            return None, hops
+        schema, hops = resolve_ref(root, schema["$ref"]).schema, hops + 1
+    return schema, hops
 
 
 def base_uri(root: dict[str, Any]) -> str:

@@ -83,11 +83,16 @@ def property_test(schema: Any) -> tuple[str, list[Any], bool] | None:
         or required not in ([], [name])
     ):
         return None
-    if "const" in check:
-        return name, [check["const"]], bool(required)
-    if isinstance(check.get("enum"), list):
-        return name, list(check["enum"]), bool(required)
-    return None
+    values = listed_values(check)
+    return None if values is None else (name, values, bool(required))
+
+
+def listed_values(schema: dict[str, Any]) -> list[Any] | None:
+    """The values ``schema`` lists: its ``const``, or its ``enum`` list; None when it lists
+    none."""
+    if "const" in schema:
+        return [schema["const"]]
+    return list(schema["enum"]) if isinstance(schema.get("enum"), list) else None
 
 
 def finite_values(schema: Any) -> list[Any] | None:
@@ -95,13 +100,10 @@ def finite_values(schema: Any) -> list[Any] | None:
     boolean; None otherwise."""
     if not isinstance(schema, dict):
         return None
-    if "const" in schema:
-        return [schema["const"]]
-    if isinstance(schema.get("enum"), list):
-        return list(schema["enum"])
-    if schema.get("type") == "boolean" and set(schema) - ANNOTATIONS == {"type"}:
+    values = listed_values(schema)
+    if values is None and schema.get("type") == "boolean" and set(schema) - ANNOTATIONS == {"type"}:
         return [True, False]
-    return None
+    return values
 
 
 def expand_dependencies(sub: Schema, pointer: str) -> Schema:

@@ -20,8 +20,8 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 
-from grammar.schema_refs import resolve_ref
-from grammar.schema_rewrite import canonical
+from grammar.schema_refs import follow_refs
+from grammar.schema_rewrite import canonical, listed_values
 
 # The most value sets (grammar states) an array's rules may track. Measured compile cost on
 # xgrammar 0.2.8: about 0.3 ms per state at a 4k vocabulary.
@@ -32,7 +32,6 @@ _ARRAY_KEYWORDS = frozenset(
     {"items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains",
      "unevaluatedItems", "minItems", "maxItems", "uniqueItems"}
 )  # fmt: skip
-_MAX_REF_HOPS = 32
 # Listed values considered at most (before the validator filters them).
 _MAX_VALUES = 64
 # The whitespace between tokens, substituted when the rules are spliced into a grammar.
@@ -125,19 +124,16 @@ def _state_count(count: int, sub: dict[str, Any]) -> int:
 
 
 def _candidates(root: dict[str, Any], schema: Any, hops: int) -> list[Any] | None:
-    """Values that include every value ``schema`` admits, when they are finitely listed."""
+    """Values that include every value ``schema`` admits, when they are finitely listed (None
+    past MAX_REF_HOPS references)."""
+    schema, hops = follow_refs(root, schema, hops)
     if schema is False:
         return []
     if not isinstance(schema, dict):
         return None
-    if isinstance(schema.get("$ref"), str):
-        if hops >= _MAX_REF_HOPS:
-            return None
-        return _candidates(root, resolve_ref(root, schema["$ref"]).schema, hops + 1)
-    if "const" in schema:
-        return [schema["const"]]
-    if isinstance(schema.get("enum"), list):
-        return list(schema["enum"])
+    values = listed_values(schema)
+    if values is not None:
+        return values
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list):
             union: list[Any] = []
