@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from runtime.channels import QueueChannel
-from runtime.chat.reasoning import ReasoningResults, require_reasoning
+from runtime.chat.plan import require_reasoning
+from runtime.chat.turn_reader import TurnReader, native_result
 from runtime.components import Channels, build_components
 from runtime.errors import SchedulerDied
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
@@ -176,7 +177,7 @@ class Engine:
         results = await asyncio.gather(*(self._one(sub) for sub in subs))
         if splits is not None:
             for split, result in zip(splits, results, strict=True):
-                split.split(result, result["text"], final=True)
+                native_result(split, result, result["text"], final=True)
         per_prompt: list[list[dict[str, Any]]] = [[] for _ in request.prompts]
         for sub, result in zip(subs, results, strict=True):
             per_prompt[sub.prompt_index].append(result)
@@ -196,10 +197,10 @@ class Engine:
         async for chunk in subs[0].run(self.generation, stream=True):
             result = chunk.to_dict(with_delta=True)
             if splits is not None:
-                splits[0].split(result, chunk.delta, final=chunk.finish_reason is not None)
+                native_result(splits[0], result, chunk.delta, chunk.finish_reason is not None)
             yield result
 
-    def _require_reasoning(self, subs: list[SubRequest]) -> list[ReasoningResults]:
+    def _require_reasoning(self, subs: list[SubRequest]) -> list[TurnReader]:
         return require_reasoning(self.args.reasoning_parser, self.tokenizer, subs)
 
     # ---- compiled programs ----------------------------------------------------------------

@@ -28,8 +28,8 @@ Incremental use (chat streaming, Responses events)::
 Text that may be the start of a tag is held back until a later piece (or ``finish``) decides
 it, so tags split across pieces at any character are found. ``parser.parse(text)`` splits a
 whole output at once. ``constrain_after_reasoning`` makes a request's constraint apply to the
-answer only; ``require_reasoning`` does both for the native API (``/generate`` and
-``Engine.generate``).
+answer only; ``runtime.chat.plan.require_reasoning`` does that for the native API
+(``/generate`` and ``Engine.generate``), whose outputs a ``TurnReader`` splits.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from runtime.generate_input import SubRequest
-from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import SamplingParams
 
 Phase = Literal["opening", "reasoning", "answer"]
@@ -205,53 +203,3 @@ def _partial_tag_len(text: str, tag: str) -> int:
         if tag.startswith(text[-n:]):
             return n
     return 0
-
-
-def require_reasoning(
-    name: str | None, tokenizer: Any, subs: list[SubRequest]
-) -> list[ReasoningResults]:
-    """The native API's ``require_reasoning`` (``/generate``, ``Engine.generate``): each
-    sub-request's constraint, if any, starts after the reasoning of format ``name`` (the
-    ``--reasoning-parser``; ``subs`` are changed in place), and one ``ReasoningResults`` per
-    sub-request splits its output. InvalidRequestValue (a 400) without a reasoning parser, or
-    when a constraint cannot wait for tags that are not single tokens."""
-    if name is None:
-        raise InvalidRequestValue(
-            "require_reasoning", "needs a reasoning parser (--reasoning-parser)"
-        )
-    results = []
-    for i, sub in enumerate(subs):
-        try:
-            subs[i] = dataclasses.replace(
-                sub, sampling=constrain_after_reasoning(name, tokenizer, sub.sampling)
-            )
-        except ValueError as exc:
-            raise InvalidRequestValue("require_reasoning", str(exc)) from None
-        prompt_tail = tokenizer.decode(sub.input_ids[-_PROMPT_TAIL_TOKENS:])
-        results.append(ReasoningResults(make_reasoning_parser(name, prompt_tail)))
-    return results
-
-
-class ReasoningResults:
-    """Native results (``RequestOutput.to_dict()``) of one output, with the reasoning split
-    off as chat does it: ``text`` is the answer, ``reasoning_content`` the thinking (None
-    when the output has none); a streamed result's ``delta`` is new answer text and
-    ``reasoning_delta`` new thinking."""
-
-    def __init__(self, parser: ReasoningParser) -> None:
-        self.parser = parser
-        self.reasoning = ""
-        self.content = ""
-
-    def split(self, result: dict[str, Any], new_text: str, final: bool) -> dict[str, Any]:
-        """``result`` (changed in place) with ``new_text``, the output's text since the last
-        result (all of it for a whole result), split; ``final``: the output has ended."""
-        delta = self.parser.feed(new_text, final=final)
-        self.reasoning += delta.reasoning
-        self.content += delta.content
-        result["text"] = self.content
-        result["reasoning_content"] = self.reasoning if self.parser.has_reasoning else None
-        if "delta" in result:
-            result["delta"] = delta.content
-            result["reasoning_delta"] = delta.reasoning
-        return result

@@ -46,9 +46,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.chat.reasoning import ReasoningParser
 from runtime.chat.tool_call_envelope import EnvelopeParser
-from runtime.chat.tool_call_events import ToolCall, ToolCallEvent
+from runtime.chat.tool_call_events import ToolCall
 from runtime.chat.tool_call_formats import GENERIC_FORMAT, canonical_format
 from runtime.chat.tool_call_parser import ToolCallParser
 
@@ -59,7 +58,6 @@ __all__ = [
     "make_tool_parser",
     "parse_output",
     "parse_tool_calls",
-    "split_output",
     "tool_call_constraint",
     "turn_constraint",
 ]
@@ -156,27 +154,6 @@ def make_tool_parser(
     if canonical_format(fmt) == GENERIC_FORMAT and not constrained:
         return EnvelopeParser(tool_names, max_calls)
     return ToolCallParser(tool_names, max_calls, fmt, constrained)
-
-
-def split_output(
-    delta: str,
-    finished: bool,
-    reasoning: ReasoningParser | None,
-    tools: ToolCallParser | EnvelopeParser | None,
-) -> tuple[str, list[ToolCallEvent]]:
-    """One more piece of an output (``finished``: the last): (its reasoning, the events of its
-    answer). The reasoning is split off first when ``reasoning`` is set; the answer is then
-    content (one str event) or, when ``tools`` is set, that parser's events."""
-    thinking, answer = "", delta
-    if reasoning is not None:
-        split = reasoning.feed(delta, final=finished)
-        thinking, answer = split.reasoning, split.content
-    if tools is None:
-        return thinking, [answer]
-    pieces = tools.feed(answer)
-    if finished:
-        pieces += tools.finish()
-    return thinking, pieces
 
 
 def parse_tool_calls(

@@ -14,22 +14,17 @@ Anthropic's shape (``errors``).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.chat.generic_tools import ReplyEnvelope, reply_envelope
-from runtime.chat.reasoning import make_reasoning_parser
-from runtime.chat.tool_call_formats import GENERIC_FORMAT
-from runtime.chat.tool_calls import make_tool_parser, turn_constraint
+from runtime.chat.plan import plan_turn, turn_envelope
+from runtime.chat.turn_spec import ToolChoice, TurnSpec
 from runtime.generate_input import SubRequest
-from runtime.request_checks import check_output_room
-from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.messages_input import chat_messages
+from runtime.server.messages_output import tool_use_id
 from runtime.server.messages_protocol import (
     CountTokensRequest,
     MessagesRequest,
@@ -43,11 +38,9 @@ from runtime.server.messages_protocol import (
 from runtime.server.messages_run import MessageRun, new_message, run_message, stream_message
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
-    after_reasoning,
-    checked_sampling,
+    chat_render,
     given_fields,
     read_request,
-    render_prompt,
     template_variables,
 )
 from runtime.server.openai_protocol import FunctionDefinition
@@ -71,54 +64,16 @@ _SAMPLING_FIELDS = {name: name for name in SHARED_SAMPLING_FIELDS if name != "st
 }
 
 
-@dataclass(frozen=True)
-class _Turn:
-    """A request's prompt and its tools: ``mode`` none, auto, required or named."""
-
-    text: str
-    ids: list[int]
-    functions: list[dict[str, Any]]
-    mode: str
-    names: set[str]
-    envelope: ReplyEnvelope | None = None  # the generic format's reply envelope (auto)
-
-
 @router.post("/messages")
 async def create_message(request: Request) -> Response:
     state, body = await read_request(request, MessagesRequest)
-    turn = await _prompt(state, body)
-    check_output_room(len(turn.ids), body.max_tokens, state.context_length, "max_tokens")
-    parallel = not _parallel_disabled(body)
-    answer = _answer_format(body)
-    callable_tools = [f for f in turn.functions if f["name"] in turn.names]
-    name = next(iter(turn.names)) if turn.mode == "named" else None
-    fmt = state.tool_call_format
-    envelope = turn.envelope is not None and turn.envelope.constrained
-    constraints = turn_constraint(callable_tools, turn.mode, name, parallel, fmt, answer, envelope)
-    sampling = _sampling(state, body, constraints)
-    if envelope and turn.envelope is not None:  # the server decides call or answer
-        names = [f["name"] for f in callable_tools]
-        branch = await state.tool_decider.decide(
-            state, turn.ids, names, turn.envelope, body.cache_salt
-        )
-        if branch is not None:
-            decided = turn_constraint(
-                callable_tools, turn.mode, name, parallel, fmt, answer, envelope, branch
-            )
-            sampling = dataclasses.replace(sampling, structural_tag=decided["structural_tag"])
-    run = MessageRun(new_message(state.args.model_name), list(body.stop_sequences or []))
-    if turn.mode != "none" and turn.functions:
-        forced = turn.mode in ("required", "named")
-        max_calls = None if parallel else 1
-        run.tools = make_tool_parser(fmt, turn.names, max_calls, forced)
-        run.generated_turns = state.generated_turns
-    reasoning = state.args.reasoning_parser
-    if reasoning is not None:
-        sampling = after_reasoning(state, reasoning, sampling, "output_config.format")
-        run.reasoning = make_reasoning_parser(reasoning, turn.text)
+    spec = _turn(state, body)
+    plan = await plan_turn(spec, state, chat_render(state, spec))
+    run = MessageRun(new_message(state.args.model_name), plan.reader(tool_use_id))
     msg_id, model = run.message["id"], run.message["model"]
-    trace_request(request, "chat", model=model, sampling=sampling, response_id=msg_id)
-    streams = open_streams(state, [SubRequest(turn.ids, sampling, cache_salt=body.cache_salt)])
+    trace_request(request, "chat", model=model, sampling=plan.sampling, response_id=msg_id)
+    sub = SubRequest(plan.prompt.ids, plan.sampling, cache_salt=spec.cache_salt)
+    streams = open_streams(state, [sub])
     if not body.stream:
         await run_message(run, merge_streams(request, streams))
         return JSONResponse(run.message)
@@ -130,40 +85,45 @@ async def create_message(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """The prompt's length in tokens, as ``POST /v1/messages`` would render it."""
     state, body = await read_request(request, CountTokensRequest)
-    turn = await _prompt(state, body)
-    return JSONResponse({"input_tokens": len(turn.ids)})
+    spec = _turn(state, body)
+    tools = spec.tools if spec.tools_on else None
+    prompt = await chat_render(state, spec)(tools, turn_envelope(spec, state.tool_call_format))
+    return JSONResponse({"input_tokens": len(prompt.ids)})
 
 
-async def _prompt(state: ServerState, body: PromptRequest) -> _Turn:
+def _turn(state: ServerState, body: PromptRequest) -> TurnSpec:
+    """The request as a turn (``count_tokens``: its prompt alone, no sampling)."""
     reasoning = state.args.reasoning_parser is not None
     if isinstance(body.thinking, ThinkingEnabled) and not reasoning:
         raise ApiError(
             400, "thinking: this server was started without --reasoning-parser", "thinking"
         )
     turns = state.generated_turns
-    messages = chat_messages(body.system, body.messages, reasoning, turns.arguments_text)
     functions = [
         FunctionDefinition(
             name=tool.name, description=tool.description, parameters=tool.input_schema
         ).model_dump(exclude_none=True)
         for tool in body.tools or []
     ]
-    mode, names = _tool_choice(body, functions)
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
     if isinstance(body.thinking, ThinkingDisabled):
         variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
-    tools = None
-    envelope = None
-    if functions and mode != "none":
-        tools = [{"type": "function", "function": f} for f in functions]
-        if mode == "auto" and state.tool_call_format == GENERIC_FORMAT:
-            # The generic format's reply envelope: a call or an answer (as chat's auto).
-            parallel = not _parallel_disabled(body)
-            text_answer = not _answer_format(body)
-            mode_asked = getattr(body, "reply_envelope", None)  # count_tokens: the same prompt
-            envelope = reply_envelope(parallel, text_answer, mode_asked)
-    text, ids = await render_prompt(state, messages, tools, variables, envelope)
-    return _Turn(text, ids, functions, mode, names, envelope)
+    sampling: dict[str, Any] = {}
+    if isinstance(body, MessagesRequest):
+        sampling = {"max_new_tokens": body.max_tokens} | given_fields(body, _SAMPLING_FIELDS)
+    return TurnSpec(
+        messages=chat_messages(body.system, body.messages, reasoning, turns.arguments_text),
+        tools=functions,
+        tool_choice=_tool_choice(body, functions),
+        sampling=sampling,
+        answer=_answer_format(body),
+        max_tool_calls=1 if _parallel_disabled(body) else None,
+        output_limit=body.max_tokens if isinstance(body, MessagesRequest) else None,
+        cache_salt=getattr(body, "cache_salt", None),
+        reply_envelope=getattr(body, "reply_envelope", None),
+        template_variables=variables,
+        param_names=PARAM_NAMES | {"answer": "output_config.format"},
+    )
 
 
 def _answer_format(body: PromptRequest) -> dict[str, Any]:
@@ -174,14 +134,13 @@ def _answer_format(body: PromptRequest) -> dict[str, Any]:
     return {}
 
 
-def _tool_choice(body: PromptRequest, functions: list[dict[str, Any]]) -> tuple[str, set[str]]:
-    """(mode, names of the callable tools)."""
-    names = {f["name"] for f in functions}
+def _tool_choice(body: PromptRequest, functions: list[dict[str, Any]]) -> ToolChoice:
+    names = frozenset(f["name"] for f in functions)
     choice = body.tool_choice
     if choice is None:
-        return ("auto" if functions else "none"), names
+        return ToolChoice("auto" if functions else "none", names)
     if isinstance(choice, ToolChoiceNone):
-        return "none", names
+        return ToolChoice("none", names)
     if not functions:
         raise ApiError(400, f"tool_choice: {choice.type} needs tools", param="tool_choice")
     if isinstance(choice, ToolChoiceTool):
@@ -189,17 +148,10 @@ def _tool_choice(body: PromptRequest, functions: list[dict[str, Any]]) -> tuple[
             raise ApiError(
                 400, f"tool_choice.name: unknown tool {choice.name!r}", "tool_choice.name"
             )
-        return "named", {choice.name}
-    return ("required" if isinstance(choice, ToolChoiceAny) else "auto"), names
+        return ToolChoice("named", frozenset({choice.name}))
+    return ToolChoice("required" if isinstance(choice, ToolChoiceAny) else "auto", names)
 
 
 def _parallel_disabled(body: PromptRequest) -> bool:
     choice = body.tool_choice
     return choice is not None and getattr(choice, "disable_parallel_tool_use", False)
-
-
-def _sampling(
-    state: ServerState, body: MessagesRequest, constraints: dict[str, Any]
-) -> SamplingParams:
-    params = {"max_new_tokens": body.max_tokens} | given_fields(body, _SAMPLING_FIELDS)
-    return checked_sampling(state, params | constraints, PARAM_NAMES)

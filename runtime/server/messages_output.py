@@ -2,7 +2,7 @@
 stream events that announce them.
 
 ``ContentBuilder`` takes the generation already split into thinking, answer text and tool
-calls (``split_output``), and keeps ``content`` (the message's blocks) and ``events``
+calls (``TurnReader``), and keeps ``content`` (the message's blocks) and ``events``
 (``content_block_start``, ``content_block_delta``..., ``content_block_stop`` per block) in
 step, so a streamed message and a plain one have the same content. Deltas: ``thinking_delta``
 for thinking, ``text_delta`` for text, ``input_json_delta`` for a tool's input as the model

@@ -23,17 +23,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.chat.generated_turns import GeneratedTurns
-from runtime.chat.reasoning import ReasoningParser
 from runtime.chat.tool_call_events import (
     ToolCallArguments,
+    ToolCallDropped,
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.chat.tool_calls import EnvelopeParser, ToolCallParser, split_output
+from runtime.chat.turn_reader import Done, Text, Thinking, TurnReader
 from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone, anthropic_error_body
-from runtime.server.messages_output import ContentBuilder, tool_use_id
+from runtime.server.messages_output import ContentBuilder
 from runtime.server.responses_output import new_id
 from runtime.server.streams import Events
 from runtime.tokenizer_manager import RequestOutput
@@ -60,45 +59,34 @@ def new_message(model: str) -> dict[str, Any]:
 
 @dataclass
 class MessageRun:
-    """One message being generated; ``message`` is completed in place."""
+    """One message being generated; ``message`` is completed in place. ``reader`` reads the
+    output (its tool calls, its thinking; where a tool-calling turn is remembered)."""
 
     message: dict[str, Any]
-    stop_sequences: list[str] = field(default_factory=list)
-    tools: ToolCallParser | EnvelopeParser | None = None  # tool calls are parsed when set
-    reasoning: ReasoningParser | None = None  # splits off the thinking when set
-    generated_turns: GeneratedTurns | None = None  # where tool-calling turns are remembered
+    reader: TurnReader = field(default_factory=TurnReader)
     builder: ContentBuilder = field(default_factory=ContentBuilder)
     final: RequestOutput | None = None
-    _call_ids: list[str] = field(default_factory=list)  # of the whole calls, in order
-    _arguments: list[str] = field(default_factory=list)  # theirs, as the model wrote them
     _started: bool = False
-    _dropped_call: bool = False
 
     def feed(self, chunk: RequestOutput) -> None:
         """Add one output of the generation to the content."""
         if not self._started:
             self._started = True
             self._count(chunk, output_tokens=0)
-        finished = chunk.finish_reason is not None
-        thinking, pieces = split_output(chunk.delta, finished, self.reasoning, self.tools)
-        self.builder.thinking(thinking)
-        for piece in pieces:
-            if isinstance(piece, str):
-                self.builder.text(piece)
-            elif isinstance(piece, ToolCallStart):
-                self.builder.call_start(piece.id, piece.name)
-            elif isinstance(piece, ToolCallArguments):
-                self.builder.call_arguments(piece.fragment)
-            elif isinstance(piece, ToolCallEnd):
-                self.builder.call_end(whole=True)
-                self._call_ids.append(tool_use_id(piece.call.id))
-                self._arguments.append(piece.call.arguments)
-            else:  # ToolCallDropped: cut off by max_tokens
-                self.builder.call_end(whole=False)
-                self._dropped_call = True
-        if finished:
-            self.builder.finish()
-            self._complete(chunk)
+        for event in self.reader.feed(chunk):
+            if isinstance(event, Thinking):
+                self.builder.thinking(event.text)
+            elif isinstance(event, Text):
+                self.builder.text(event.text)
+            elif isinstance(event, ToolCallStart):
+                self.builder.call_start(event.id, event.name)
+            elif isinstance(event, ToolCallArguments):
+                self.builder.call_arguments(event.fragment)
+            elif isinstance(event, (ToolCallEnd, ToolCallDropped)):
+                self.builder.call_end(whole=isinstance(event, ToolCallEnd))
+            else:
+                self.builder.finish()
+                self._complete(event)
 
     def opening(self) -> dict[str, Any]:
         """The message as ``message_start`` shows it: no content, no stop reason yet."""
@@ -112,12 +100,12 @@ class MessageRun:
             "cache_creation_input_tokens": 0,
         }
 
-    def _complete(self, final: RequestOutput) -> None:
-        self.final = final
+    def _complete(self, done: Done) -> None:
+        final = self.final = done.final
         self._count(final, final.completion_tokens)
         reason = final.finish_reason
         stop_sequence = None
-        if self.builder.called_tools and not self._dropped_call:
+        if self.builder.called_tools and not done.dropped_call:
             stop_reason = "tool_use"
         elif reason is not None and reason.type == "length":
             stop_reason = "max_tokens"
@@ -130,8 +118,6 @@ class MessageRun:
         )
         if final.grammar_notes:  # extension: the constraint was applied otherwise than asked
             self.message["grammar_notes"] = list(final.grammar_notes)
-        if self.generated_turns is not None and stop_reason == "tool_use":
-            self.generated_turns.remember(self._call_ids, final, self._arguments)
 
 
 async def run_message(run: MessageRun, events: Events) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.chat.reasoning import ReasoningResults, require_reasoning
+from runtime.chat.plan import require_reasoning
+from runtime.chat.turn_reader import TurnReader, native_result
 from runtime.generate_input import GenerateInput, LogprobOptions, SubRequest
 from runtime.ipc import ControlCommand
 from runtime.request_checks import check_output_room
@@ -91,7 +92,7 @@ async def generate(request: Request) -> Response:
     for index, chunk in enumerate(await collect_finals(request, streams)):
         result = _result(state, body, chunk)
         if splits is not None:
-            splits[index].split(result, chunk.text, final=True)
+            native_result(splits[index], result, chunk.text, final=True)
         results.append(result)
     return JSONResponse(results if several else results[0])
 
@@ -101,13 +102,13 @@ async def _event_stream(
     body: GenerateReqInput,
     events: Events,
     several: bool,
-    splits: list[ReasoningResults] | None,
+    splits: list[TurnReader] | None,
 ) -> AsyncIterator[bytes]:
     async for index, chunk in events:
         result = _result(state, body, chunk)
         result["delta"] = chunk.delta
         if splits is not None:
-            splits[index].split(result, chunk.delta, final=chunk.finish_reason is not None)
+            native_result(splits[index], result, chunk.delta, chunk.finish_reason is not None)
         if several:
             result["index"] = index
         yield sse_event(result)

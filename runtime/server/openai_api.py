@@ -10,7 +10,6 @@ OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 import uuid
@@ -21,14 +20,13 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.chat.generic_tools import ReplyEnvelope, generic_messages, reply_envelope
-from runtime.chat.reasoning import constrain_after_reasoning, make_reasoning_parser
+from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
+from runtime.chat.plan import Prompt, Render, plan_turn, sampling_params
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
-from runtime.chat.tool_calls import calls_or_answer, tool_call_constraint
+from runtime.chat.turn_spec import ToolChoice, TurnSpec
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.request_checks import check_output_room
-from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
@@ -117,7 +115,8 @@ async def completions(request: Request) -> Response:
     if body.best_of not in (None, body.n):
         raise ApiError(400, "best_of must be equal to n", param="best_of")
     max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
-    sampling = _sampling(state, body, max_tokens, {})
+    params = {"max_new_tokens": max_tokens, "n": body.n} | given_fields(body, _PASSTHROUGH)
+    sampling = sampling_params(params, state.tokenizer_manager, PARAM_NAMES)
     prompts, texts = await _completion_prompts(state, body.prompt)
     if "max_tokens" in body.model_fields_set and body.max_tokens is not None:
         for ids in prompts:
@@ -151,59 +150,70 @@ async def chat_completions(request: Request) -> Response:
     state, body = await read_request(request, ChatCompletionRequest)
     if body.top_logprobs and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
-    choice = body.tool_choice or ("auto" if functions else "none")
-    # A forced call this turn; the response format is for a later, answering turn. Under auto
-    # with a format, the output is calls or an answer in that format.
-    fmt = state.tool_call_format
-    forced = _tool_constraint(functions, choice, body.parallel_tool_calls, fmt)
-    answer = _format_constraint(body)
-    tools_on = bool(functions) and choice != "none"
-    # Generic format under auto: the reply envelope, unless the request shapes the output with
-    # a grammar of its own (the free text is then read in the generic call syntax).
-    own_grammar = any(name in GRAMMAR_FIELDS for name in given_fields(body, _PASSTHROUGH))
-    envelope = None
-    if tools_on and choice == "auto" and fmt == GENERIC_FORMAT and not own_grammar:
-        envelope = reply_envelope(body.parallel_tool_calls, not answer, body.reply_envelope)
-    tag = forced
-    held = False
-    if choice == "auto":
-        held = envelope is not None and envelope.constrained
-        tag = calls_or_answer(functions, body.parallel_tool_calls, fmt, answer, held)
-    constraints = answer if tag is None else {"structural_tag": tag}
-    max_tokens = body.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = body.max_tokens if body.max_tokens is not None else state.context_length
-    sampling = _sampling(state, body, max_tokens, constraints)
-    text, ids = await _chat_prompt(state, body, tools_on, envelope)
-    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    if getattr(body, field) is not None:
-        check_output_room(len(ids), getattr(body, field), state.context_length, field)
-    if held and envelope is not None:  # the server decides call or answer (tool_decision)
-        names = [f["name"] for f in functions]
-        branch = await state.tool_decider.decide(state, ids, names, envelope, body.cache_salt)
-        if branch is not None:
-            decided = calls_or_answer(
-                functions, body.parallel_tool_calls, fmt, answer, held, branch
-            )
-            sampling = dataclasses.replace(sampling, structural_tag=decided)
-    ctx = _context(state, body, "chatcmpl", sampling.n)
-    reasoning = state.args.reasoning_parser
-    if reasoning is not None:
-        sampling = after_reasoning(state, reasoning, sampling)
-        ctx.reasoning = functools.partial(make_reasoning_parser, reasoning, text)
+    spec = _chat_turn(state, body)
+    plan = await plan_turn(spec, state, chat_render(state, spec))
+    ctx = _context(state, body, "chatcmpl", plan.sampling.n)
+    ctx.reader = plan.reader
     logprobs = LogprobOptions(body.logprobs, top_logprobs_num=body.top_logprobs or 0)
-    subs = expand([ids], [sampling], logprobs=logprobs, cache_salt=body.cache_salt)
-    if tools_on:
-        ctx.tool_names = {f["name"] for f in functions}
-        ctx.max_tool_calls = None if body.parallel_tool_calls else 1
-        ctx.tool_call_format = state.tool_call_format
-        ctx.tool_calls_constrained = forced is not None
-        ctx.generated_turns = state.generated_turns
-    trace_request(request, "chat", model=ctx.model, sampling=sampling, response_id=ctx.request_id)
+    subs = expand([plan.prompt.ids], [plan.sampling], logprobs=logprobs, cache_salt=spec.cache_salt)
+    trace_request(
+        request, "chat", model=ctx.model, sampling=plan.sampling, response_id=ctx.request_id
+    )
     return await _respond(
         request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
     )
+
+
+def _chat_turn(state: ServerState, body: ChatCompletionRequest) -> TurnSpec:
+    """The chat completion request as a turn."""
+    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
+    choice = body.tool_choice or ("auto" if functions else "none")
+    names = frozenset(f["name"] for f in functions)
+    if isinstance(choice, NamedToolChoice):
+        if not functions:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        if choice.function.name not in names:
+            raise ApiError(
+                400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
+            )
+        tool_choice = ToolChoice("named", frozenset({choice.function.name}))
+    else:
+        if choice == "required" and not functions:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        tool_choice = ToolChoice(choice, names)
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    asked = getattr(body, field)
+    sampling = {"max_new_tokens": asked if asked is not None else state.context_length}
+    sampling |= {"n": body.n} | given_fields(body, _PASSTHROUGH)
+    return TurnSpec(
+        messages=[_chat_message(message, i) for i, message in enumerate(body.messages)],
+        tools=functions,
+        tool_choice=tool_choice,
+        sampling=sampling,
+        answer=_format_constraint(body),
+        max_tool_calls=None if body.parallel_tool_calls else 1,
+        output_limit=asked,
+        cache_salt=body.cache_salt,
+        reply_envelope=body.reply_envelope,
+        template_variables=template_variables(state.tokenizer, body.chat_template_kwargs),
+        param_names=PARAM_NAMES | {"max_new_tokens": field, "answer": "response_format"},
+    )
+
+
+def chat_render(state: ServerState, spec: TurnSpec) -> Render[Prompt]:
+    """How a turn of chat messages (chat completions, Messages) renders its prompt."""
+
+    async def render(
+        functions: list[dict[str, Any]] | None, envelope: ReplyEnvelope | None
+    ) -> Prompt:
+        tools = (
+            None if functions is None else [{"type": "function", "function": f} for f in functions]
+        )
+        variables = spec.template_variables
+        text, ids = await render_prompt(state, spec.messages, tools, variables, envelope)
+        return Prompt(text, ids)
+
+    return render
 
 
 async def _respond(
@@ -264,36 +274,10 @@ def check_model(state: ServerState, model: str) -> None:
         )
 
 
-def _sampling(
-    state: ServerState, body: SamplingRequest, max_new_tokens: int, constraints: dict[str, Any]
-) -> SamplingParams:
-    """The request's sampling params, validated; ApiError 400 with the OpenAI field name."""
-    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": body.n}
-    params |= given_fields(body, _PASSTHROUGH)
-    for name, value in constraints.items():
-        if name in params:
-            raise ApiError(400, f"{name} conflicts with another constraint", param=name)
-        params[name] = value
-    return checked_sampling(state, params, PARAM_NAMES)
-
-
 def given_fields(body: Any, fields: Mapping[str, str]) -> dict[str, Any]:
     """``{sampling param: value}`` for each request field of ``fields`` that ``body`` sets."""
     values = {name: getattr(body, field) for field, name in fields.items()}
     return {name: value for name, value in values.items() if value is not None}
-
-
-def checked_sampling(
-    state: ServerState, params: dict[str, Any], names: Mapping[str, str]
-) -> SamplingParams:
-    """``params`` validated; ApiError 400 naming the field as the API spells it (``names``:
-    sampling param -> request field, where they differ)."""
-    try:
-        return SamplingParams.from_dict(params, state.tokenizer_manager.limits)
-    except InvalidSamplingParams as exc:
-        name = names.get(exc.field, exc.field)
-        reason = str(exc).split(": ", 1)[-1]
-        raise ApiError(400, f"{name}: {reason}", param=name) from None
 
 
 async def _completion_prompts(
@@ -333,56 +317,13 @@ def _format_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
     return {"json_object": True}
 
 
-def _tool_constraint(
-    functions: list[dict[str, Any]], choice: str | NamedToolChoice, parallel: bool, fmt: str
-) -> dict[str, Any] | None:
-    if choice in ("none", "auto"):
-        return None
-    if not functions:
-        raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-    if isinstance(choice, NamedToolChoice):
-        if choice.function.name not in {f["name"] for f in functions}:
-            raise ApiError(
-                400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
-            )
-        return tool_call_constraint(functions, "named", choice.function.name, parallel, fmt)
-    return tool_call_constraint(functions, "required", parallel=parallel, fmt=fmt)
-
-
-def after_reasoning(
-    state: ServerState, name: str, sampling: SamplingParams, format_param: str = "response_format"
-) -> SamplingParams:
-    """With reasoning parser ``name``, a constraint applies to the answer after the reasoning;
-    a 400 naming the constraint (``tool_choice``, or the answer format's field
-    ``format_param``) when the model's tags cannot mark where it starts."""
-    try:
-        return constrain_after_reasoning(name, state.tokenizer, sampling)
-    except ValueError as exc:
-        param = "tool_choice" if sampling.structural_tag is not None else format_param
-        raise ApiError(400, str(exc), param=param) from None
-
-
-async def _chat_prompt(
-    state: ServerState,
-    body: ChatCompletionRequest,
-    with_tools: bool,
-    envelope: ReplyEnvelope | None = None,
-) -> tuple[str, list[int]]:
-    """Render the messages (and tools, and ``chat_template_kwargs``) with the tokenizer's chat
-    template, then tokenize, on the tokenizer threads: (prompt text, token ids). ``envelope``:
-    the generic format's reply envelope (tool_choice auto), which the prompt describes."""
-    messages = []
-    for i, message in enumerate(body.messages):
-        rendered = message.model_dump(exclude_none=True)
-        rendered["content"] = _text_content(message.content, i)
-        if rendered["role"] == "developer":
-            rendered["role"] = "system"
-        messages.append(rendered)
-    tools = None
-    if with_tools:
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-    variables = template_variables(state.tokenizer, body.chat_template_kwargs)
-    return await render_prompt(state, messages, tools, variables, envelope)
+def _chat_message(message: Any, index: int) -> dict[str, Any]:
+    """A chat message as the template reads it (developer is system; text parts joined)."""
+    rendered: dict[str, Any] = message.model_dump(exclude_none=True)
+    rendered["content"] = _text_content(message.content, index)
+    if rendered["role"] == "developer":
+        rendered["role"] = "system"
+    return rendered
 
 
 async def render_prompt(

@@ -7,10 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.chat.generated_turns import GeneratedTurns
-from runtime.chat.reasoning import ReasoningParser
-from runtime.chat.tool_call_events import ToolCall
-from runtime.chat.tool_calls import EnvelopeParser, ToolCallParser, parse_output
+from runtime.chat.turn_reader import TurnReader
 from runtime.server.token_text import TokenText
 from runtime.tokenizer_manager import RequestOutput, TokenLogprob
 
@@ -25,18 +22,10 @@ class ResponseContext:
     n: int  # samples per prompt: choice i * n + j is sample j of prompt i
     token_text: TokenText
     include_usage: bool = False
-    # Chat with tools (tool_choice other than "none"): parse tool calls in this format.
-    tool_names: set[str] | None = None
-    max_tool_calls: int | None = None
-    tool_call_format: str = "hermes"
-    tool_calls_constrained: bool = False  # tool_choice required or named
-    # Where choices that made tool calls leave their output ids (None: nowhere).
-    generated_turns: GeneratedTurns | None = None
+    # Chat: a fresh reader per choice (reasoning, tool calls, remembered turns).
+    reader: Callable[[], TurnReader] | None = None
     # Completions with echo: the prompt texts, prepended to each prompt's choices.
     echo_texts: list[str] = field(default_factory=list)
-    # Chat with --reasoning-parser: a fresh parser per choice; the reasoning goes to
-    # ``reasoning_content``, tool calls and content are parsed from the answer alone.
-    reasoning: Callable[[], ReasoningParser] | None = None
 
 
 def envelope(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -62,17 +51,6 @@ def finish_fields(
         kind = "tool_calls"
     notes = {"grammar_notes": list(output.grammar_notes)} if output.grammar_notes else {}
     return {"finish_reason": kind, "matched_stop": reason.matched} | notes
-
-
-def tool_call_finish(parser: ToolCallParser | EnvelopeParser) -> dict[str, bool]:
-    """``finish_fields``' arguments for the calls ``parser`` read (spent: finish() ran)."""
-    return {"called_tools": bool(parser.reported), "cut_call": parser.cut_off}
-
-
-def remember_turn(ctx: ResponseContext, calls: list[ToolCall], final: RequestOutput) -> None:
-    """Keep the output ids of a finished choice that made ``calls`` (``GeneratedTurns``)."""
-    if ctx.generated_turns is not None and calls:
-        ctx.generated_turns.remember([call.id for call in calls], final)
 
 
 def usage(finals: list[RequestOutput], n: int) -> dict[str, Any]:
@@ -153,31 +131,24 @@ def chat_response(
 ) -> dict[str, Any]:
     choices = []
     for index, final in enumerate(finals):
-        text = final.text
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if ctx.reasoning is not None:
-            parser = ctx.reasoning()
-            split = parser.parse(text)
-            text = message["content"] = split.content
-            message["reasoning_content"] = split.reasoning if parser.has_reasoning else None
-        tool_finish: dict[str, bool] = {}
-        if ctx.tool_names is not None:
-            message["content"], tool_parser = parse_output(
-                text,
-                ctx.tool_names,
-                ctx.max_tool_calls,
-                ctx.tool_call_format,
-                ctx.tool_calls_constrained,
-            )
-            if tool_parser.reported:  # every call the stream would have sent, cut off ones too
-                message["tool_calls"] = [call.to_openai() for call in tool_parser.reported]
-                remember_turn(ctx, tool_parser.calls, final)
-            tool_finish = tool_call_finish(tool_parser)
+        message: dict[str, Any] = {"role": "assistant", "content": final.text}
+        finish: dict[str, bool] = {}
+        if ctx.reader is not None:
+            reader = ctx.reader()
+            reader.read_whole(final)
+            done = reader.done
+            assert done is not None
+            message["content"] = (reader.text or None) if done.markup else reader.text
+            if reader.reasoning is not None:
+                message["reasoning_content"] = reader.thinking if done.has_reasoning else None
+            if done.reported:  # every call the stream would have sent, cut off ones too
+                message["tool_calls"] = [call.to_openai() for call in done.reported]
+            finish = {"called_tools": done.called_tools, "cut_call": done.cut_call}
         logprobs = None
         if want_logprobs:
             logprobs = chat_logprobs(ctx.token_text, *final.logprobs())
         choices.append(
             {"index": index, "message": message, "logprobs": logprobs}
-            | finish_fields(final, **tool_finish)
+            | finish_fields(final, **finish)
         )
     return envelope(ctx, "chat.completion", choices) | {"usage": usage(finals, ctx.n)}

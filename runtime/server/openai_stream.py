@@ -22,16 +22,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.chat.tool_call_events import ToolCallArguments, ToolCallEvent, ToolCallStart
-from runtime.chat.tool_calls import make_tool_parser
+from runtime.chat.tool_call_events import ToolCallArguments, ToolCallStart
+from runtime.chat.turn_reader import Done, Text, Thinking, TurnEvent, TurnReader
 from runtime.server.openai_format import (
     ResponseContext,
     chat_logprobs,
     completion_logprobs,
     envelope,
     finish_fields,
-    remember_turn,
-    tool_call_finish,
     usage,
 )
 from runtime.server.streams import Events, sse_event
@@ -89,59 +87,40 @@ async def chat_stream(
     finals: list[RequestOutput | None] = [None] * num_choices
     started = [False] * num_choices
     sent = [0] * num_choices  # output logprobs sent per choice
-    parsers = [
-        make_tool_parser(
-            ctx.tool_call_format, ctx.tool_names, ctx.max_tool_calls, ctx.tool_calls_constrained
-        )
-        if ctx.tool_names is not None
-        else None
-        for _ in range(num_choices)
-    ]
-    reasoners = [ctx.reasoning() if ctx.reasoning else None for _ in range(num_choices)]
+    readers = [ctx.reader() if ctx.reader else TurnReader() for _ in range(num_choices)]
     async for index, chunk in events:
-        finished = chunk.finish_reason is not None
         if not started[index]:
             started[index] = True
             role = {"role": "assistant", "content": ""}
             yield _chunk(ctx, kind, [{"index": index, "delta": role, "logprobs": None}])
-        text, thinking = chunk.delta, ""
-        reasoner = reasoners[index]
-        if reasoner is not None:  # the reasoning goes apart; the rest is content and tools
-            split = reasoner.feed(text, final=finished)
-            thinking, text = split.reasoning, split.content
-        parser = parsers[index]
-        pieces: list[ToolCallEvent] = parser.feed(text) if parser else [text]
-        if finished and parser:
-            pieces += parser.finish()
+        turn_events = readers[index].feed(chunk)
         logprobs = None
         if want_logprobs:
             chosen, tops = chunk.logprobs(start=sent[index])
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
-        deltas: list[dict[str, Any]] = [{"reasoning_content": thinking}] if thinking else []
-        deltas += [delta for piece in pieces if (delta := _chat_delta(piece)) is not None]
+        deltas = [delta for event in turn_events if (delta := _chat_delta(event)) is not None]
         if logprobs is not None and not deltas:
             deltas.append({"content": ""})
         for delta in deltas:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
             yield _chunk(ctx, kind, [choice])
             logprobs = None
-        if finished:
+        done = turn_events[-1] if turn_events else None
+        if isinstance(done, Done):
             finals[index] = chunk
-            tool_finish: dict[str, bool] = {}
-            if parser is not None:
-                remember_turn(ctx, parser.calls, chunk)
-                tool_finish = tool_call_finish(parser)
-            choice = {"index": index, "delta": {}, "logprobs": None}
-            yield _chunk(ctx, kind, [choice | finish_fields(chunk, **tool_finish)])
+            finish = finish_fields(chunk, called_tools=done.called_tools, cut_call=done.cut_call)
+            yield _chunk(ctx, kind, [{"index": index, "delta": {}, "logprobs": None} | finish])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)
 
 
-def _chat_delta(event: ToolCallEvent) -> dict[str, Any] | None:
-    """The chat delta of one parser event (None for those that send nothing)."""
-    if isinstance(event, str):
-        return {"content": event} if event else None
+def _chat_delta(event: TurnEvent) -> dict[str, Any] | None:
+    """The chat delta of one turn event (None for those that send nothing)."""
+    if isinstance(event, Thinking):
+        return {"reasoning_content": event.text}
+    if isinstance(event, Text):
+        return {"content": event.text} if event.text else None
     if isinstance(event, ToolCallStart):
         function = {"name": event.name, "arguments": ""}
         call = {"index": event.index, "id": event.id, "type": "function", "function": function}

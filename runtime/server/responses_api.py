@@ -24,18 +24,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.chat.generic_tools import reply_envelope
-from runtime.chat.reasoning import make_reasoning_parser, reasoning_token_ids
-from runtime.chat.tool_call_formats import GENERIC_FORMAT
-from runtime.chat.tool_calls import turn_constraint
+from runtime.chat.plan import plan_turn
+from runtime.chat.turn_spec import ToolChoice, TurnSpec
 from runtime.generate_input import LogprobOptions, SubRequest
-from runtime.request_checks import check_output_room
-from runtime.sampling_params import SamplingParams
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
-    after_reasoning,
-    checked_sampling,
     given_fields,
     read_request,
     template_variables,
@@ -44,7 +38,7 @@ from runtime.server.openai_protocol import FunctionDefinition
 from runtime.server.request_body import parse_model
 from runtime.server.responses_input import input_items, items_to_messages, output_to_items
 from runtime.server.responses_output import new_id
-from runtime.server.responses_prompt import conversation_prompt, stored_turn
+from runtime.server.responses_prompt import TurnPrompt, conversation_prompt, stored_turn
 from runtime.server.responses_protocol import InputItemsQuery, ResponsesRequest
 from runtime.server.responses_run import ResponseRun, new_response, run_response, stream_response
 from runtime.server.responses_store import Owner, StoredResponse
@@ -90,73 +84,33 @@ async def create_response(request: Request) -> Response:
         items, lambda item_id: state.responses.item(item_id, owner), earlier=earlier
     )
     history = earlier + messages
-    functions = _functions(body)
-    choice, names = _tool_choice(body, functions)
-    tools_on = bool(functions) and choice != "none"
-    envelope = None
-    if tools_on and choice == "auto" and state.tool_call_format == GENERIC_FORMAT:
-        parallel = body.parallel_tool_calls and _max_calls(body) != 1
-        fmt = body.text.format if body.text else None
-        text_answer = fmt is None or fmt.type == "text"
-        envelope = reply_envelope(bool(parallel), text_answer, body.reply_envelope)
-    held = envelope is not None and envelope.constrained
-    constraints = _constraints(body, functions, choice, names, state.tool_call_format, held)
-    variables = template_variables(state.tokenizer, body.chat_template_kwargs)
-    if body.reasoning is not None and body.reasoning.effort == "none":
-        variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
-    prompt = await conversation_prompt(
-        state,
-        body.instructions,
-        history,
-        functions if tools_on else None,
-        previous,
-        variables,
-        envelope,
-    )
-    if body.max_output_tokens is not None:
-        limit = state.context_length
-        check_output_room(len(prompt.ids), body.max_output_tokens, limit, "max_output_tokens")
+    spec = _turn(state, body, history)
+
+    async def render(functions: list[dict[str, Any]] | None, envelope: Any) -> TurnPrompt:
+        instructions, variables = body.instructions, spec.template_variables
+        return await conversation_prompt(
+            state, instructions, history, functions, previous, variables, envelope
+        )
+
+    plan = await plan_turn(spec, state, render)
     logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (
         body.include or []
     )
     run = ResponseRun(
-        response=new_response(body, state.args.model_name),
-        token_text=state.token_text,
-        tool_names=names if tools_on else None,
-        max_tool_calls=_max_calls(body),
-        tool_call_format=state.tool_call_format,
-        tool_calls_constrained=choice in ("required", "named"),
-        want_logprobs=logprobs,
+        new_response(body, state.args.model_name), state.token_text, plan.reader(), logprobs
     )
-    sampling = _sampling(state, body, constraints)
-    if held and envelope is not None:  # the server decides call or answer (tool_decision)
-        allowed = [f["name"] for f in functions if f["name"] in names]
-        branch = await state.tool_decider.decide(
-            state, prompt.ids, allowed, envelope, body.cache_salt
-        )
-        if branch is not None:
-            fmt_name = state.tool_call_format
-            decided = _constraints(body, functions, choice, names, fmt_name, held, branch)
-            sampling = dataclasses.replace(sampling, structural_tag=decided["structural_tag"])
-    reasoning = state.args.reasoning_parser
-    if reasoning is not None:
-        sampling = after_reasoning(state, reasoning, sampling, "text.format")
-        run.reasoning = make_reasoning_parser(reasoning, prompt.text)
-        run.reasoning_end_token_id = reasoning_token_ids(reasoning, state.tokenizer)[1]
     options = LogprobOptions(logprobs, top_logprobs_num=body.top_logprobs or 0)
-    sub = SubRequest(prompt.ids, sampling, logprobs=options, cache_salt=body.cache_salt)
+    sub = SubRequest(plan.prompt.ids, plan.sampling, logprobs=options, cache_salt=spec.cache_salt)
     trace_request(
-        request, "chat", model=state.args.model_name, sampling=sampling,
+        request, "chat", model=state.args.model_name, sampling=plan.sampling,
         response_id=run.response["id"],
     )  # fmt: skip
     streams = open_streams(state, [sub])
 
     def store(final: RequestOutput) -> None:
-        # Clients that re-send the calls as items (no previous_response_id) follow the cache too.
-        state.generated_turns.remember(run.call_ids, final)
         if body.store:
             answer = items_to_messages(output_to_items(run.response["output"]), _no_references)
-            turn = stored_turn(run.response, items, history, answer, prompt, final)
+            turn = stored_turn(run.response, items, history, answer, plan.prompt, final)
             state.responses.put(dataclasses.replace(turn, owner=owner))
 
     if not body.stream:
@@ -166,6 +120,30 @@ async def create_response(request: Request) -> Response:
         return JSONResponse(run.response)
     events = await primed(merge_streams(request, streams))
     return StreamingResponse(stream_response(run, events, store), media_type="text/event-stream")
+
+
+def _turn(state: ServerState, body: ResponsesRequest, history: list[dict[str, Any]]) -> TurnSpec:
+    """The request as a turn (``history``: the conversation, previous turns first)."""
+    functions = _functions(body)
+    choice = _tool_choice(body, functions)
+    variables = template_variables(state.tokenizer, body.chat_template_kwargs)
+    if body.reasoning is not None and body.reasoning.effort == "none":
+        variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
+    sampling = {"max_new_tokens": body.max_output_tokens or state.context_length}
+    sampling |= given_fields(body, {name: name for name in SHARED_SAMPLING_FIELDS})
+    return TurnSpec(
+        messages=history,
+        tools=functions,
+        tool_choice=choice,
+        sampling=sampling,
+        answer={} if choice.forced else _answer_format(body),
+        max_tool_calls=_max_calls(body),
+        output_limit=body.max_output_tokens,
+        cache_salt=body.cache_salt,
+        reply_envelope=body.reply_envelope,
+        template_variables=variables,
+        param_names=PARAM_NAMES | {"answer": "text.format"},
+    )
 
 
 @router.get("/responses/{response_id}")
@@ -264,18 +242,17 @@ def _functions(body: ResponsesRequest) -> list[dict[str, Any]]:
     return functions
 
 
-def _tool_choice(body: ResponsesRequest, functions: list[dict[str, Any]]) -> tuple[str, set[str]]:
-    """(mode, names of the callable tools): mode is none, auto, required or named."""
-    names = {f["name"] for f in functions}
+def _tool_choice(body: ResponsesRequest, functions: list[dict[str, Any]]) -> ToolChoice:
+    names = frozenset(f["name"] for f in functions)
     choice = body.tool_choice or ("auto" if functions else "none")
     if isinstance(choice, str):
         if choice == "required" and not functions:
             raise ApiError(400, "tool_choice: required needs tools", param="tool_choice")
-        return choice, names
+        return ToolChoice(choice, names)
     if choice.type == "function":
         if choice.name not in names:
             raise ApiError(400, f"tool_choice: unknown tool {choice.name!r}", param="tool_choice")
-        return "named", {choice.name}
+        return ToolChoice("named", frozenset({choice.name}))
     allowed = {tool.get("name") for tool in choice.tools if isinstance(tool, dict)}
     unknown = allowed - names
     if unknown or not allowed:
@@ -284,26 +261,7 @@ def _tool_choice(body: ResponsesRequest, functions: list[dict[str, Any]]) -> tup
             f"tool_choice.tools: unknown tools {sorted(map(str, unknown))}",
             "tool_choice.tools",
         )
-    return choice.mode, {name for name in allowed if isinstance(name, str)}
-
-
-def _constraints(
-    body: ResponsesRequest,
-    functions: list[dict[str, Any]],
-    choice: str,
-    names: set[str],
-    call_format: str,
-    envelope: bool = False,
-    branch: str | None = None,
-) -> dict[str, Any]:
-    """The turn's constraint (``turn_constraint``) with ``text.format`` as the answer's;
-    ``envelope``: the generic format's reply envelope under auto, held to ``branch`` when the
-    server decided (``runtime.chat.tool_decision``)."""
-    allowed = [f for f in functions if f["name"] in names]
-    parallel = body.parallel_tool_calls and _max_calls(body) != 1
-    name = next(iter(names)) if choice == "named" else None
-    answer = {} if choice in ("required", "named") else _answer_format(body)
-    return turn_constraint(allowed, choice, name, parallel, call_format, answer, envelope, branch)
+    return ToolChoice(choice.mode, frozenset(name for name in allowed if isinstance(name, str)))
 
 
 def _answer_format(body: ResponsesRequest) -> dict[str, Any]:
@@ -323,11 +281,3 @@ def _max_calls(body: ResponsesRequest) -> int | None:
     if not body.parallel_tool_calls:
         return 1
     return body.max_tool_calls
-
-
-def _sampling(
-    state: ServerState, body: ResponsesRequest, constraints: dict[str, Any]
-) -> SamplingParams:
-    params = {"max_new_tokens": body.max_output_tokens or state.context_length}
-    params |= given_fields(body, {name: name for name in SHARED_SAMPLING_FIELDS}) | constraints
-    return checked_sampling(state, params, PARAM_NAMES)

@@ -17,18 +17,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.chat.reasoning import ReasoningParser
 from runtime.chat.tool_call_events import (
     ToolCallArguments,
+    ToolCallDropped,
     ToolCallEnd,
     ToolCallStart,
 )
-from runtime.chat.tool_calls import (
-    EnvelopeParser,
-    ToolCallParser,
-    make_tool_parser,
-    split_output,
-)
+from runtime.chat.turn_reader import Text, Thinking, TurnReader
 from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone
 from runtime.server.openai_format import chat_logprobs
@@ -41,56 +36,41 @@ from runtime.tokenizer_manager import RequestOutput
 
 @dataclass
 class ResponseRun:
-    """One response being generated; ``response`` is completed in place."""
+    """One response being generated; ``response`` is completed in place. ``reader`` reads the
+    output (its tool calls, its reasoning; where a tool-calling turn is remembered)."""
 
     response: dict[str, Any]
     token_text: TokenText
-    tool_names: set[str] | None = None  # tool calls are parsed when set
-    max_tool_calls: int | None = None
-    tool_call_format: str = "hermes"
-    tool_calls_constrained: bool = False  # tool_choice required or named
+    reader: TurnReader = field(default_factory=TurnReader)
     want_logprobs: bool = False
-    reasoning: ReasoningParser | None = None  # splits off the reasoning when set
-    reasoning_end_token_id: int | None = None  # counts reasoning tokens in the usage
     builder: OutputBuilder = field(default_factory=OutputBuilder)
     final: RequestOutput | None = None
-    call_ids: list[str] = field(default_factory=list)  # of the calls made, in order
-    _parser: ToolCallParser | EnvelopeParser | None = None
     _logprobs_sent: int = 0
-
-    def __post_init__(self) -> None:
-        if self.tool_names is not None:
-            self._parser = make_tool_parser(
-                self.tool_call_format,
-                self.tool_names,
-                self.max_tool_calls,
-                self.tool_calls_constrained,
-            )
 
     def feed(self, chunk: RequestOutput) -> None:
         """Add one output of the generation to the output items."""
-        finished = chunk.finish_reason is not None
         logprobs = self._new_logprobs(chunk) if self.want_logprobs else None
-        thinking, pieces = split_output(chunk.delta, finished, self.reasoning, self._parser)
-        self.builder.reasoning(thinking)
-        for piece in pieces:
-            if isinstance(piece, str):
-                self.builder.text(piece, logprobs)
+        for event in self.reader.feed(chunk):
+            if isinstance(event, Thinking):
+                self.builder.reasoning(event.text)
+            elif isinstance(event, Text):
+                self.builder.text(event.text, logprobs)
                 logprobs = None
-            elif isinstance(piece, ToolCallStart):
-                self.builder.call_start(piece.id, piece.name)
-            elif isinstance(piece, ToolCallArguments):
-                self.builder.call_arguments(piece.fragment)
-            elif isinstance(piece, ToolCallEnd):
-                self.builder.call_end("completed")
-                self.call_ids.append(piece.call.id)
-            else:  # ToolCallDropped: cut off, or not valid JSON
-                self.builder.call_end("incomplete")
+            elif isinstance(event, ToolCallStart):
+                self.builder.call_start(event.id, event.name)
+            elif isinstance(event, ToolCallArguments):
+                self.builder.call_arguments(event.fragment)
+            elif isinstance(event, (ToolCallEnd, ToolCallDropped)):
+                whole = isinstance(event, ToolCallEnd)
+                self.builder.call_end("completed" if whole else "incomplete")
+            else:
+                if logprobs:
+                    self.builder.text("", logprobs)
+                    logprobs = None
+                self.final = event.final
+                self._complete(event.final, event.reasoning_tokens)
         if logprobs:
             self.builder.text("", logprobs)
-        if finished:
-            self.final = chunk
-            self._complete(chunk, self._reasoning_tokens(chunk.output_ids))
 
     def fail(self, message: str) -> None:
         self.builder.finish("incomplete")
@@ -104,16 +84,6 @@ class ResponseRun:
         chosen, tops = chunk.logprobs(start=self._logprobs_sent)
         self._logprobs_sent += len(chosen)
         return chat_logprobs(self.token_text, chosen, tops)["content"] if chosen else []
-
-    def _reasoning_tokens(self, output_ids: list[int]) -> int:
-        """Output tokens up to and including the end of the reasoning (all of them when the
-        reasoning never ended)."""
-        if self.reasoning is None or not self.reasoning.has_reasoning:
-            return 0
-        end = self.reasoning_end_token_id
-        if end is not None and end in output_ids:
-            return output_ids.index(end) + 1
-        return len(output_ids) if self.reasoning.phase != "answer" else 0
 
     def _complete(self, final: RequestOutput, reasoning_tokens: int) -> None:
         cut = final.finish_reason is not None and final.finish_reason.type == "length"

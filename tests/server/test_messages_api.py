@@ -27,6 +27,7 @@ from starlette.testclient import TestClient
 from transformers import AutoTokenizer
 
 from runtime.chat.tool_calls import make_tool_parser
+from runtime.chat.turn_reader import TurnReader
 from runtime.errors import RequestError
 from runtime.ipc import FinishReason
 from runtime.server import ServerProcess
@@ -309,7 +310,8 @@ def test_bad_bodies_get_anthropic_errors(
 
 def _fed(pieces: list[str], reason: FinishReason) -> dict[str, Any]:
     """The message of a run fed ``pieces`` (the last finishing with ``reason``), tools on."""
-    run = MessageRun(new_message("m"), tools=make_tool_parser("generic", {"get_weather"}, None))
+    reader = TurnReader(make_tool_parser("generic", {"get_weather"}, None))
+    run = MessageRun(new_message("m"), reader)
     text = ""
     for i, piece in enumerate(pieces):
         text += piece

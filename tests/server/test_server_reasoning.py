@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -21,10 +20,11 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from runtime.chat.plan import after_reasoning
+from runtime.chat.turn_spec import ToolChoice, TurnSpec
+from runtime.errors import RequestError
 from runtime.sampling_params import SamplingParams
 from runtime.server import ServerProcess
-from runtime.server.errors import ApiError
-from runtime.server.openai_api import after_reasoning
 from tests.server.server_process import POOL, sse_payloads
 from tests.tool_fixtures import weather_tool
 
@@ -226,14 +226,15 @@ def test_bad_chat_template_kwargs_are_400(qwen3_server: ServerProcess, kwargs, m
 
 def test_a_constraint_needs_the_tags_as_single_tokens(tiny_model_path: Path):
     """The default test tokenizer has no <think> tokens: no constraint can wait for one."""
-    state = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tiny_model_path))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    spec = TurnSpec([], [], ToolChoice("none"), {}, param_names={"answer": "response_format"})
     constrained = SamplingParams(json_schema=SCHEMA)
     for name in ("qwen3", "deepseek-r1"):
-        with pytest.raises(ApiError, match="</think> to be single tokens") as info:
-            after_reasoning(state, name, constrained)  # type: ignore[arg-type]
+        with pytest.raises(RequestError, match="</think> to be single tokens") as info:
+            after_reasoning(spec, name, tokenizer, constrained)
         assert info.value.status_code == 400 and info.value.param == "response_format"
         free = SamplingParams()
-        assert after_reasoning(state, name, free) is free  # type: ignore[arg-type]
+        assert after_reasoning(spec, name, tokenizer, free) is free
 
 
 def test_responses_api_reasoning_item_then_constrained_answer(
