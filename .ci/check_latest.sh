@@ -17,7 +17,7 @@ echo "== newer than requirements.lock:"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md
 locked = dict(
-    line.split("==", 1) for line in open("requirements.lock") if line[:1].isalnum()
+    line.strip().split("==", 1) for line in open("requirements.lock") if line[:1].isalnum()
 )
 for dist in sorted(md.distributions(), key=lambda d: d.metadata["Name"].lower()):
     name = dist.metadata["Name"].lower()
