@@ -17,12 +17,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
-from runtime.sampling_params import MAX_STOP_STRINGS, MAX_VALIDATION_ATTEMPTS
+from runtime.request_checks import INT64_MAX
+from runtime.sampling_params import MAX_STOP_STRINGS
 from runtime.server.openai_protocol import (
-    DryFields,
-    JsonFormat,
     ReplyEnvelopeMode,
+    SamplingExtensions,
     StopString,
     TemplateKwargs,
     check_unique_tool_names,
@@ -190,7 +189,7 @@ class CountTokensRequest(PromptRequest):
     pass
 
 
-class MessagesRequest(PromptRequest, DryFields):
+class MessagesRequest(PromptRequest, SamplingExtensions):
     max_tokens: int = Field(ge=1, le=INT64_MAX)
     stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)
@@ -201,20 +200,5 @@ class MessagesRequest(PromptRequest, DryFields):
     # Accepted and ignored: they do not change the output.
     metadata: Metadata | None = None
     service_tier: str | None = None
-    # Extensions, as in the OpenAI API.
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-    ignore_eos: bool | None = None
-    no_speculation: bool | None = None
-    strict_mode: Literal["exact", "validate"] | None = None
-    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
-    # output_config.format and tool inputs: "aligned" (the default) or "compact" JSON.
-    json_format: JsonFormat | None = None
     # How tool_choice "auto" replies in the generic tool format (ReplyEnvelopeMode).
     reply_envelope: ReplyEnvelopeMode | None = None
-    # Share cached KV only with requests of the same salt (as in the OpenAI API).
-    cache_salt: CacheSalt | None = None

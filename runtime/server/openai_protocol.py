@@ -98,6 +98,27 @@ class DryFields(BaseModel):
     dry_output_only: bool | None = None
 
 
+class SamplingExtensions(DryFields):
+    """The sampling fields every chat API's request takes beyond its own (the OpenAI client's
+    ``extra_body``), declared once; each maps to the sampling param of the same name."""
+
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool | None = None
+    no_speculation: bool | None = None
+    strict_mode: Literal["exact", "validate"] | None = None
+    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
+    # JSON output (response_format, json_schema, tool-call arguments): "aligned" (the default:
+    # the whitespace a pretty-printer writes, bounded) or "compact".
+    json_format: JsonFormat | None = None
+    # Extension (vLLM's name): share cached KV only with requests of the same salt.
+    cache_salt: CacheSalt | None = None
+
+
 class OpenAIModel(BaseModel):
     """Strict types (no "no" for false, no 1.0 for 1), finite numbers; ``null`` means the
     field's default, as OpenAI's API treats it."""
@@ -117,7 +138,7 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
-class SamplingRequest(OpenAIModel, DryFields):
+class SamplingRequest(OpenAIModel, SamplingExtensions):
     """Fields shared by completions and chat completions."""
 
     model: str
@@ -125,12 +146,8 @@ class SamplingRequest(OpenAIModel, DryFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
     # Accepted and ignored: they do not change the output.
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -138,24 +155,13 @@ class SamplingRequest(OpenAIModel, DryFields):
     service_tier: str | None = None
     # Extensions.
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
     min_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
-    ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
-    no_speculation: bool | None = None
-    strict_mode: Literal["exact", "validate"] | None = None
-    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
-    # JSON output (response_format, json_schema, tool-call arguments): "aligned" (the default:
-    # the whitespace a pretty-printer writes, bounded) or "compact".
-    json_format: JsonFormat | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     regex: str | None = None
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | None = None
-    # Extension (vLLM's name): share cached KV only with requests of the same salt.
-    cache_salt: CacheSalt | None = None
 
 
 class CompletionRequest(SamplingRequest):

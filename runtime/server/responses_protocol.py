@@ -18,13 +18,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from runtime.request_checks import INT64_MAX, INT64_MIN, CacheSalt
-from runtime.sampling_params import MAX_VALIDATION_ATTEMPTS
+from runtime.request_checks import INT64_MAX, CacheSalt
 from runtime.server.openai_protocol import (
-    DryFields,
-    JsonFormat,
     OpenAIModel,
     ReplyEnvelopeMode,
+    SamplingExtensions,
     TemplateKwargs,
     check_unique_tool_names,
 )
@@ -91,7 +89,7 @@ class ResponseStreamOptions(OpenAIModel):
     include_obfuscation: bool | None = None  # nothing to obfuscate: accepted and ignored
 
 
-class ResponsesRequest(OpenAIModel, DryFields):
+class ResponsesRequest(OpenAIModel, SamplingExtensions):
     model: str
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
     instructions: str | None = None
@@ -125,27 +123,12 @@ class ResponsesRequest(OpenAIModel, DryFields):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
-    # Extensions, as in chat completions (``extra_body`` in the openai client).
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0**16)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
-    ignore_eos: bool | None = None
-    no_speculation: bool | None = None
-    strict_mode: Literal["exact", "validate"] | None = None
-    validation_attempts: int | None = Field(None, ge=1, le=MAX_VALIDATION_ATTEMPTS)
-    # text.format and tool-call arguments: "aligned" (the default) or "compact" JSON.
-    json_format: JsonFormat | None = None
     # How tool_choice "auto" replies in the generic tool format (ReplyEnvelopeMode).
     reply_envelope: ReplyEnvelopeMode | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
-    # Share cached KV only with requests of the same salt (as in chat completions).
-    cache_salt: CacheSalt | None = None
 
     @field_validator("tools")
     @classmethod
