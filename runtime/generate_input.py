@@ -83,6 +83,7 @@ class SubRequest:
     prompt_index: int = 0
     sample_index: int = 0
     cache_salt: str | None = None
+    routing_key: str | None = None  # the client's cache-affinity key (GenerateRequest's)
 
     def run(
         self, generation: ValidatedGeneration, stream: bool = False
@@ -98,6 +99,7 @@ class SubRequest:
             top_logprobs_num=self.logprobs.top_logprobs_num,
             stream=stream,
             cache_salt=self.cache_salt,
+            routing_key=self.routing_key,
         )
 
 
@@ -107,11 +109,13 @@ def expand(
     rids: Sequence[str | None] | None = None,
     logprobs: LogprobOptions | None = None,
     cache_salt: str | None = None,
+    routing_key: str | None = None,
 ) -> list[SubRequest]:
     """Prompt i's ``sampling[i].n`` samples as sub-requests, prompt-major (sub-request
     ``i * n + j`` when every prompt has the same n). ``rids[i]`` is prompt i's id (None: no
     ids); with n > 1 its samples are ``{rids[i]}-{j}``. The samples share the prompt's KV
-    through the radix cache, all under ``cache_salt`` (checked by the caller)."""
+    through the radix cache, all under ``cache_salt`` (checked by the caller), and carry
+    ``routing_key`` (the client's cache-affinity key)."""
     rids = rids if rids is not None else [None] * len(prompts)
     logprobs = logprobs or LogprobOptions()
     subs = []
@@ -119,7 +123,10 @@ def expand(
         for j in range(params.n):
             sub_rid = rid if rid is None or params.n == 1 else f"{rid}-{j}"
             subs.append(
-                SubRequest(list(ids), params.for_sample(j), sub_rid, logprobs, i, j, cache_salt)
+                SubRequest(
+                    list(ids), params.for_sample(j), sub_rid, logprobs, i, j, cache_salt,
+                    routing_key,
+                )
             )
     return subs
 

@@ -48,7 +48,9 @@ class ProgramRelease:
 class GenerateRequest:
     """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs. ``cache_salt``:
     the request reuses cached KV only of requests with the same salt (None is a salt of its
-    own); checked by the tokenizer manager (printable ASCII, at most 256 characters)."""
+    own); checked by the tokenizer manager (printable ASCII, at most 256 characters).
+    ``routing_key``: the client's cache-affinity key (OpenAI's ``prompt_cache_key``); a routed
+    server (``--dp``) sends the requests of one key and salt to one replica."""
 
     rid: str
     input_ids: list[int]
@@ -59,6 +61,7 @@ class GenerateRequest:
     stream: bool = False
     program: ProgramStep | None = None
     cache_salt: str | None = None
+    routing_key: str | None = None
 
 
 @dataclass

@@ -299,11 +299,13 @@ class TokenizerManager:
         stream: bool = False,
         program: ProgramStep | None = None,
         cache_salt: str | None = None,
+        routing_key: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield RequestOutputs: with ``stream`` one per output chunk, else one at the end.
         ``program``: the request is a step of a compiled program (``runtime.program``).
         ``cache_salt``: the request reuses cached KV only of requests with the same salt
         (InvalidRequestValue unless None or 1..256 printable ASCII characters).
+        ``routing_key``: the client's cache-affinity key (``GenerateRequest.routing_key``).
 
         A request refused or failed by the runtime raises RequestError (status_code 4xx/5xx).
         If the consumer stops early (client disconnect), the request is aborted.
@@ -345,6 +347,7 @@ class TokenizerManager:
                 stream,
                 program,
                 cache_salt,
+                routing_key,
             )
         )
         finished = False

@@ -238,7 +238,10 @@ class RoutedTokenizerManager(TokenizerManager):
         if chosen is None or chosen in exclude or not self.replicas.handles[chosen].alive:
             # (a program moved off a dead replica starts over from the new one's cache)
             chosen = self.router.choose(
-                entry.message.input_ids, exclude=exclude, cache_salt=entry.message.cache_salt
+                entry.message.input_ids,
+                exclude=exclude,
+                cache_salt=entry.message.cache_salt,
+                routing_key=entry.message.routing_key,
             )
             if step is not None and chosen is not None:
                 self.program_replicas[step.program] = chosen

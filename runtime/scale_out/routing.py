@@ -20,13 +20,18 @@
   prefix already sits, as long as the load allows. Prefixes are matched under the request's
   cache salt, as the replicas' caches match them: another tenant's prefix is no cache hit.
 
+Whatever the policy, a request with a ``routing_key`` (OpenAI's ``prompt_cache_key``: the
+client's word that its requests share a prefix) goes where the last request with that key and
+salt went, while that replica lives and the load is in balance (rule 1); the key's replica is
+remembered for the ``max_routing_keys`` most recent keys.
+
 Not thread-safe: the server's event loop calls it.
 """
 
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +47,7 @@ class RouterConfig:
     balance_abs: int = 16
     balance_rel: float = 1.5
     max_tree_tokens: int = 1 << 22
+    max_routing_keys: int = 1 << 16
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -51,6 +57,8 @@ class RouterConfig:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         if self.balance_abs < 0 or self.balance_rel < 1.0:
             raise ValueError("need balance_abs >= 0 and balance_rel >= 1")
+        if self.max_routing_keys < 1:
+            raise ValueError("max_routing_keys must be at least 1")
 
 
 class Router:
@@ -70,6 +78,8 @@ class Router:
         self.decisions: Counter[str] = Counter()
         self.matched_tokens = 0
         self.prompt_tokens = 0
+        # (cache salt, routing key) -> the replica its last request went to, oldest first.
+        self.keyed: OrderedDict[tuple[str | None, str], int] = OrderedDict()
         self._next = 0
         self._random = random.Random(config.seed)
 
@@ -77,16 +87,23 @@ class Router:
         return [i for i in range(self.num_replicas) if self.alive[i]]
 
     def choose(
-        self, ids: Sequence[int], exclude: Sequence[int] = (), cache_salt: str | None = None
+        self,
+        ids: Sequence[int],
+        exclude: Sequence[int] = (),
+        cache_salt: str | None = None,
+        routing_key: str | None = None,
     ) -> int | None:
-        """The replica for a prompt of token ids ``ids`` sent with ``cache_salt`` (None: no
-        live replica); counts the request into that replica's load and records the prompt in
-        its tree."""
+        """The replica for a prompt of token ids ``ids`` sent with ``cache_salt`` and
+        ``routing_key`` (None: no live replica); counts the request into that replica's load
+        and records the prompt in its tree."""
         candidates = [i for i in self.live() if i not in exclude]
         if not candidates:
             return None
         policy = self.config.policy
-        if policy == "round_robin":
+        keyed = self._keyed(candidates, cache_salt, routing_key)
+        if keyed is not None:
+            chosen, reason = keyed, "routing_key"
+        elif policy == "round_robin":
             chosen = self._round_robin(candidates)
             reason = policy
         elif policy == "random":
@@ -95,6 +112,11 @@ class Router:
             chosen, reason = self._least_loaded(candidates), policy
         else:
             chosen, reason = self._cache_aware(ids, candidates, cache_salt)
+        if routing_key is not None:
+            self.keyed[(cache_salt, routing_key)] = chosen
+            self.keyed.move_to_end((cache_salt, routing_key))
+            if len(self.keyed) > self.config.max_routing_keys:
+                self.keyed.popitem(last=False)
         self.decisions[reason] += 1
         self.routed[chosen] += 1
         self.load[chosen] += 1
@@ -102,6 +124,20 @@ class Router:
         if policy == "cache_aware":
             self.trees[chosen].insert(ids, cache_salt)
         return chosen
+
+    def _keyed(
+        self, candidates: list[int], cache_salt: str | None, routing_key: str | None
+    ) -> int | None:
+        """The replica a routing key holds, while it is a candidate and not overloaded."""
+        if routing_key is None:
+            return None
+        replica = self.keyed.get((cache_salt, routing_key))
+        if replica is None or replica not in candidates:
+            return None
+        load, idlest = self.load[replica], min(self.load[i] for i in candidates)
+        if load - idlest > self.config.balance_abs and load > self.config.balance_rel * idlest:
+            return None
+        return replica
 
     def assign(
         self, replica: int, ids: Sequence[int], reason: str, cache_salt: str | None = None
@@ -129,6 +165,8 @@ class Router:
         self.alive[replica] = False
         self.load[replica] = 0
         self.trees[replica].clear()
+        for key in [key for key, held in self.keyed.items() if held == replica]:
+            del self.keyed[key]
 
     def mark_alive(self, replica: int) -> None:
         self.alive[replica] = True

@@ -227,3 +227,46 @@ def test_router_memory_is_bounded_per_replica() -> None:
 def test_router_config_refuses_bad_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         RouterConfig(**kwargs)  # type: ignore[arg-type]
+
+
+# ---- routing keys (OpenAI's prompt_cache_key) ---------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ROUTING_POLICIES)
+def test_a_routing_key_sends_its_requests_to_one_replica(policy: str) -> None:
+    router = Router(4, RouterConfig(policy=policy))
+    rng = random.Random(0)
+    first = router.choose([rng.randrange(1000) for _ in range(8)], routing_key="user-7")
+    for _ in range(6):  # unrelated prompts, which no policy alone would keep together
+        prompt = [rng.randrange(1000) for _ in range(8)]
+        assert router.choose(prompt, routing_key="user-7") == first
+    assert router.decisions["routing_key"] == 6
+
+
+def test_a_routing_key_is_kept_per_cache_salt() -> None:
+    router = Router(2, RouterConfig(policy="round_robin"))
+    mine = router.choose([1], cache_salt="a", routing_key="k")
+    theirs = router.choose([2], cache_salt="b", routing_key="k")
+    assert mine != theirs  # round robin moved on: the other salt's key is a new key
+    assert router.choose([3], cache_salt="b", routing_key="k") == theirs
+
+
+def test_a_routing_key_gives_way_to_a_dead_replica_and_to_balance() -> None:
+    router = Router(2, RouterConfig(policy="round_robin", balance_abs=2, balance_rel=1.5))
+    held = router.choose([1], routing_key="k")
+    assert held is not None
+    router.mark_dead(held)
+    moved = router.choose([1], routing_key="k")
+    assert moved not in (None, held)
+    router.mark_alive(held)
+    for _ in range(2):  # the key's replica gets busy: 3 in flight against 0
+        assert router.choose([1], routing_key="k") == moved
+    assert router.choose([1], routing_key="k") == held  # out of balance: the idle one
+    assert router.choose([1], routing_key="k") == held  # and the key follows it
+
+
+def test_routing_keys_are_bounded() -> None:
+    router = Router(2, RouterConfig(max_routing_keys=3))
+    for key in range(10):
+        router.choose([key], routing_key=f"k{key}")
+    assert list(router.keyed) == [(None, "k7"), (None, "k8"), (None, "k9")]
