@@ -178,6 +178,15 @@ class SamplingParams:
         Annotated[int, Field(ge=0, le=MAX_GRAMMAR_WHITESPACE)] | None,
         description="instead of json_format: 0 compact JSON, N whitespace runs of at most N",
     )
+    # A prefilled answer (a continued assistant turn): the prompt's last N tokens are output
+    # the constraint already covers; its matcher takes them before the first new token, so
+    # the constraint holds over the prefill and the continuation together.
+    grammar_prefix_len: int = _sent(
+        0,
+        Count,
+        description="with a constraint: the prompt's last N tokens are output it already "
+        "covers (a prefilled answer the output continues)",
+    )
     # Reasoning models (runtime/scheduler/reasoning_gate.py): the constraint applies to the
     # output after the token that ends the reasoning (e.g. </think>), the thinking is free. With
     # a start token (e.g. <think>) the output may open its reasoning with it, or not reason at

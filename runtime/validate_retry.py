@@ -2,7 +2,8 @@
 strict mode "validate" compiles the schema's enforceable part (best effort), each finished
 output is checked against the whole schema (``grammar.output_validator``, in a killable process:
 a schema's patterns may backtrack for ever), and the request is drawn again (seed + attempt
-when seeded) until an output passes. Every other request passes straight through."""
+when seeded) until an output passes; with ``grammar_prefix_len`` (a prefilled answer) the check
+reads the prefill and the output together. Every other request passes straight through."""
 
 from __future__ import annotations
 
@@ -64,11 +65,13 @@ class ValidatedGeneration:
         attempts = 1 if params.is_greedy else params.validation_attempts or self.attempts
         compiled = dataclasses.replace(params, grammar_best_effort=True, strict_mode="validate")
         stream = options.pop("stream", False)
+        prefill = input_ids[len(input_ids) - params.grammar_prefix_len :]
+        prefix = self.manager.tokenizer.decode(prefill) if params.grammar_prefix_len else ""
         reason = ""
         for attempt in range(attempts):
             sample = compiled.for_sample(attempt)
             final = await final_output(self.manager.generate(input_ids, sample, **options))
-            failure = await self._check(schema_text, final)
+            failure = await self._check(schema_text, final, prefix)
             if failure is None:
                 final.validation_attempts = attempt + 1
                 if stream:
@@ -83,8 +86,9 @@ class ValidatedGeneration:
             "json_schema",
         )
 
-    async def _check(self, schema_text: str, final: RequestOutput) -> str | None:
-        """What ``final`` breaks in the schema (None: nothing, or it was cut by length)."""
+    async def _check(self, schema_text: str, final: RequestOutput, prefix: str) -> str | None:
+        """What ``prefix`` + ``final`` breaks in the schema (None: nothing, or it was cut by
+        length)."""
         from grammar.validate import ValidationPool, ValidationTimeout
 
         if final.finish_reason is not None and final.finish_reason.type == "length":
@@ -94,7 +98,7 @@ class ValidatedGeneration:
         loop = asyncio.get_running_loop()
         try:
             failure: str | None = await loop.run_in_executor(
-                None, self._checker.check, schema_text, final.text
+                None, self._checker.check, schema_text, prefix + final.text
             )
         except (ValueError, ValidationTimeout) as exc:  # the schema's fault
             raise RequestError(f"json_schema: {exc}", 400, "json_schema") from None

@@ -10,7 +10,10 @@
 4. the prompt (rendered by the caller's ``render``, which the envelope shapes) and the output
    room it leaves;
 5. the scored call-or-answer decision (``runtime.chat.tool_decision``);
-6. with a reasoning parser, the constraint starting after the reasoning.
+6. with a reasoning parser, the constraint starting after the reasoning (not in a continued
+   answer, which the model writes past its reasoning);
+7. a continued final assistant message (``runtime.chat.continuation``): checked, and its
+   prefill fed to the constraint before the output (``grammar_prefix_len``).
 
 Errors are ``RequestError``s (a 400) naming the field as the API spells it
 (``TurnSpec.param_names``). The server's pieces come in through ``TurnHost`` (the server state
@@ -24,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from runtime.chat.continuation import check_continuable
 from runtime.chat.generated_turns import GeneratedTurns
 from runtime.chat.generic_tools import ReplyEnvelope, reply_envelope
 from runtime.chat.reasoning import (
@@ -51,6 +55,11 @@ class RenderedPrompt(Protocol):
     @property
     def ids(self) -> list[int]: ...
 
+    @property
+    def prefill_len(self) -> int:
+        """The prompt's last tokens that are the continued answer's prefill."""
+        ...
+
 
 P = TypeVar("P", bound=RenderedPrompt)
 # (the tools to show, as function definitions, or None; the reply envelope) -> the prompt
@@ -75,6 +84,7 @@ class TurnHost(Protocol):
 class Prompt:
     text: str
     ids: list[int]
+    prefill_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,8 @@ class TurnPlan(Generic[P]):
 async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPlan[P]:
     """Plan ``spec`` on ``host`` (see the module doc); ``render`` renders its prompt."""
     fmt = host.tool_call_format
+    if spec.continue_final:
+        check_continuable(spec)
     envelope = turn_envelope(spec, fmt)
     held = envelope is not None and envelope.constrained
     sampling = checked_sampling(spec, _constraint(spec, fmt, held), host.tokenizer_manager)
@@ -115,6 +127,8 @@ async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPl
     if spec.output_limit is not None:
         field = spec.param("max_new_tokens")
         check_output_room(len(prompt.ids), spec.output_limit, host.context_length, field)
+    if prompt.prefill_len and sampling.has_grammar:
+        sampling = dataclasses.replace(sampling, grammar_prefix_len=prompt.prefill_len)
     if held and envelope is not None:  # the server decides call or answer (tool_decision)
         names = [tool["name"] for tool in spec.callable_tools]
         decider = host.tool_decider
@@ -124,7 +138,7 @@ async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPl
             sampling = dataclasses.replace(sampling, structural_tag=decided["structural_tag"])
     reasoning = host.args.reasoning_parser
     end_token = None
-    if reasoning is not None:
+    if reasoning is not None and not spec.continue_final:
         sampling = after_reasoning(spec, reasoning, host.tokenizer, sampling)
         end_token = reasoning_token_ids(reasoning, host.tokenizer)[1]
     return TurnPlan(
@@ -135,8 +149,9 @@ async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPl
 def turn_envelope(spec: TurnSpec, fmt: str) -> ReplyEnvelope | None:
     """The reply envelope of ``spec`` in tool-call format ``fmt``: under tool_choice auto in
     the generic format, unless the request's own grammar shapes the output (its free text is
-    then read in the generic call syntax)."""
-    own_grammar = any(name in GRAMMAR_FIELDS for name in spec.sampling)
+    then read in the generic call syntax), and none in a continued answer (read the same
+    way)."""
+    own_grammar = any(name in GRAMMAR_FIELDS for name in spec.sampling) or spec.continue_final
     if spec.tools_on and spec.tool_choice.mode == "auto" and fmt == GENERIC_FORMAT:
         if not own_grammar:
             return reply_envelope(spec.parallel, not spec.answer, spec.reply_envelope)

@@ -35,7 +35,9 @@ class TurnSpec:
     prompt leaves; None: not asked); ``reply_envelope``: the generic format's auto mode
     (``runtime.chat.generic_tools.reply_envelope``); ``template_variables``: extra chat
     template variables; ``param_names``: sampling param (and ``answer``) -> the API's name for
-    the field, for errors.
+    the field, for errors; ``continue_final``: the reply continues the final message, an
+    assistant turn (``runtime.chat.continuation``); ``generation_prompt``: the prompt ends with
+    the template's generation prompt (False: vLLM's ``add_generation_prompt: false``).
     """
 
     messages: list[dict[str, Any]]
@@ -49,6 +51,8 @@ class TurnSpec:
     reply_envelope: str | None = None
     template_variables: dict[str, Any] = field(default_factory=dict)
     param_names: Mapping[str, str] = field(default_factory=dict)
+    continue_final: bool = False
+    generation_prompt: bool = True
 
     @property
     def tools_on(self) -> bool:

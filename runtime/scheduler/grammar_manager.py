@@ -90,6 +90,10 @@ def constraint_request(params: SamplingParams) -> dict[str, Any]:
     return request
 
 
+class PrefixRefused(ValueError):
+    """The constraint refuses the prefilled answer it was to continue (a 400)."""
+
+
 @dataclass
 class PendingConstraint:
     """A queued request's progress: preparing in the sandbox, then compiling here."""
@@ -177,6 +181,10 @@ class GrammarManager:
         for req in self.queue:
             try:
                 done = self._advance(req)
+            except PrefixRefused as exc:
+                req.fail(400, str(exc), "grammar_prefix_len")
+                failed.append(req)
+                continue
             except GrammarError as exc:  # the constraint's, or else the stop regexes' fault
                 req.fail(400, str(exc), req.sampling.grammar_field or "stop_regex")
                 failed.append(req)
@@ -219,10 +227,29 @@ class GrammarManager:
         if not pending.cached:
             self.compile_seconds.observe(time.monotonic() - pending.since)
         matcher = compiled.new_matcher()
+        self._take_prefix(req, matcher)
         state.gate = reasoning_gate(req.sampling, req.input_ids, matcher, self._blank)
         if state.gate is None:
             state.matcher = matcher
         return True
+
+    def _take_prefix(self, req: Req, matcher: GrammarMatcher) -> None:
+        """Feed ``matcher`` the prompt's last ``grammar_prefix_len`` tokens (a prefilled
+        answer); PrefixRefused when the constraint cannot continue them."""
+        count = req.sampling.grammar_prefix_len
+        prompt = req.input_ids
+        if count > len(prompt):
+            raise PrefixRefused(
+                f"grammar_prefix_len: {count} is longer than the prompt ({len(prompt)} tokens)"
+            )
+        prefix = list(prompt[len(prompt) - count :])
+        for i, token in enumerate(prefix):
+            if not matcher.accept_token(token):
+                decode = self.backend.tokenizer.decode
+                raise PrefixRefused(
+                    f"the constraint cannot continue the prefilled answer "
+                    f"{decode(prefix)!r}: it refuses {decode(prefix[: i + 1])!r}"
+                )
 
     def _blank(self, token: int) -> bool:
         """Whether ``token`` decodes to whitespace alone (remembered per token)."""

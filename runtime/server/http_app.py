@@ -205,8 +205,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> Response:
-        param = None if exc.param is None else _param_name(request.url.path, exc.param)
-        return error_response(ApiError(exc.status_code, str(exc), param=param), request.url.path)
+        path = request.url.path
+        param = None if exc.param is None else _param_name(path, exc.param)
+        message = str(exc)
+        if is_messages_api(path) and param is not None and param not in message:
+            message = f"{param}: {message}"  # Anthropic's errors name the field in the message
+        return error_response(ApiError(exc.status_code, message, param=param), path)
 
     @app.exception_handler(SchedulerDied)
     async def _dead(request: Request, exc: SchedulerDied) -> Response:

@@ -8,7 +8,9 @@ block while a constraint (a forced tool call, ``output_config.format``) starts a
 ``tool_choice``: ``auto`` (the default with tools), ``any`` (some call, forced by grammar),
 ``tool`` (that one, forced), ``none`` (the tools are not shown); ``disable_parallel_tool_use``
 allows one call. ``thinking: {"type": "disabled"}`` sets the template's ``enable_thinking`` to
-false. The ``anthropic-version`` header is accepted and ignored; errors on these routes are in
+false. A last assistant turn is a prefill the reply continues (``runtime.chat.continuation``:
+the content holds the continuation alone; a constraint covers prefill and reply). The
+``anthropic-version`` header is accepted and ignored; errors on these routes are in
 Anthropic's shape (``errors``).
 """
 
@@ -56,6 +58,7 @@ PARAM_NAMES = {
     "stop": "stop_sequences",
     "structural_tag": "tool_choice",
     "json_schema": "output_config.format",
+    "grammar_prefix_len": "messages",  # a prefill the constraint refuses
 }
 # Request field -> sampling param, copied when set: the OpenAI-style APIs' shared fields, with
 # Anthropic's name for the stop strings.
@@ -123,6 +126,7 @@ def _turn(state: ServerState, body: PromptRequest) -> TurnSpec:
         reply_envelope=getattr(body, "reply_envelope", None),
         template_variables=variables,
         param_names=PARAM_NAMES | {"answer": "output_config.format"},
+        continue_final=body.messages[-1].role == "assistant",
     )
 
 

@@ -7,10 +7,10 @@ blocks its ``tool_calls`` (the input as JSON text) and its ``thinking`` blocks i
 ``reasoning_content`` (which reasoning templates render for the turns after the last user
 query, so a tool loop keeps its thinking; ``redacted_thinking`` is dropped). Text blocks of
 one turn are joined with newlines. Every refusal is an ApiError 400 naming the block:
-image/document blocks, a block in the wrong role's turn, a ``tool_result`` whose
-``tool_use_id`` names no earlier ``tool_use``, thinking blocks without a reasoning parser, and
-a conversation that ends with an assistant turn (continuing a prefilled answer is not
-supported).
+image/document and server-tool blocks, a block in the wrong role's turn, a ``tool_result``
+whose ``tool_use_id`` names no earlier ``tool_use``, and thinking blocks without a reasoning
+parser. A conversation that ends with an assistant turn is a prefill the reply continues
+(``runtime.chat.continuation``); as Anthropic does, its text may not end with whitespace.
 """
 
 from __future__ import annotations
@@ -57,13 +57,11 @@ def chat_messages(
             chat += _user_turn(message, where, call_ids)
         else:
             chat.append(_assistant_turn(message, where, call_ids, reasoning, arguments_text))
-    if messages[-1].role != "user":
+    final = chat[-1]
+    if final["role"] == "assistant" and final["content"] != final["content"].rstrip():
         at = f"messages.{len(messages) - 1}"
-        raise ApiError(
-            400,
-            f"{at}: the last message must be a user turn (prefilled answers are not supported)",
-            param=at,
-        )
+        reason = f"{at}: final assistant content cannot end with trailing whitespace"
+        raise ApiError(400, reason, param=at)
     return chat
 
 

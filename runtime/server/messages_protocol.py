@@ -2,11 +2,15 @@
 ``/v1/messages/count_tokens``).
 
 Content blocks are typed by ``type``: text, tool_use, tool_result, thinking and
-redacted_thinking are read; image, document and search_result blocks parse (so the error can
-name them) and are refused with a 400 when the messages are turned into chat messages
-(``messages_input``), as is a block in the wrong role's turn. Unknown fields are refused by name
-("Extra inputs"); fields that do not change the output (``metadata``, ``service_tier``,
-``cache_control`` on blocks) are accepted and ignored. Extensions, as in the OpenAI API and sent
+redacted_thinking are read; image, document, search_result and server-tool blocks parse (so the
+error can name them) and are refused with a 400 when the messages are turned into chat messages
+(``messages_input``), as is a block in the wrong role's turn. The fields follow the request
+params of the ``anthropic`` SDK 2.17 (2026-12), so a client's own dump of a response block
+(``block.model_dump()``: ``caller`` and ``toolset_name`` on tool_use, ``citations`` on text, as
+null or set) comes back as input. Unknown fields are refused by name ("Extra inputs"); fields
+that do not change the output (``metadata``, ``service_tier``, ``cache_control`` on blocks,
+``citations``, a tool_use's ``caller``, a tool's ``strict`` and loading hints) are accepted and
+ignored. Extensions, as in the OpenAI API and sent
 by the ``anthropic`` client through ``extra_body``: ``seed``, ``min_p``, penalties,
 ``json_format``, ``chat_template_kwargs``, ``cache_salt``, ...
 """
@@ -55,7 +59,26 @@ class UnsupportedBlock(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["image", "document", "search_result", "container_upload"]
+    type: Literal[
+        "image",
+        "document",
+        "search_result",
+        "container_upload",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+    ]
+
+
+class Caller(AnthropicModel):
+    """Who made a tool call: ``direct`` (the model), or a server tool (its ``tool_id``)."""
+
+    type: str
+    tool_id: str | None = None
 
 
 class ToolUseBlock(AnthropicModel):
@@ -64,6 +87,8 @@ class ToolUseBlock(AnthropicModel):
     name: str = Field(min_length=1)
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    caller: Caller | None = None
+    toolset_name: str | None = None
 
 
 ToolResultContent = Annotated[TextBlock | UnsupportedBlock, Field(discriminator="type")]
@@ -75,6 +100,7 @@ class ToolResultBlock(AnthropicModel):
     content: str | list[ToolResultContent] | None = None
     is_error: bool | None = None
     cache_control: CacheControl | None = None
+    toolset_name: str | None = None
 
 
 class ThinkingBlock(AnthropicModel):
@@ -113,6 +139,12 @@ class Tool(AnthropicModel):
     description: str | None = None
     input_schema: dict[str, Any]
     cache_control: CacheControl | None = None
+    # Calls are always held to the schema; the rest are hosted-tool hints: accepted, ignored.
+    strict: bool | None = None
+    allowed_callers: list[str] | None = None
+    defer_loading: bool | None = None
+    eager_input_streaming: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
 
 
 class ToolChoiceAuto(AnthropicModel):

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from runtime.chat.continuation import prefill_text, prompt_head
 from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
 from runtime.chat.plan import Prompt, Render, plan_turn, sampling_params
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
@@ -61,6 +62,7 @@ PARAM_NAMES = {
     "min_new_tokens": "min_tokens",
     "structural_tag": "tool_choice",
     "json_object": "response_format",
+    "grammar_prefix_len": "messages",  # a continued final message the constraint refuses
 }
 # Request fields both OpenAI-style APIs (here and the Responses API) copy, when set, into the
 # sampling param of the same name.
@@ -185,6 +187,12 @@ def _chat_turn(state: ServerState, body: ChatCompletionRequest) -> TurnSpec:
     asked = getattr(body, field)
     sampling = {"max_new_tokens": asked if asked is not None else state.context_length}
     sampling |= {"n": body.n} | given_fields(body, _PASSTHROUGH)
+    if body.continue_final_message and body.add_generation_prompt:
+        raise ApiError(
+            400,
+            "continue_final_message needs add_generation_prompt false (as in vLLM)",
+            param="continue_final_message",
+        )
     return TurnSpec(
         messages=[_chat_message(message, i) for i, message in enumerate(body.messages)],
         tools=functions,
@@ -197,6 +205,8 @@ def _chat_turn(state: ServerState, body: ChatCompletionRequest) -> TurnSpec:
         reply_envelope=body.reply_envelope,
         template_variables=template_variables(state.tokenizer, body.chat_template_kwargs),
         param_names=PARAM_NAMES | {"max_new_tokens": field, "answer": "response_format"},
+        continue_final=body.continue_final_message,
+        generation_prompt=body.add_generation_prompt,
     )
 
 
@@ -210,8 +220,18 @@ def chat_render(state: ServerState, spec: TurnSpec) -> Render[Prompt]:
             None if functions is None else [{"type": "function", "function": f} for f in functions]
         )
         variables = spec.template_variables
-        text, ids = await render_prompt(state, spec.messages, tools, variables, envelope)
-        return Prompt(text, ids)
+        messages, wants = spec.messages, spec.generation_prompt
+        text, ids = await render_prompt(
+            state, messages, tools, variables, envelope, wants, spec.continue_final
+        )
+        if not spec.continue_final:
+            return Prompt(text, ids)
+        prefill = prefill_text(messages)
+        tokenizer = state.tokenizer
+        prefill_ids = await state.tokenizer_manager.run_tokenizer(
+            lambda: list(tokenizer(prefill, add_special_tokens=False).input_ids), "messages"
+        )
+        return Prompt(text + prefill, ids + prefill_ids, len(prefill_ids))
 
     return render
 
@@ -332,12 +352,17 @@ async def render_prompt(
     tools: list[dict[str, Any]] | None,
     variables: dict[str, Any],
     envelope: ReplyEnvelope | None = None,
+    generation_prompt: bool = True,
+    continue_final: bool = False,
 ) -> tuple[str, list[int]]:
     """(prompt text, token ids) of chat ``messages`` (``render_chat``, errors naming
     ``messages``), tokenized with the generated ids of the tool-calling turns they re-send.
     ``envelope``: the generic format's reply envelope (tool_choice auto), which the prompt
-    describes."""
-    text = await render_chat(state, messages, tools, variables, "messages", envelope=envelope)
+    describes; ``continue_final``: the prompt up to the final message's content."""
+    text = await render_chat(
+        state, messages, tools, variables, "messages", None, envelope, generation_prompt,
+        continue_final,
+    )  # fmt: skip
     ids = await state.tokenizer_manager.run_tokenizer(
         lambda: state.generated_turns.prompt_ids(text, messages), "messages"
     )
@@ -352,10 +377,14 @@ async def render_chat(
     param: str,
     known_calls: dict[str, str] | None = None,
     envelope: ReplyEnvelope | None = None,
+    generation_prompt: bool = True,
+    continue_final: bool = False,
 ) -> str:
     """The chat template's text for ``messages`` (and ``tools``, and extra template
-    ``variables``) with the generation prompt, rendered on a tokenizer thread; ApiError 400
-    naming ``param`` when the template fails. Under the generic tool-call format the tools,
+    ``variables``) with the generation prompt (unless not ``generation_prompt``; with
+    ``continue_final``, up to where the final message's content starts:
+    ``runtime.chat.continuation``), rendered on a tokenizer thread; ApiError 400 naming
+    ``param`` when the template fails. Under the generic tool-call format the tools,
     earlier calls and tool results are written into the messages instead
     (``generic_messages``; ``known_calls``: tool names by call id for results whose calls
     ``messages`` leave out; ``envelope``: the reply envelope of tool_choice auto)."""
@@ -363,10 +392,15 @@ async def render_chat(
     if state.tool_call_format == GENERIC_FORMAT:
         messages, tools = generic_messages(messages, tools, known_calls, envelope), None
 
-    def render() -> str:
+    def apply(chat: list[dict[str, Any]], generation: bool) -> str:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **variables
+            chat, tools=tools, add_generation_prompt=generation, tokenize=False, **variables
         )
+
+    def render() -> str:
+        if continue_final:
+            return prompt_head(lambda marked: apply(marked, False), messages)
+        return apply(messages, generation_prompt)
 
     try:
         return await state.tokenizer_manager.run_tokenizer(render, param)

@@ -232,6 +232,10 @@ class ChatCompletionRequest(SamplingRequest):
     # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
     # {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
+    # Extensions (vLLM): the reply continues the final assistant message (its prefill), and
+    # the prompt without the template's generation prompt (runtime.chat.continuation).
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
     @field_validator("tools")
     @classmethod

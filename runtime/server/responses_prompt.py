@@ -33,6 +33,7 @@ _TURN = "\u2063arbor-previous-answer\u2063"
 class TurnPrompt:
     text: str  # the prompt as the chat template renders it
     ids: list[int]  # the tokens the model is given
+    prefill_len: int = 0  # the Responses API continues no assistant message
 
 
 async def conversation_prompt(

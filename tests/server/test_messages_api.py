@@ -257,10 +257,10 @@ BAD_BODIES = [
         id="tool_use-in-a-user-turn",
     ),
     pytest.param(
-        {"messages": [*QUESTION, {"role": "assistant", "content": "Sure"}]},
+        {"messages": [*QUESTION, {"role": "assistant", "content": "Sure "}]},
         400,
-        "messages.1: the last message must be a user turn",
-        id="prefill",
+        "messages.1: final assistant content cannot end with trailing whitespace",
+        id="prefill-with-trailing-whitespace",
     ),
     pytest.param(
         {
