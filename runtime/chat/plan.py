@@ -41,7 +41,7 @@ from runtime.chat.tool_decision import ToolDecider
 from runtime.chat.turn_reader import TurnReader
 from runtime.chat.turn_spec import TurnSpec
 from runtime.errors import RequestError
-from runtime.generate_input import SubRequest
+from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.request_checks import InvalidRequestValue, check_output_room
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server_args import ServerArgs
@@ -113,6 +113,18 @@ class TurnPlan(Generic[P]):
         if self.reasoning_parser is not None:
             reasoning = make_reasoning_parser(self.reasoning_parser, self.prompt.text)
         return TurnReader(tools, reasoning, self.turns, self.reasoning_end_token_id, turn_id)
+
+    def sub_requests(self, logprobs: LogprobOptions) -> list[SubRequest]:
+        """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt and
+        routing key."""
+        spec = self.spec
+        return expand(
+            [self.prompt.ids],
+            [self.sampling],
+            logprobs=logprobs,
+            cache_salt=spec.cache_salt,
+            routing_key=spec.routing_key,
+        )
 
 
 async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPlan[P]:
@@ -203,7 +215,7 @@ def after_reasoning(
     try:
         return constrain_after_reasoning(name, tokenizer, sampling)
     except ValueError as exc:
-        field = "structural_tag" if sampling.structural_tag is not None else "answer"
+        field = "tool_choice" if sampling.structural_tag is not None else "answer"
         raise RequestError(str(exc), param=spec.param(field)) from None
 
 

@@ -32,7 +32,9 @@ class TurnSpec:
     params (``json_schema`` / ``json_object``; empty: text); ``sampling``: the request's own
     sampling params (by SamplingParams' names, ``max_new_tokens`` included);
     ``output_limit``: the output tokens the client asked for (checked against the room the
-    prompt leaves; None: not asked); ``reply_envelope``: the generic format's auto mode
+    prompt leaves; None: not asked); ``routing_key``: the client's cache-affinity key
+    (OpenAI's ``prompt_cache_key``: a ``--dp`` router keeps one key's turns on one replica);
+    ``reply_envelope``: the generic format's auto mode
     (``runtime.chat.generic_tools.reply_envelope``); ``template_variables``: extra chat
     template variables; ``param_names``: sampling param (and ``answer``) -> the API's name for
     the field, for errors; ``continue_final``: the reply continues the final message, an
@@ -48,6 +50,7 @@ class TurnSpec:
     max_tool_calls: int | None = None  # 1: no parallel calls
     output_limit: int | None = None
     cache_salt: str | None = None
+    routing_key: str | None = None
     reply_envelope: str | None = None
     template_variables: dict[str, Any] = field(default_factory=dict)
     param_names: Mapping[str, str] = field(default_factory=dict)

@@ -5,15 +5,18 @@ Each request becomes one sub-request per prompt and per sample of ``n`` (choice 
 ``response_format`` json_object / json_schema, ``tool_choice`` "required" or a named function
 (a ``structural_tag`` over the tools), and the ``regex`` / ``ebnf`` / ``json_schema``
 extensions; at most one per request. Errors use
-OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``).
+OpenAI's names for the fields (``max_tokens`` rather than ``max_new_tokens``). The legacy
+``functions`` / ``function_call`` are tools and tool_choice with one call at most, answered in
+their own shape (``message.function_call``, finish_reason "function_call").
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from inspect import signature
 from typing import Any, TypeVar
 
@@ -23,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.chat.continuation import prefill_text, prompt_head
 from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
 from runtime.chat.plan import Prompt, Render, plan_turn, sampling_params
+from runtime.chat.tool_call_events import ToolCall
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
 from runtime.chat.turn_spec import ToolChoice, TurnSpec
 from runtime.errors import RequestError
@@ -33,9 +37,12 @@ from runtime.server.messages_protocol import CountTokensRequest, MessagesRequest
 from runtime.server.openai_format import ResponseContext, chat_response, completion_response
 from runtime.server.openai_protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
+    FunctionName,
     NamedToolChoice,
     SamplingRequest,
+    served_tier,
 )
 from runtime.server.openai_stream import chat_stream, completion_stream
 from runtime.server.request_body import parse_model
@@ -60,7 +67,7 @@ Body = TypeVar(
 PARAM_NAMES = {
     "max_new_tokens": "max_tokens",
     "min_new_tokens": "min_tokens",
-    "structural_tag": "tool_choice",
+    "structural_tag": "tools",  # built from the tools' parameter schemas
     "json_object": "response_format",
     "grammar_prefix_len": "messages",  # a continued final message the constraint refuses
 }
@@ -129,7 +136,13 @@ async def completions(request: Request) -> Response:
         logprob_start_len=0 if body.echo and want_logprobs else -1,
         top_logprobs_num=body.logprobs or 0,
     )
-    subs = expand(prompts, [sampling] * len(prompts), logprobs=logprobs, cache_salt=body.cache_salt)
+    subs = expand(
+        prompts,
+        [sampling] * len(prompts),
+        logprobs=logprobs,
+        cache_salt=body.cache_salt,
+        routing_key=body.prompt_cache_key,
+    )
     ctx = _context(state, body, "cmpl", sampling.n)
     ctx.echo_texts = texts if body.echo else []
     trace_request(
@@ -156,33 +169,24 @@ async def chat_completions(request: Request) -> Response:
     plan = await plan_turn(spec, state, chat_render(state, spec))
     ctx = _context(state, body, "chatcmpl", plan.sampling.n)
     ctx.reader = plan.reader
+    ctx.legacy_functions = body.functions is not None
     logprobs = LogprobOptions(body.logprobs, top_logprobs_num=body.top_logprobs or 0)
-    subs = expand([plan.prompt.ids], [plan.sampling], logprobs=logprobs, cache_salt=spec.cache_salt)
+    subs = plan.sub_requests(logprobs)
     trace_request(
         request, "chat", model=ctx.model, sampling=plan.sampling, response_id=ctx.request_id
     )
-    return await _respond(
-        request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
-    )
+    with request_fields(spec.param_names):
+        return await _respond(
+            request, state, subs, ctx, body.stream, body.logprobs, chat_stream, chat_response
+        )
 
 
 def _chat_turn(state: ServerState, body: ChatCompletionRequest) -> TurnSpec:
     """The chat completion request as a turn."""
-    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
-    choice = body.tool_choice or ("auto" if functions else "none")
-    names = frozenset(f["name"] for f in functions)
-    if isinstance(choice, NamedToolChoice):
-        if not functions:
-            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-        if choice.function.name not in names:
-            raise ApiError(
-                400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
-            )
-        tool_choice = ToolChoice("named", frozenset({choice.function.name}))
-    else:
-        if choice == "required" and not functions:
-            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-        tool_choice = ToolChoice(choice, names)
+    legacy = body.functions is not None
+    functions, tool_choice = _legacy_functions(body) if legacy else _chat_tools(body)
+    variables = template_variables(state.tokenizer, body.chat_template_kwargs)
+    variables = reasoning_variables(state, body.reasoning_effort, "reasoning_effort", variables)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     asked = getattr(body, field)
     sampling = {"max_new_tokens": asked if asked is not None else state.context_length}
@@ -194,20 +198,96 @@ def _chat_turn(state: ServerState, body: ChatCompletionRequest) -> TurnSpec:
             param="continue_final_message",
         )
     return TurnSpec(
-        messages=[_chat_message(message, i) for i, message in enumerate(body.messages)],
+        messages=_chat_messages(body.messages),
         tools=functions,
         tool_choice=tool_choice,
         sampling=sampling,
         answer=_format_constraint(body),
-        max_tool_calls=None if body.parallel_tool_calls else 1,
+        max_tool_calls=1 if legacy or not body.parallel_tool_calls else None,
         output_limit=asked,
         cache_salt=body.cache_salt,
+        routing_key=body.prompt_cache_key,
         reply_envelope=body.reply_envelope,
-        template_variables=template_variables(state.tokenizer, body.chat_template_kwargs),
-        param_names=PARAM_NAMES | {"max_new_tokens": field, "answer": "response_format"},
+        template_variables=variables,
+        param_names=PARAM_NAMES
+        | {"max_new_tokens": field, "answer": "response_format"}
+        | ({"structural_tag": "functions"} if legacy else {}),
         continue_final=body.continue_final_message,
         generation_prompt=body.add_generation_prompt,
     )
+
+
+def _chat_tools(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], ToolChoice]:
+    """The request's tools (function definitions) and tool choice."""
+    if body.function_call is not None:
+        raise ApiError(400, "function_call needs functions", param="function_call")
+    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or []]
+    choice = body.tool_choice or ("auto" if functions else "none")
+    names = frozenset(f["name"] for f in functions)
+    if isinstance(choice, NamedToolChoice):
+        if not functions:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        if choice.function.name not in names:
+            raise ApiError(
+                400, f"tool_choice names an unknown tool {choice.function.name!r}", "tool_choice"
+            )
+        return functions, ToolChoice("named", frozenset({choice.function.name}))
+    if choice == "required" and not functions:
+        raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+    return functions, ToolChoice(choice, names)
+
+
+def _legacy_functions(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], ToolChoice]:
+    """``functions`` and ``function_call`` (OpenAI's deprecated tools and tool_choice) as
+    tools and a tool choice; never beside tools or tool_choice."""
+    if body.tools is not None:
+        message = "functions and tools cannot both be set (functions is the deprecated form)"
+        raise ApiError(400, message, param="functions")
+    if body.tool_choice is not None:
+        message = "tool_choice goes with tools; with functions, function_call"
+        raise ApiError(400, message, param="tool_choice")
+    functions = [function.model_dump(exclude_none=True) for function in body.functions or []]
+    names = frozenset(f["name"] for f in functions)
+    choice = body.function_call or ("auto" if functions else "none")
+    if not isinstance(choice, FunctionName):
+        return functions, ToolChoice(choice, names)
+    if choice.name not in names:
+        message = f"function_call names an unknown function {choice.name!r}"
+        raise ApiError(400, message, param="function_call")
+    return functions, ToolChoice("named", frozenset({choice.name}))
+
+
+def reasoning_variables(
+    state: ServerState, effort: str | None, param: str, variables: dict[str, Any]
+) -> dict[str, Any]:
+    """The template ``variables`` of a turn asking OpenAI's reasoning ``effort`` (in request
+    field ``param``). Without a reasoning parser the model does not reason: OpenAI's 400.
+    "none" turns the thinking off (``enable_thinking: false``, which Qwen3-style templates
+    read; a 400 where the template has no such switch; ``chat_template_kwargs`` win); the
+    other efforts leave it on, not graded."""
+    if effort is None:
+        return variables
+    if state.args.reasoning_parser is None:
+        message = f"Unsupported parameter: '{param}' is not supported with this model."
+        raise ApiError(400, message, param=param, code="unsupported_parameter")
+    if effort != "none":
+        return variables
+    if "enable_thinking" not in str(state.tokenizer.chat_template or ""):
+        message = f"{param}: this model's chat template has no enable_thinking switch to turn off"
+        raise ApiError(400, message, param=param)
+    return {"enable_thinking": False} | variables
+
+
+@contextlib.contextmanager
+def request_fields(names: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise a runtime error about sampling param ``p`` naming request field ``names[p]``
+    (the route's names, ``PARAM_NAMES``, cannot know a request's own, e.g. functions)."""
+    try:
+        yield
+    except RequestError as exc:
+        if exc.param is None or exc.param not in names:
+            raise
+        raise RequestError(str(exc), exc.status_code, names[exc.param]) from None
 
 
 def chat_render(state: ServerState, spec: TurnSpec) -> Render[Prompt]:
@@ -263,6 +343,7 @@ def _context(state: ServerState, body: SamplingRequest, prefix: str, n: int) -> 
         n=n,
         token_text=state.token_text,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        tier=served_tier(body.service_tier),
     )
 
 
@@ -337,12 +418,29 @@ def _format_constraint(body: ChatCompletionRequest) -> dict[str, Any]:
     return {"json_object": True}
 
 
-def _chat_message(message: Any, index: int) -> dict[str, Any]:
-    """A chat message as the template reads it (developer is system; text parts joined)."""
-    rendered: dict[str, Any] = message.model_dump(exclude_none=True)
-    rendered["content"] = _text_content(message.content, index)
-    if rendered["role"] == "developer":
-        rendered["role"] = "system"
+def _chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The chat messages as the template reads them (developer is system; text parts joined;
+    a legacy ``function_call`` is a tool call, and the ``function`` message after it, named
+    as it, that call's result)."""
+    rendered = []
+    call_ids: dict[str, str] = {}  # function name -> the id given to its last legacy call
+    for index, message in enumerate(messages):
+        turn: dict[str, Any] = message.model_dump(exclude_none=True)
+        turn["content"] = _text_content(message.content, index)
+        if turn["role"] == "developer":
+            turn["role"] = "system"
+        if message.function_call is not None:
+            call = ToolCall(message.function_call.name, message.function_call.arguments)
+            call_ids[call.name] = call.id
+            turn["tool_calls"] = [*turn.get("tool_calls", []), call.to_openai()]
+            del turn["function_call"]
+        if turn["role"] == "function":
+            name = turn.get("name")
+            if not isinstance(name, str) or name not in call_ids:
+                message_text = "a function message needs the name of a function_call before it"
+                raise ApiError(400, f"messages.{index}: {message_text}", f"messages.{index}.name")
+            turn["role"], turn["tool_call_id"] = "tool", call_ids[name]
+        rendered.append(turn)
     return rendered
 
 

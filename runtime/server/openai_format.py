@@ -26,12 +26,16 @@ class ResponseContext:
     reader: Callable[[], TurnReader] | None = None
     # Completions with echo: the prompt texts, prepended to each prompt's choices.
     echo_texts: list[str] = field(default_factory=list)
+    # The service_tier field every body and chunk carries (served_tier), if any.
+    tier: dict[str, str] = field(default_factory=dict)
+    # Chat with the legacy functions: the call is answered as function_call (legacy_call).
+    legacy_functions: bool = False
 
 
 def envelope(ctx: ResponseContext, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
     """What every response body and stream chunk starts with."""
     head = {"id": ctx.request_id, "object": kind, "created": ctx.created, "model": ctx.model}
-    return {**head, "choices": choices}
+    return {**head, "choices": choices, **ctx.tier}
 
 
 def finish_fields(
@@ -51,6 +55,19 @@ def finish_fields(
         kind = "tool_calls"
     notes = {"grammar_notes": list(output.grammar_notes)} if output.grammar_notes else {}
     return {"finish_reason": kind, "matched_stop": reason.matched} | notes
+
+
+def legacy_call(fields: dict[str, Any]) -> dict[str, Any]:
+    """A chat message, delta or finish in the legacy functions' shape: its one tool call as
+    ``function_call`` (``{"name", "arguments"}``, without id or index), finish_reason
+    "function_call" for "tool_calls"."""
+    legacy = dict(fields)
+    calls = legacy.pop("tool_calls", None)
+    if calls:
+        legacy["function_call"] = calls[0]["function"]
+    if legacy.get("finish_reason") == "tool_calls":
+        legacy["finish_reason"] = "function_call"
+    return legacy
 
 
 def usage(finals: list[RequestOutput], n: int) -> dict[str, Any]:
@@ -147,8 +164,8 @@ def chat_response(
         logprobs = None
         if want_logprobs:
             logprobs = chat_logprobs(ctx.token_text, *final.logprobs())
-        choices.append(
-            {"index": index, "message": message, "logprobs": logprobs}
-            | finish_fields(final, **finish)
-        )
+        ending = finish_fields(final, **finish)
+        if ctx.legacy_functions:
+            message, ending = legacy_call(message), legacy_call(ending)
+        choices.append({"index": index, "message": message, "logprobs": logprobs} | ending)
     return envelope(ctx, "chat.completion", choices) | {"usage": usage(finals, ctx.n)}

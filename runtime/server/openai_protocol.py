@@ -2,8 +2,10 @@
 
 Unknown top-level fields are refused with OpenAI's own "Unrecognized request argument" 400:
 silently ignoring one could change what the client gets (a constraint or a penalty it
-believes is applied). Fields that do not change the output (``user``, ``metadata``,
-``store``, ``service_tier``) are accepted and ignored. Extensions beyond OpenAI's fields use
+believes is applied). The fields OpenAI's clients send about the caller rather than the
+output (``ClientFields``: ``user``, ``safety_identifier``, ``metadata``, ``service_tier``,
+``prompt_cache_key``) are checked as OpenAI checks them and accepted; ``prompt_cache_key`` is
+the ``--dp`` router's cache-affinity key. Extensions beyond OpenAI's fields use
 SGLang/vLLM names (``top_k``, ``min_p``, ``regex``, ``ebnf``, ``json_schema``, ...); the
 ``openai`` client sends them through ``extra_body``.
 """
@@ -119,6 +121,39 @@ class SamplingExtensions(DryFields):
     cache_salt: CacheSalt | None = None
 
 
+# OpenAI's API reference (2026-12): metadata is up to 16 pairs, keys up to 64 characters,
+# values up to 512. The caller's labels are bounded by this server (the router remembers keys).
+MAX_METADATA_PAIRS = 16
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_PAIRS)]
+CallerLabel = Annotated[str, StringConstraints(max_length=512)]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+Verbosity = Literal["low", "medium", "high"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ClientFields(BaseModel):
+    """What OpenAI's clients send about the caller rather than the output, in chat
+    completions, completions and Responses alike: accepted (``docs/serving.md``).
+    ``prompt_cache_key`` routes (``SubRequest.routing_key``); ``service_tier`` is answered
+    with the tier that served the request (``served_tier``)."""
+
+    model_config = STRICT_MODEL
+
+    user: CallerLabel | None = None
+    safety_identifier: CallerLabel | None = None
+    prompt_cache_key: CallerLabel | None = None
+    metadata: Metadata | None = None
+    service_tier: ServiceTier | None = None
+
+
+def served_tier(asked: ServiceTier | None) -> dict[str, str]:
+    """The ``service_tier`` field of a response: absent when not asked, else the tier that
+    served it, as OpenAI answers; this server has one, ``default``."""
+    return {} if asked is None else {"service_tier": "default"}
+
+
 class OpenAIModel(BaseModel):
     """Strict types (no "no" for false, no 1.0 for 1), finite numbers; ``null`` means the
     field's default, as OpenAI's API treats it."""
@@ -138,7 +173,7 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
-class SamplingRequest(OpenAIModel, SamplingExtensions):
+class SamplingRequest(OpenAIModel, ClientFields, SamplingExtensions):
     """Fields shared by completions and chat completions."""
 
     model: str
@@ -148,11 +183,7 @@ class SamplingRequest(OpenAIModel, SamplingExtensions):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    # Accepted and ignored: they do not change the output.
-    user: str | None = None
-    metadata: dict[str, Any] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
+    store: bool | None = None  # accepted: nothing is stored (Responses stores)
     # Extensions.
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
     min_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
@@ -173,15 +204,24 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
 
 
+class LegacyCall(OpenAIModel):
+    """A legacy ``function_call`` the assistant made, as the client sends it back."""
+
+    name: str
+    arguments: str
+
+
 class ChatMessage(BaseModel):
     """One message; extra fields (e.g. ``name``) pass through to the chat template."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function": the legacy tool result (``name``, ``content``), answering ``function_call``.
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | Annotated[list[dict[str, Any]], Field(min_length=1)] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    function_call: LegacyCall | None = None  # the legacy call of an assistant turn
 
 
 class FunctionDefinition(OpenAIModel):
@@ -227,6 +267,12 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Deprecated by OpenAI, still sent by clients: one function call at most, answered as
+    # ``message.function_call`` (openai_api.legacy_functions).
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None  # accepted: the length of the answer is not graded
     # Extension: how tool_choice "auto" replies in the generic tool format (ReplyEnvelopeMode).
     reply_envelope: ReplyEnvelopeMode | None = None
     # Extension (SGLang/vLLM): extra variables for the chat template, e.g.
@@ -242,3 +288,11 @@ class ChatCompletionRequest(SamplingRequest):
     def _unique_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
         check_unique_tool_names([tool.function.name for tool in tools or []])
         return tools
+
+    @field_validator("functions")
+    @classmethod
+    def _unique_functions(
+        cls, functions: list[FunctionDefinition] | None
+    ) -> list[FunctionDefinition] | None:
+        check_unique_tool_names([function.name for function in functions or []])
+        return functions

@@ -6,7 +6,9 @@ finish reason. With tools on, each tool call streams as OpenAI does: first
 ``{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}``
 once its name is known, then ``{"tool_calls": [{"index", "function": {"arguments": ...}}]}``
 fragments as the model writes them (``ToolCallParser``'s events). The chunks concatenate to
-the non-streamed response: the same content, reasoning and calls (a call cut off by max
+the non-streamed response: the same content, reasoning and calls (with the legacy
+``functions``, the one call as ``{"function_call": {"name", "arguments": ""}}``, then
+``{"function_call": {"arguments": ...}}``) (a call cut off by max
 tokens has sent what it had, as the whole response returns it, and finishes the choice with
 "length"). With
 ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last chunk with
@@ -30,6 +32,7 @@ from runtime.server.openai_format import (
     completion_logprobs,
     envelope,
     finish_fields,
+    legacy_call,
     usage,
 )
 from runtime.server.streams import Events, sse_event
@@ -100,6 +103,8 @@ async def chat_stream(
             sent[index] += len(chosen)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
         deltas = [delta for event in turn_events if (delta := _chat_delta(event)) is not None]
+        if ctx.legacy_functions:
+            deltas = [legacy_call(delta) for delta in deltas]
         if logprobs is not None and not deltas:
             deltas.append({"content": ""})
         for delta in deltas:
@@ -110,6 +115,7 @@ async def chat_stream(
         if isinstance(done, Done):
             finals[index] = chunk
             finish = finish_fields(chunk, called_tools=done.called_tools, cut_call=done.cut_call)
+            finish = legacy_call(finish) if ctx.legacy_functions else finish
             yield _chunk(ctx, kind, [{"index": index, "delta": {}, "logprobs": None} | finish])
     if ctx.include_usage:
         yield _usage_chunk(ctx, kind, finals)

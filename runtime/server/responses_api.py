@@ -9,7 +9,8 @@ radix cache holds for them (``usage.input_tokens_details.cached_tokens`` shows i
 Constraints: ``text.format`` (json_schema / json_object) and ``tool_choice`` required / named /
 allowed_tools, as in chat completions. Responses made with ``store`` (the default) are kept in
 a bounded in-memory store (``--responses-store-size``). ``chat_template_kwargs`` (extension)
-and ``reasoning.effort: "none"`` (``enable_thinking: false``) reach the chat template.
+and ``reasoning.effort`` (``reasoning_variables``: "none" is ``enable_thinking: false``) reach
+the chat template; ``prompt_cache_key`` is the ``--dp`` router's cache-affinity key.
 
 A stored response belongs to the caller's key and ``cache_salt`` (``responses_store.Owner``);
 the body-less routes take the salt as a ``cache_salt`` query parameter. To anybody else the id
@@ -26,12 +27,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.chat.plan import plan_turn
 from runtime.chat.turn_spec import ToolChoice, TurnSpec
-from runtime.generate_input import LogprobOptions, SubRequest
+from runtime.generate_input import LogprobOptions
 from runtime.server.errors import ApiError
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
     given_fields,
     read_request,
+    reasoning_variables,
     template_variables,
 )
 from runtime.server.openai_protocol import FunctionDefinition
@@ -58,7 +60,7 @@ _ITEM_ID_PREFIXES = {
 _REFUSED = ("background", "conversation", "prompt", "context_management")
 PARAM_NAMES = {
     "max_new_tokens": "max_output_tokens",
-    "structural_tag": "tool_choice",
+    "structural_tag": "tools",  # built from the tools' parameter schemas
     "json_object": "text.format",
     "json_schema": "text.format",
 }
@@ -100,7 +102,7 @@ async def create_response(request: Request) -> Response:
         new_response(body, state.args.model_name), state.token_text, plan.reader(), logprobs
     )
     options = LogprobOptions(logprobs, top_logprobs_num=body.top_logprobs or 0)
-    sub = SubRequest(plan.prompt.ids, plan.sampling, logprobs=options, cache_salt=spec.cache_salt)
+    [sub] = plan.sub_requests(options)
     trace_request(
         request, "chat", model=state.args.model_name, sampling=plan.sampling,
         response_id=run.response["id"],
@@ -127,8 +129,8 @@ def _turn(state: ServerState, body: ResponsesRequest, history: list[dict[str, An
     functions = _functions(body)
     choice = _tool_choice(body, functions)
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)
-    if body.reasoning is not None and body.reasoning.effort == "none":
-        variables.setdefault("enable_thinking", False)  # Qwen3-style templates read it
+    effort = body.reasoning.effort if body.reasoning else None
+    variables = reasoning_variables(state, effort, "reasoning.effort", variables)
     sampling = {"max_new_tokens": body.max_output_tokens or state.context_length}
     sampling |= given_fields(body, {name: name for name in SHARED_SAMPLING_FIELDS})
     return TurnSpec(
@@ -140,6 +142,7 @@ def _turn(state: ServerState, body: ResponsesRequest, history: list[dict[str, An
         max_tool_calls=_max_calls(body),
         output_limit=body.max_output_tokens,
         cache_salt=body.cache_salt,
+        routing_key=body.prompt_cache_key,
         reply_envelope=body.reply_envelope,
         template_variables=variables,
         param_names=PARAM_NAMES | {"answer": "text.format"},

@@ -6,10 +6,10 @@
 into chat messages (``responses_input``), so an error names the item's index.
 
 Fields the runtime cannot honour (``background``, ``conversation``, ``prompt``,
-``context_management``) are refused by name; fields that do not change the output
-(``include`` values other than logprobs, ``metadata``, ``prompt_cache_key``,
-``safety_identifier``, ...) are accepted and, where the response echoes them, echoed; an
-``include`` value OpenAI does not define is refused.
+``context_management``) are refused by name; the caller's fields (``ClientFields``:
+``metadata``, ``prompt_cache_key``, ``safety_identifier``, ...) are checked as chat checks them,
+accepted and echoed, as are ``include`` values other than logprobs; an ``include`` value
+OpenAI does not define is refused.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.request_checks import INT64_MAX, CacheSalt
 from runtime.server.openai_protocol import (
+    ClientFields,
     OpenAIModel,
+    ReasoningEffort,
     ReplyEnvelopeMode,
     SamplingExtensions,
     TemplateKwargs,
+    Verbosity,
     check_unique_tool_names,
 )
 
@@ -76,11 +79,11 @@ class TextFormat(OpenAIModel):
 
 class TextConfig(OpenAIModel):
     format: TextFormat | None = None
-    verbosity: str | None = None  # accepted and ignored
+    verbosity: Verbosity | None = None  # accepted and echoed: the length is not graded
 
 
 class ReasoningConfig(OpenAIModel):
-    effort: str | None = None
+    effort: ReasoningEffort | None = None
     summary: str | None = None
     generate_summary: str | None = None
 
@@ -89,7 +92,7 @@ class ResponseStreamOptions(OpenAIModel):
     include_obfuscation: bool | None = None  # nothing to obfuscate: accepted and ignored
 
 
-class ResponsesRequest(OpenAIModel, SamplingExtensions):
+class ResponsesRequest(OpenAIModel, ClientFields, SamplingExtensions):
     model: str
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
     instructions: str | None = None
@@ -109,18 +112,13 @@ class ResponsesRequest(OpenAIModel, SamplingExtensions):
     stream: bool = False
     stream_options: ResponseStreamOptions | None = None
     include: list[IncludeValue] | None = None
-    metadata: dict[str, str] | None = None
     reasoning: ReasoningConfig | None = None
     truncation: Literal["disabled", "auto"] | None = None
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
     context_management: Any = None
-    # Accepted and ignored: they do not change the output.
-    user: str | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
+    # Accepted and ignored: the radix cache keeps what the pool holds.
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX)

@@ -27,6 +27,7 @@ from runtime.chat.turn_reader import Text, Thinking, TurnReader
 from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone
 from runtime.server.openai_format import chat_logprobs
+from runtime.server.openai_protocol import served_tier
 from runtime.server.responses_output import OutputBuilder, new_id
 from runtime.server.responses_protocol import ResponsesRequest
 from runtime.server.streams import Events
@@ -173,10 +174,13 @@ def new_response(body: ResponsesRequest, model: str) -> dict[str, Any]:
         "output": [],
         "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {
+            "effort": body.reasoning.effort if body.reasoning else None,
+            "summary": body.reasoning.summary if body.reasoning else None,
+        },
         "store": body.store,
         "temperature": body.temperature if body.temperature is not None else 1.0,
-        "text": {"format": fmt},
+        "text": {"format": fmt, "verbosity": body.text.verbosity if body.text else None},
         "tool_choice": _echo_choice(body),
         "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
         "top_logprobs": body.top_logprobs,
@@ -184,7 +188,10 @@ def new_response(body: ResponsesRequest, model: str) -> dict[str, Any]:
         "truncation": body.truncation or "disabled",
         "usage": None,
         "user": body.user,
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
         "metadata": body.metadata or {},
+        **served_tier(body.service_tier),
     }
 
 

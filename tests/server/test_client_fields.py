@@ -1,0 +1,243 @@
+"""The request fields today's OpenAI clients send (issue 52), through the real server and the
+``openai`` client: the caller's fields (``prompt_cache_key``, ``safety_identifier``, ``user``,
+``metadata``, ``store``, ``service_tier``), ``verbosity``, ``reasoning_effort`` without a
+reasoning parser, the legacy ``functions`` / ``function_call`` round trip, and the 400 that
+names each field a request gets wrong."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema  # type: ignore[import-untyped]
+import openai
+import pytest
+
+from runtime.server import ServerProcess
+from tests.tool_fixtures import time_tool, weather_tool
+
+pytestmark = pytest.mark.timeout(300)
+
+MESSAGES = [{"role": "user", "content": "What time is it in Paris?"}]
+# Bounded so the random-weight model finishes its call within max_tokens.
+TIME_FUNCTION = time_tool({"type": "string", "maxLength": 4})["function"]
+CALLER = {
+    "prompt_cache_key": "session-42",
+    "safety_identifier": "user-hash-1",
+    "user": "user-1",
+    "metadata": {"team": "agents", "run": "7"},
+    "service_tier": "auto",
+}
+
+
+def test_chat_accepts_the_callers_fields(client: openai.OpenAI, model: str) -> None:
+    """Every field is sent the way the client sends it (no extra_body); service_tier is
+    answered with the tier that served the request, in the body and in every chunk."""
+    request: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 4}
+    fields = CALLER | {"store": False, "verbosity": "low"}
+    reply = client.chat.completions.create(**request, **fields)
+    assert reply.service_tier == "default"
+    assert reply.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(**request, **fields, stream=True))
+    assert chunks and all(chunk.service_tier == "default" for chunk in chunks)
+    plain = client.chat.completions.create(**request)
+    assert plain.service_tier is None  # not asked, not answered
+
+
+def test_completions_accept_the_callers_fields(client: openai.OpenAI, model: str) -> None:
+    reply = client.completions.create(model=model, prompt="Hello", max_tokens=2, extra_body=CALLER)
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_responses_echo_the_callers_fields(client: openai.OpenAI, model: str) -> None:
+    response = client.responses.create(
+        model=model,
+        input="Hello",
+        max_output_tokens=16,
+        text={"verbosity": "high"},
+        **CALLER,
+    )
+    assert response.status in ("completed", "incomplete")
+    assert response.prompt_cache_key == CALLER["prompt_cache_key"]
+    assert response.safety_identifier == CALLER["safety_identifier"]
+    assert response.user == CALLER["user"]
+    assert response.metadata == CALLER["metadata"]
+    assert response.service_tier == "default"
+    assert response.text is not None and response.text.verbosity == "high"
+
+
+BAD_FIELDS = [
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "metadata.k"),
+    ({"metadata": {"k": 1}}, "metadata.k"),
+    ({"metadata": "team=agents"}, "metadata"),
+    ({"prompt_cache_key": 42}, "prompt_cache_key"),
+    ({"prompt_cache_key": "k" * 513}, "prompt_cache_key"),
+    ({"safety_identifier": ["a"]}, "safety_identifier"),
+    ({"user": 7}, "user"),
+    ({"service_tier": "gold"}, "service_tier"),
+    ({"store": "yes"}, "store"),
+    ({"verbosity": "loud"}, "verbosity"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"functions": {"name": "f"}}, "functions"),
+    ({"functions": [{"name": "f"}], "function_call": "required"}, "function_call"),
+    ({"functions": [{"name": "f"}], "function_call": {"name": "g"}}, "function_call"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"functions": [{"name": "f"}], "tools": [{"function": {"name": "f"}}]}, "functions"),
+    ({"functions": [{"name": "f"}], "tool_choice": "auto"}, "tool_choice"),
+    ({"functions": [{"name": "f"}, {"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "function", "name": "f", "content": "1"}]}, "messages.0.name"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), BAD_FIELDS)
+def test_a_bad_field_is_a_400_naming_it(
+    server: ServerProcess, model: str, fields: dict[str, Any], param: str
+) -> None:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 2} | fields
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"service_tier": "gold"}, "service_tier"),
+        ({"text": {"verbosity": "loud"}}, "text.verbosity"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"prompt_cache_key": 42}, "prompt_cache_key"),
+    ],
+)
+def test_a_bad_responses_field_is_a_400_naming_it(
+    server: ServerProcess, model: str, fields: dict[str, Any], param: str
+) -> None:
+    body = {"model": model, "input": "Hello", "max_output_tokens": 2} | fields
+    response = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].startswith(param)
+
+
+def test_reasoning_effort_without_a_reasoning_parser_is_openais_error(
+    client: openai.OpenAI, model: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=2, reasoning_effort="low"
+        )
+    assert chat.value.code == "unsupported_parameter"
+    assert chat.value.param == "reasoning_effort"
+    assert "'reasoning_effort' is not supported with this model" in chat.value.message
+    with pytest.raises(openai.BadRequestError) as responses:
+        client.responses.create(
+            model=model, input="Hello", max_output_tokens=2, reasoning={"effort": "none"}
+        )
+    assert responses.value.code == "unsupported_parameter"
+    assert responses.value.param == "reasoning.effort"
+
+
+def _legacy_stream(client: openai.OpenAI, **request: Any) -> tuple[str, str, str | None]:
+    """(name, arguments, finish reason) of a streamed legacy call, checking the legacy delta
+    shape: the name first with empty arguments, then argument fragments alone."""
+    name, arguments, finish = "", "", None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        choice = chunk.choices[0]
+        assert choice.delta.tool_calls is None
+        call = choice.delta.function_call
+        if call is not None:
+            if not name:
+                assert call.name and call.arguments == ""
+                name = call.name
+            else:
+                assert call.name is None
+                arguments += call.arguments or ""
+        finish = choice.finish_reason or finish
+    return name, arguments, finish
+
+
+def test_legacy_functions_round_trip(client: openai.OpenAI, model: str) -> None:
+    """function_call naming a function: the call comes back as message.function_call with
+    finish_reason "function_call" (streamed alike), and a conversation that sends the call and
+    its ``function`` result back goes on."""
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": MESSAGES,
+        "functions": [TIME_FUNCTION],
+        "function_call": {"name": "get_time"},
+        "max_tokens": 160,
+        "temperature": 0,
+    }
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.finish_reason == "function_call"
+    assert choice.message.tool_calls is None and choice.message.content is None
+    call = choice.message.function_call
+    assert call is not None and call.name == "get_time"
+    jsonschema.validate(json.loads(call.arguments), TIME_FUNCTION["parameters"])
+    assert _legacy_stream(client, **request) == (call.name, call.arguments, "function_call")
+    answered = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "function_call": call.model_dump()},
+        {"role": "function", "name": "get_time", "content": "12:00"},
+    ]
+    follow_up = client.chat.completions.create(
+        **(request | {"messages": answered, "function_call": "none", "max_tokens": 4})
+    )
+    assert follow_up.choices[0].finish_reason == "length"
+    assert follow_up.choices[0].message.function_call is None
+
+
+def test_legacy_functions_auto_answers_one_call_at_most(client: openai.OpenAI, model: str) -> None:
+    """function_call "auto" (the default with functions) reads the output for one call: no
+    tool_calls ever, and finish_reason "function_call" exactly when a call came back."""
+    choice = client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        functions=[TIME_FUNCTION, weather_tool(8)["function"]],
+        max_tokens=24,
+        temperature=0,
+    ).choices[0]
+    assert choice.message.tool_calls is None
+    called = choice.message.function_call is not None
+    assert (choice.finish_reason == "function_call") == called
+
+
+# "type": "foo" is no JSON schema type: the tool's grammar cannot be built.
+BAD_PARAMETERS = {"type": "object", "properties": {"zone": {"type": "foo"}}}
+BAD_FUNCTION = {"name": "get_time", "parameters": BAD_PARAMETERS}
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        (
+            "chat/completions",
+            {"tools": [{"type": "function", "function": BAD_FUNCTION}], "tool_choice": "required"},
+            "tools",
+        ),
+        (
+            "chat/completions",
+            {"functions": [BAD_FUNCTION], "function_call": {"name": "get_time"}},
+            "functions",
+        ),
+        (
+            "responses",
+            {"tools": [{"type": "function", **BAD_FUNCTION}], "tool_choice": "required"},
+            "tools",
+        ),
+    ],
+)
+def test_an_invalid_tool_schema_names_the_tools(
+    server: ServerProcess, model: str, path: str, fields: dict[str, Any], param: str
+) -> None:
+    """A parameters schema the grammar cannot compile is a 400 naming the tools (it named
+    tool_choice)."""
+    body = {"model": model, "max_tokens": 2, "messages": MESSAGES} | fields
+    if path == "responses":
+        body = {"model": model, "max_output_tokens": 2, "input": "Hello"} | fields
+    response = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert "invalid JSON schema" in error["message"]
