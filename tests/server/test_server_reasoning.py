@@ -302,6 +302,25 @@ def test_responses_api_without_thinking(qwen3_server: ServerProcess, options: di
     assert response.usage.input_tokens == thinking.usage.input_tokens + 4
 
 
+def test_chat_reasoning_effort_none_turns_thinking_off(qwen3_server: ServerProcess):
+    """reasoning_effort "none" in chat, as in Responses: the prompt closes the think block (no
+    reasoning, the schema from the first token); another effort leaves the thinking on."""
+    with _client(qwen3_server) as client:
+        model = client.models.list().data[0].id
+        request = {
+            "model": model,
+            "messages": MESSAGES,
+            "response_format": RESPONSE_FORMAT,
+            "max_tokens": 40,
+            "temperature": 0,
+        }
+        off = client.chat.completions.create(**request, reasoning_effort="none")
+        on = client.chat.completions.create(**request | {"max_tokens": 4}, reasoning_effort="low")
+    jsonschema.validate(json.loads(off.choices[0].message.content or ""), SCHEMA)
+    assert (off.choices[0].message.model_extra or {}).get("reasoning_content") is None
+    assert off.usage.prompt_tokens > on.usage.prompt_tokens  # the empty think block
+
+
 def _stream_calls(client: openai.OpenAI, options: dict[str, Any], **request: Any) -> Any:
     """(reasoning, content, [(name, arguments)], finish reason) of a streamed chat."""
     reasoning = content = ""
