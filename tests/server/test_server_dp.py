@@ -142,6 +142,28 @@ def test_the_router_and_the_replicas_keep_cache_salts_apart(routed: ServerProces
     assert decisions().get("cache_hit", 0) == after.get("cache_hit", 0) + 1
 
 
+def test_a_prompt_cache_key_keeps_its_chats_on_one_replica(routed: ServerProcess) -> None:
+    """OpenAI's prompt_cache_key reaches the router: chats with one key and no common prefix
+    (which the router would spread) all go where the first went."""
+    model = httpx.get(f"{routed.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    info = _info(routed)
+    routed_before, decided_before = info["router"]["routed"], info["router"]["decisions"]
+    for i in range(6):
+        words = " ".join(f"w{i}x{j}" for j in range(60))
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": words}],
+            "max_tokens": 1,
+            "prompt_cache_key": "dp-session",
+        }
+        httpx.post(f"{routed.url}/v1/chat/completions", json=body, timeout=60).raise_for_status()
+    info = _info(routed)
+    spread = [a - b for a, b in zip(info["router"]["routed"], routed_before, strict=True)]
+    assert sorted(spread) == [0, 6]
+    keyed = info["router"]["decisions"].get("routing_key", 0)
+    assert keyed == decided_before.get("routing_key", 0) + 5
+
+
 def test_metrics_report_each_replica_and_the_router(routed: ServerProcess) -> None:
     text = httpx.get(f"{routed.url}/metrics", timeout=30).text
     for replica in ("0", "1"):
