@@ -56,7 +56,7 @@ router = APIRouter(prefix="/v1")
 PARAM_NAMES = {
     "max_new_tokens": "max_tokens",
     "stop": "stop_sequences",
-    "structural_tag": "tool_choice",
+    "structural_tag": "tools",  # built from the tools' input schemas
     "json_schema": "output_config.format",
     "grammar_prefix_len": "messages",  # a prefill the constraint refuses
 }

@@ -284,6 +284,15 @@ BAD_BODIES = [
         id="unknown-tool",
     ),  # fmt: skip
     pytest.param({"tool_choice": {"type": "any"}}, 400, "tool_choice", id="any-without-tools"),
+    pytest.param(  # "type": "foo" is no JSON schema type: the tool's grammar cannot be built
+        {
+            "tools": [{"name": "t", "input_schema": {"properties": {"a": {"type": "foo"}}}}],
+            "tool_choice": {"type": "any"},
+        },
+        400,
+        "tools: ",
+        id="invalid-tool-schema",
+    ),
     pytest.param({"top_k": 0}, 400, "top_k", id="top_k"),
     pytest.param({"temperature": 1.5}, 400, "temperature", id="temperature"),
     pytest.param({"frobnicate": 1}, 400, "frobnicate", id="unknown-field"),
