@@ -149,9 +149,12 @@ class ClientFields(BaseModel):
 
 
 def served_tier(asked: ServiceTier | None) -> dict[str, str]:
-    """The ``service_tier`` field of a response: absent when not asked, else the tier that
-    served it, as OpenAI answers; this server has one, ``default``."""
-    return {} if asked is None else {"service_tier": "default"}
+    """The ``service_tier`` field of a response: absent when not asked, else the tier asked for,
+    echoed (this server has one tier, so every named tier is the one that served it), with
+    ``auto`` resolved to ``default`` as OpenAI resolves it."""
+    if asked is None:
+        return {}
+    return {"service_tier": "default" if asked == "auto" else asked}
 
 
 class OpenAIModel(BaseModel):

@@ -33,7 +33,7 @@ CALLER = {
 
 def test_chat_accepts_the_callers_fields(client: openai.OpenAI, model: str) -> None:
     """Every field is sent the way the client sends it (no extra_body); service_tier is
-    answered with the tier that served the request, in the body and in every chunk."""
+    echoed in the body and in every chunk (auto resolved to default, as OpenAI does)."""
     request: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": 4}
     fields = CALLER | {"store": False, "verbosity": "low"}
     reply = client.chat.completions.create(**request, **fields)
@@ -43,6 +43,8 @@ def test_chat_accepts_the_callers_fields(client: openai.OpenAI, model: str) -> N
     assert chunks and all(chunk.service_tier == "default" for chunk in chunks)
     plain = client.chat.completions.create(**request)
     assert plain.service_tier is None  # not asked, not answered
+    flex = client.chat.completions.create(**request, service_tier="flex")
+    assert flex.service_tier == "flex"
 
 
 def test_completions_accept_the_callers_fields(client: openai.OpenAI, model: str) -> None:
