@@ -37,7 +37,7 @@ from runtime.server.messages_protocol import (
     ToolChoiceNone,
     ToolChoiceTool,
 )
-from runtime.server.messages_run import MessageRun, new_message, run_message, stream_message
+from runtime.server.messages_run import MessageRun, new_message, stream_message
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
     chat_render,
@@ -47,7 +47,7 @@ from runtime.server.openai_api import (
 )
 from runtime.server.openai_protocol import FunctionDefinition
 from runtime.server.state import ServerState, open_streams
-from runtime.server.streams import merge_streams, primed
+from runtime.server.streams import merge_streams, primed, run_whole
 from runtime.server.tracing import trace_request
 
 router = APIRouter(prefix="/v1")
@@ -78,7 +78,7 @@ async def create_message(request: Request) -> Response:
     sub = SubRequest(plan.prompt.ids, plan.sampling, cache_salt=spec.cache_salt)
     streams = open_streams(state, [sub])
     if not body.stream:
-        await run_message(run, merge_streams(request, streams))
+        await run_whole(run, merge_streams(request, streams))
         return JSONResponse(run.message)
     events = await primed(merge_streams(request, streams))
     return StreamingResponse(stream_message(run, events), media_type="text/event-stream")

@@ -120,13 +120,6 @@ class MessageRun:
             self.message["grammar_notes"] = list(final.grammar_notes)
 
 
-async def run_message(run: MessageRun, events: Events) -> None:
-    """Generate the whole message (errors propagate to the HTTP error handlers)."""
-    async for _, chunk in events:
-        run.feed(chunk)
-        run.builder.take_events()
-
-
 async def stream_message(run: MessageRun, events: Events) -> AsyncIterator[bytes]:
     """The SSE body of ``run``. Precondition: ``events`` is primed (its first chunk, which
     carries the prompt's token counts, is ready)."""

@@ -22,6 +22,7 @@ from the content; the content deltas and tool calls come from the answer alone.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.chat.tool_call_events import ToolCallArguments, ToolCallStart
@@ -49,58 +50,77 @@ def _chunk(
     return sse_event(body)
 
 
-def _usage_chunk(ctx: ResponseContext, kind: str, finals: list[RequestOutput | None]) -> bytes:
-    return _chunk(ctx, kind, [], usage([final for final in finals if final is not None], ctx.n))
+@dataclass
+class _Choices:
+    """What a stream has sent of each choice: whether it started, its output logprobs, and its
+    final output by choice index (for the usage chunk, which counts prompts by index)."""
+
+    count: int
+    started: list[bool] = field(init=False)
+    sent: list[int] = field(init=False)
+    finals: list[RequestOutput | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started, self.sent = [False] * self.count, [0] * self.count
+        self.finals = [None] * self.count
+
+    def start(self, index: int) -> bool:
+        """Whether this is choice ``index``'s first chunk."""
+        first, self.started[index] = not self.started[index], True
+        return first
+
+    def new_logprobs(self, index: int, chunk: RequestOutput) -> tuple[list[Any], list[Any]]:
+        """The output logprobs of choice ``index`` not sent yet (and now counted as sent)."""
+        chosen, tops = chunk.logprobs(start=self.sent[index])
+        self.sent[index] += len(chosen)
+        return chosen, tops
+
+    def usage_chunk(self, ctx: ResponseContext, kind: str) -> bytes:
+        finals = [final for final in self.finals if final is not None]
+        return _chunk(ctx, kind, [], usage(finals, ctx.n))
 
 
 async def completion_stream(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "text_completion"
-    finals: list[RequestOutput | None] = [None] * num_choices
-    started = [False] * num_choices
-    sent = [0] * num_choices  # output logprobs sent per choice
+    choices = _Choices(num_choices)
     offsets = [0] * num_choices  # characters of text sent per choice
     async for index, chunk in events:
         text = chunk.delta
-        first, started[index] = not started[index], True
+        first = choices.start(index)
         if first and ctx.echo_texts:
             text = ctx.echo_texts[index // ctx.n] + text
         logprobs = None
         if want_logprobs:
-            chosen, tops = chunk.logprobs(start=sent[index])
-            sent[index] += len(chosen)
+            chosen, tops = choices.new_logprobs(index, chunk)
             if first and ctx.echo_texts:
                 prompt_chosen, prompt_tops = chunk.logprobs(prompt=True)
                 chosen, tops = prompt_chosen + chosen, prompt_tops + tops
             logprobs = completion_logprobs(ctx.token_text, chosen, tops, offsets[index])
         offsets[index] += len(text)
         if chunk.finish_reason is not None:
-            finals[index] = chunk
+            choices.finals[index] = chunk
         choice = {"index": index, "text": text, "logprobs": logprobs} | finish_fields(chunk)
         yield _chunk(ctx, kind, [choice])
     if ctx.include_usage:
-        yield _usage_chunk(ctx, kind, finals)
+        yield choices.usage_chunk(ctx, kind)
 
 
 async def chat_stream(
     ctx: ResponseContext, events: Events, num_choices: int, want_logprobs: bool
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk"
-    finals: list[RequestOutput | None] = [None] * num_choices
-    started = [False] * num_choices
-    sent = [0] * num_choices  # output logprobs sent per choice
+    choices = _Choices(num_choices)
     readers = [ctx.reader() if ctx.reader else TurnReader() for _ in range(num_choices)]
     async for index, chunk in events:
-        if not started[index]:
-            started[index] = True
+        if choices.start(index):
             role = {"role": "assistant", "content": ""}
             yield _chunk(ctx, kind, [{"index": index, "delta": role, "logprobs": None}])
         turn_events = readers[index].feed(chunk)
         logprobs = None
         if want_logprobs:
-            chosen, tops = chunk.logprobs(start=sent[index])
-            sent[index] += len(chosen)
+            chosen, tops = choices.new_logprobs(index, chunk)
             logprobs = chat_logprobs(ctx.token_text, chosen, tops) if chosen else None
         deltas = [delta for event in turn_events if (delta := _chat_delta(event)) is not None]
         if ctx.legacy_functions:
@@ -113,12 +133,12 @@ async def chat_stream(
             logprobs = None
         done = turn_events[-1] if turn_events else None
         if isinstance(done, Done):
-            finals[index] = chunk
+            choices.finals[index] = chunk
             finish = finish_fields(chunk, called_tools=done.called_tools, cut_call=done.cut_call)
             finish = legacy_call(finish) if ctx.legacy_functions else finish
             yield _chunk(ctx, kind, [{"index": index, "delta": {}, "logprobs": None} | finish])
     if ctx.include_usage:
-        yield _usage_chunk(ctx, kind, finals)
+        yield choices.usage_chunk(ctx, kind)
 
 
 def _chat_delta(event: TurnEvent) -> dict[str, Any] | None:

@@ -42,10 +42,10 @@ from runtime.server.responses_input import input_items, items_to_messages, outpu
 from runtime.server.responses_output import new_id
 from runtime.server.responses_prompt import TurnPrompt, conversation_prompt, stored_turn
 from runtime.server.responses_protocol import InputItemsQuery, ResponsesRequest
-from runtime.server.responses_run import ResponseRun, new_response, run_response, stream_response
+from runtime.server.responses_run import ResponseRun, new_response, stream_response
 from runtime.server.responses_store import Owner, StoredResponse
 from runtime.server.state import ServerState, caller_of, get_state, open_streams, query_salt
-from runtime.server.streams import merge_streams, primed
+from runtime.server.streams import merge_streams, primed, run_whole
 from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
 
@@ -116,7 +116,7 @@ async def create_response(request: Request) -> Response:
             state.responses.put(dataclasses.replace(turn, owner=owner))
 
     if not body.stream:
-        await run_response(run, merge_streams(request, streams))
+        await run_whole(run, merge_streams(request, streams))
         if run.final:
             store(run.final)
         return JSONResponse(run.response)

@@ -108,13 +108,6 @@ class ResponseRun:
             self.response["grammar_notes"] = list(final.grammar_notes)
 
 
-async def run_response(run: ResponseRun, events: Events) -> None:
-    """Generate the whole response (errors propagate to the HTTP error handlers)."""
-    async for _, chunk in events:
-        run.feed(chunk)
-        run.builder.take_events()
-
-
 async def stream_response(
     run: ResponseRun, events: Events, on_done: Callable[[RequestOutput], None]
 ) -> AsyncIterator[bytes]:

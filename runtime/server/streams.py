@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 
@@ -25,6 +25,27 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 Events = AsyncGenerator[tuple[int, RequestOutput], None]
+
+
+class _EventBuilder(Protocol):
+    def take_events(self) -> Any: ...
+
+
+class FedRun(Protocol):
+    """A Responses or Messages run: fed each output, building the reply and its events."""
+
+    @property
+    def builder(self) -> _EventBuilder: ...
+
+    def feed(self, chunk: RequestOutput) -> None: ...
+
+
+async def run_whole(run: FedRun, events: Events) -> None:
+    """Generate the whole reply into ``run``, dropping the events a stream would send (errors
+    propagate to the HTTP error handlers)."""
+    async for _, chunk in events:
+        run.feed(chunk)
+        run.builder.take_events()
 
 
 async def merge_streams(
