@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -58,3 +59,11 @@ def admin(server: ServerProcess) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def claude(keyed_server: ServerProcess) -> Iterator[anthropic.Anthropic]:
+    """The anthropic client of ``keyed_server`` (the Messages API tests)."""
+    url = keyed_server.url
+    with anthropic.Anthropic(base_url=url, api_key=API_KEY, timeout=120.0, max_retries=0) as c:
+        yield c

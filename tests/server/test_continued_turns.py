@@ -53,12 +53,6 @@ def server(keyed_server: ServerProcess) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def claude(server: ServerProcess) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=server.url, api_key=KEY, timeout=120.0, max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, timeout=120.0) as c:
         yield c

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +58,8 @@ def server(keyed_server: ServerProcess) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=server.url, api_key=KEY, timeout=120.0, max_retries=0) as c:
-        yield c
+def client(claude: anthropic.Anthropic) -> anthropic.Anthropic:
+    return claude
 
 
 @pytest.fixture(scope="module")
