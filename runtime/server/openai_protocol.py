@@ -227,8 +227,12 @@ class ChatMessage(BaseModel):
     function_call: LegacyCall | None = None  # the legacy call of an assistant turn
 
 
+# A function's name as OpenAI bounds it (tools, Responses tools and the legacy functions).
+ToolName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
 class FunctionDefinition(OpenAIModel):
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

@@ -26,6 +26,7 @@ from runtime.server.openai_protocol import (
     ReplyEnvelopeMode,
     SamplingExtensions,
     TemplateKwargs,
+    ToolName,
     Verbosity,
     check_unique_tool_names,
 )
@@ -50,7 +51,7 @@ class FunctionTool(OpenAIModel):
     are hosted tools this server does not run; they are refused by ``type``."""
 
     type: str
-    name: str | None = None
+    name: ToolName | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

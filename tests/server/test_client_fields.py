@@ -81,6 +81,8 @@ BAD_FIELDS = [
     ({"service_tier": "gold"}, "service_tier"),
     ({"store": "yes"}, "store"),
     ({"verbosity": "loud"}, "verbosity"),
+    ({"functions": [{"name": ""}]}, "functions.0.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f" * 65}}]}, "tools.0.function.name"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"functions": {"name": "f"}}, "functions"),
     ({"functions": [{"name": "f"}], "function_call": "required"}, "function_call"),
