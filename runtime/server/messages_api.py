@@ -45,7 +45,6 @@ from runtime.server.openai_api import (
     read_request,
     template_variables,
 )
-from runtime.server.openai_protocol import FunctionDefinition
 from runtime.server.state import ServerState, open_streams
 from runtime.server.streams import merge_streams, primed, run_whole
 from runtime.server.tracing import trace_request
@@ -102,10 +101,11 @@ def _turn(state: ServerState, body: PromptRequest) -> TurnSpec:
             400, "thinking: this server was started without --reasoning-parser", "thinking"
         )
     turns = state.generated_turns
+    # The tools in the function shape the turn pipeline reads (Anthropic's bounds were checked
+    # at the edge: not OpenAI's, whose names are shorter).
     functions = [
-        FunctionDefinition(
-            name=tool.name, description=tool.description, parameters=tool.input_schema
-        ).model_dump(exclude_none=True)
+        {"name": tool.name, "parameters": tool.input_schema}
+        | ({"description": tool.description} if tool.description is not None else {})
         for tool in body.tools or []
     ]
     variables = template_variables(state.tokenizer, body.chat_template_kwargs)

@@ -298,6 +298,20 @@ BAD_BODIES = [
 ]
 
 
+def test_a_tool_name_within_anthropics_bound_is_taken(
+    client: anthropic.Anthropic, model: str
+) -> None:
+    """Anthropic names may be longer than OpenAI's 64 characters (a 500 once, found by the
+    fuzzer)."""
+    tool = TOOL | {"name": "t" * 100}
+    counted = client.messages.count_tokens(model=model, messages=QUESTION, tools=[tool])
+    assert counted.input_tokens > 0
+    reply = client.messages.create(
+        model=model, max_tokens=2, messages=QUESTION, tools=[tool], extra_body=GREEDY
+    )
+    assert reply.stop_reason in ("max_tokens", "end_turn", "tool_use")
+
+
 @pytest.mark.parametrize(("change", "status", "named"), BAD_BODIES)
 def test_bad_bodies_get_anthropic_errors(
     server: ServerProcess, model: str, change: dict[str, Any], status: int, named: str
