@@ -10,6 +10,8 @@ on write and the attention kernels cast what they read to the query's dtype.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 # Padded tokens write their K/V here: radix_cache's allocator reserves page 0 (PADDING_PAGE).
@@ -53,6 +55,11 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        if os.environ.get("ARBOR_KV_POISON") == "1" and dtype.is_floating_point:
+            # Tests set this: every unwritten slot holds NaN, so a kernel or a batch that reads
+            # one fails every time instead of on whatever the allocator left there.
+            for buffer in self.k_buffers + self.v_buffers:
+                buffer.fill_(float("nan"))
         for buffer in self.k_buffers + self.v_buffers:
             buffer[PADDING_SLOT].zero_()
 

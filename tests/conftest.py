@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# KV pools start unwritten (torch.empty); in tests they start as NaN, so that reading a slot
+# nothing wrote fails every time (runtime/memory_pool.py). Servers the tests start inherit it.
+os.environ.setdefault("ARBOR_KV_POISON", "1")
 # Under pytest-xdist (`make test` runs two workers), each worker and the servers it starts get
 # their share of the cores: torch's default of a thread per core in every worker would
 # oversubscribe them (set before anything imports torch).

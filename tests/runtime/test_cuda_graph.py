@@ -202,6 +202,14 @@ def test_batches_that_do_not_fit_run_eagerly(
 def _cascade_batch(runner: ModelRunner) -> ForwardBatch:
     """Two decode requests sharing a 40-token prefix, built with a cascade plan."""
     pool = runner.req_to_token_pool
+    kv = runner.kv_pool
+    # The prefix's slots hold K/V as a prefill would have left them (the pool starts unwritten,
+    # and attention may only read written slots).
+    written = torch.cat([torch.arange(100, 140), torch.tensor([200, 201])])
+    gen = torch.Generator().manual_seed(3)
+    for layer in range(kv.num_layers):
+        shape = (len(written), *kv.k_buffers[layer].shape[1:])
+        kv.write(layer, written, torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
     rows = []
     for i in range(2):
         row = pool.alloc()
