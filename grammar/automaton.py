@@ -339,10 +339,16 @@ def _spell(charset: CharSet, json_string: bool) -> str:
 
 
 def _class(charset: CharSet) -> str:
-    items = []
-    for lo, hi in charset:
-        items.append(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}")
-    return f"[{''.join(items)}]"
+    return class_text(charset, _class_char)
+
+
+def class_text(
+    ranges: Iterable[tuple[int, int]], render: Callable[[int], str], head: str = "", tail: str = ""
+) -> str:
+    """A bracket class ``[head items tail]`` of ``ranges``: each range a character or ``lo-hi``,
+    its ends written by ``render`` (which escapes what the target syntax needs)."""
+    items = [render(lo) if lo == hi else f"{render(lo)}-{render(hi)}" for lo, hi in ranges]
+    return f"[{head}{''.join(items)}{tail}]"
 
 
 def _class_char(code: int) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import interegular
 
+from grammar.automaton import class_text
 from grammar.errors import GrammarError
 
 try:
@@ -323,10 +324,8 @@ class _Rewriter:
 
 def _class_text(chars: _CharSet, extra: str) -> str:
     """``[...]`` text for a class, with ``extra`` (already escaped) appended to its items."""
-    items = [f"\\{s}" for s in sorted(chars.shorthands)]
-    for lo, hi in chars.ranges:
-        items.append(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}")
-    return f"[{'^' if chars.negated else ''}{''.join(items)}{extra}]"
+    head = ("^" if chars.negated else "") + "".join(f"\\{s}" for s in sorted(chars.shorthands))
+    return class_text(chars.ranges, _class_char, head, extra)
 
 
 def _class_char(code: int) -> str:

@@ -9,6 +9,7 @@ that may turn out to end the output.
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from typing import Any
 
 from runtime.channels import Receiver, Sender
@@ -97,23 +98,19 @@ class DetokenizerManager:
                 outbox.send(message)  # anything else is for the tokenizer manager as is
 
 
+# What a TextOutput carries over from its TokenOutput as is: every field the two share.
+_CARRIED = tuple(
+    f.name for f in fields(TextOutput) if f.name in {g.name for g in fields(TokenOutput)}
+)
+
+
 def _text_output(out: TokenOutput, text_delta: str, logprobs: bool = True) -> TextOutput:
     """``out`` as the tokenizer manager gets it, with ``text_delta`` (and its logprobs, unless
     the request failed here)."""
-    return TextOutput(
-        rid=out.rid,
-        text_delta=text_delta,
-        new_token_ids=out.new_token_ids,
-        finished_reason=out.finished_reason,
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        cached_tokens=out.cached_tokens,
-        output_logprobs=out.output_logprobs if logprobs else [],
-        input_logprobs=out.input_logprobs if logprobs else None,
-        spec=out.spec,
-        grammar_notes=out.grammar_notes,
-        times=out.times,
-    )
+    text = TextOutput(text_delta=text_delta, **{name: getattr(out, name) for name in _CARRIED})
+    if not logprobs:
+        text.output_logprobs, text.input_logprobs = [], None
+    return text
 
 
 def _held_back(text: str, stops: tuple[str, ...]) -> int:

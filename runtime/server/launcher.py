@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -114,25 +115,18 @@ def check_model_files(args: ServerArgs) -> None:
         ModelConfig.from_pretrained(args.speculative_draft_model_path)
 
 
+@dataclass
 class _Supervisor:
     """Runs uvicorn and, beside it, the watch over the child processes and the warm-up
     (``runtime.server.warm_up``) once the scheduler is ready."""
 
-    def __init__(
-        self,
-        state: ServerState,
-        children: dict[str, BaseProcess],
-        stop: StopSignal,
-        phases: StartupPhases,
-        launched: float,
-    ) -> None:
-        self.state = state
-        self.children = children
-        self.stop = stop
-        self.exit_code = 0
-        self.phases = phases  # the server process's, so far
-        self.launched = launched  # perf_counter() at launch_server's start
-        self.warm_up = WarmUp()
+    state: ServerState
+    children: dict[str, BaseProcess]
+    stop: StopSignal
+    phases: StartupPhases  # the server process's, so far
+    launched: float  # perf_counter() at launch_server's start
+    exit_code: int = 0
+    warm_up: WarmUp = field(default_factory=WarmUp)
 
     async def serve(
         self, inbox: ZmqReceiver, addresses: IpcAddresses, context: zmq.Context[Any]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX
 from runtime.sampling_params import MAX_STOP_STRINGS
@@ -28,7 +28,7 @@ from runtime.server.openai_protocol import (
     SamplingExtensions,
     StopString,
     TemplateKwargs,
-    check_unique_tool_names,
+    UniqueToolNames,
 )
 
 MAX_MESSAGES = 4096
@@ -204,17 +204,11 @@ class PromptRequest(AnthropicModel):
     model: str
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool] | None, UniqueToolNames] = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     # Extension: extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _unique_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
-        check_unique_tool_names([tool.name for tool in tools or []])
-        return tools
 
 
 class CountTokensRequest(PromptRequest):

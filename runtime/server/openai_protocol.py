@@ -22,7 +22,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
-    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -75,6 +74,17 @@ def check_unique_tool_names(names: Sequence[str | None]) -> None:
                 {"first": first[name], "second": index, "name": repr(name)},
             )
         first[name] = index
+
+
+def _unique_names(tools: list[Any] | None) -> list[Any] | None:
+    """``tools`` (or legacy ``functions``) unless two share a name: a chat tool names its
+    ``function``; a Responses or Messages tool and a legacy function name themselves."""
+    check_unique_tool_names([getattr(tool, "function", tool).name for tool in tools or []])
+    return tools
+
+
+# The validator every API's ``tools`` field carries (``Annotated[list[...] | None, ...]``).
+UniqueToolNames = AfterValidator(_unique_names)
 
 
 # Strict types (no "no" for false, no 1.0 for 1), finite numbers, no unknown fields: every
@@ -271,12 +281,12 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool] | None, UniqueToolNames] = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     # Deprecated by OpenAI, still sent by clients: one function call at most, answered as
     # ``message.function_call`` (openai_api.legacy_functions).
-    functions: list[FunctionDefinition] | None = None
+    functions: Annotated[list[FunctionDefinition] | None, UniqueToolNames] = None
     function_call: Literal["none", "auto"] | FunctionName | None = None
     reasoning_effort: ReasoningEffort | None = None
     verbosity: Verbosity | None = None  # accepted: the length of the answer is not graded
@@ -289,17 +299,3 @@ class ChatCompletionRequest(SamplingRequest):
     # the prompt without the template's generation prompt (runtime.chat.continuation).
     continue_final_message: bool = False
     add_generation_prompt: bool = True
-
-    @field_validator("tools")
-    @classmethod
-    def _unique_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
-        check_unique_tool_names([tool.function.name for tool in tools or []])
-        return tools
-
-    @field_validator("functions")
-    @classmethod
-    def _unique_functions(
-        cls, functions: list[FunctionDefinition] | None
-    ) -> list[FunctionDefinition] | None:
-        check_unique_tool_names([function.name for function in functions or []])
-        return functions

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.request_checks import INT64_MAX, CacheSalt
 from runtime.server.openai_protocol import (
@@ -27,8 +27,8 @@ from runtime.server.openai_protocol import (
     SamplingExtensions,
     TemplateKwargs,
     ToolName,
+    UniqueToolNames,
     Verbosity,
-    check_unique_tool_names,
 )
 
 MAX_INPUT_ITEMS = 4096
@@ -97,7 +97,7 @@ class ResponsesRequest(OpenAIModel, ClientFields, SamplingExtensions):
     model: str
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: Annotated[list[FunctionTool] | None, UniqueToolNames] = None
     tool_choice: (
         Literal["none", "auto", "required"] | FunctionToolChoice | AllowedToolsChoice | None
     ) = None
@@ -128,12 +128,6 @@ class ResponsesRequest(OpenAIModel, ClientFields, SamplingExtensions):
     reply_envelope: ReplyEnvelopeMode | None = None
     # Extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _unique_tools(cls, tools: list[FunctionTool] | None) -> list[FunctionTool] | None:
-        check_unique_tool_names([tool.name for tool in tools or []])
-        return tools
 
 
 class InputItemsQuery(BaseModel):
