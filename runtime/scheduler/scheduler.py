@@ -34,6 +34,7 @@ import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
+from runtime.chat.templates import template_stop_ids
 from runtime.cpu_features import cpu_flags
 from runtime.dry_penalty import tokenizer_breakers
 from runtime.forward_batch import ForwardBatch
@@ -136,7 +137,9 @@ class Scheduler:
         """Everything but the model runner (which must be shut down if this raises)."""
         config = self.runner.config
         with self.startup.phase("tokenizer"):
-            self.tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
+            self.tokenizer = load_tokenizer(
+                args.model_path, args.tokenizer_path, args.chat_template
+            )
         self.context_len = self.runner.context_len
         allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
         tree = (
@@ -167,19 +170,21 @@ class Scheduler:
         self.admission = PrefillAdmission(args, self.runner.device.type, self.kv, self.ratio)
         self.decodes = DecodeManager(self.kv, self.ratio, not args.disable_program_scheduling)
         self.programs = ProgramAdmission(self.kv, self.ratio, not args.disable_program_scheduling)
+        # The model's end tokens, and the turn end of a built-in --chat-template.
+        eos_ids = tuple(dict.fromkeys(
+            config.eos_token_ids + template_stop_ids(self.tokenizer, args.chat_template)
+        ))  # fmt: skip
         with self.startup.phase("grammar backend"):  # the tokenizer's vocabulary, indexed
-            self.grammar = GrammarManager(
-                args, self.tokenizer, config.vocab_size, config.eos_token_ids
-            )
+            self.grammar = GrammarManager(args, self.tokenizer, config.vocab_size, eos_ids)
         self.sampler = Sampler(
             config.vocab_size,
-            config.eos_token_ids,
+            eos_ids,
             grammar_mask=self.grammar.apply_masks,
             grammar_accept=self.grammar.backend.accept_tokens,
             dry_breakers=tokenizer_breakers(self.tokenizer, config.vocab_size),
         )
         self.outputs = OutputProcessor(
-            StopChecker(self.tokenizer, config.eos_token_ids), args.stream_interval
+            StopChecker(self.tokenizer, eos_ids), args.stream_interval
         )
         speculation, draft_worker = _speculation(args, self.runner)
         self.drafts = DraftManager(

@@ -54,7 +54,7 @@ def launch_routed_server(args: ServerArgs) -> int:
     inbox = ZmqReceiver.bind_tcp(context, node_address())
     try:
         replicas.start(inbox.address)
-        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path)
+        tokenizer = load_tokenizer(args.model_path, args.tokenizer_path, args.chat_template)
         manager = RoutedTokenizerManager(
             tokenizer,
             replicas,

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.chat.continuation import prefill_text, prompt_head
 from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
 from runtime.chat.plan import Prompt, Render, plan_turn, sampling_params
+from runtime.chat.templates import NO_TEMPLATE, has_chat_template
 from runtime.chat.tool_call_events import ToolCall
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
 from runtime.chat.turn_spec import ToolChoice, TurnSpec
@@ -487,6 +488,8 @@ async def render_chat(
     (``generic_messages``; ``known_calls``: tool names by call id for results whose calls
     ``messages`` leave out; ``envelope``: the reply envelope of tool_choice auto)."""
     tokenizer = state.tokenizer
+    if not has_chat_template(tokenizer):
+        raise ApiError(400, NO_TEMPLATE, param=param)
     if state.tool_call_format == GENERIC_FORMAT:
         messages, tools = generic_messages(messages, tools, known_calls, envelope), None
 

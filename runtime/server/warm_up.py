@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.chat.generic_tools import ReplyEnvelope
+from runtime.chat.templates import has_chat_template
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
 from runtime.chat.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.chat.tool_decision import CALIBRATION_TOOLS
@@ -53,11 +54,17 @@ class WarmUp:
         """Run each step once the scheduler is ready, then call ``finished`` (which logs the
         startup) before ``done`` turns true; never raises."""
         try:
-            with self.phases.phase("warm-up: chat"):
-                await _chat_turn(state)
-            with self.phases.phase("warm-up: grammar"):
-                await _constrained_turn(state)
-            if state.tool_call_format == GENERIC_FORMAT:
+            if not has_chat_template(state.tokenizer):  # a base model: no chat APIs to warm
+                with self.phases.phase("warm-up: text"):
+                    await _text_turn(state, None)
+                with self.phases.phase("warm-up: grammar"):
+                    await _text_turn(state, r"[A-Z][a-z]+\.")
+            else:
+                with self.phases.phase("warm-up: chat"):
+                    await _chat_turn(state)
+                with self.phases.phase("warm-up: grammar"):
+                    await _constrained_turn(state)
+            if state.tool_call_format == GENERIC_FORMAT and has_chat_template(state.tokenizer):
                 with self.phases.phase("tool calibration"):
                     await state.tool_decider.prepare(state, self._store)
             flushed = await state.tokenizer_manager.control(ControlCommand.FLUSH_CACHE)
@@ -74,6 +81,15 @@ class WarmUp:
 async def _chat_turn(state: ServerState) -> None:
     _, ids = await render_prompt(state, _MESSAGES, None, {})
     await _generate(state, ids, SamplingParams(max_new_tokens=WARM_UP_TOKENS, temperature=0.0))
+
+
+async def _text_turn(state: ServerState, regex: str | None) -> None:
+    """A completion of plain text, as ``/v1/completions`` sends it (under ``regex``, if any)."""
+    ids = await state.tokenizer_manager.run_tokenizer(
+        lambda: list(state.tokenizer.encode(_MESSAGES[0]["content"])), "prompt"
+    )
+    params = SamplingParams(max_new_tokens=WARM_UP_TOKENS, temperature=0.0, regex=regex)
+    await _generate(state, ids, params)
 
 
 async def _constrained_turn(state: ServerState) -> None:
