@@ -252,7 +252,7 @@ def load_tokenizer(
 ) -> Any:
     """The tokenizer of ``model_path`` (or of ``tokenizer_path``, a folder or GGUF file),
     with its chat template, or with ``chat_template`` in its place (``--chat-template``: a
-    built-in name or a Jinja file, ``runtime.chat.templates``). All local: nothing is fetched.
+    built-in name or a Jinja file, ``runtime.chat_templates``). All local: nothing is fetched.
 
     A tokenizer whose ``tokenizer_config.json`` names ``TokenizersBackend`` (every converted
     GGUF file's, the built-in model's) is loaded as that class: the class AutoTokenizer picks
@@ -270,7 +270,7 @@ def load_tokenizer(
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
     if chat_template:
-        from runtime.chat.templates import chat_template_text
+        from runtime.chat_templates import chat_template_text
 
         tokenizer.chat_template = chat_template_text(chat_template)
     return tokenizer

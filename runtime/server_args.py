@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from runtime.chat.templates import chat_template_text
+from runtime.chat_templates import chat_template_text
 from runtime.cpu_features import auto_cpu_dtype
 from runtime.distributed.partition import check_tp_size
 from runtime.kv_budget import DEFAULT_CPU_KV_BYTES, DEFAULT_GPU_MEM_FRACTION

@@ -34,7 +34,7 @@ import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
 from runtime.channels import Receiver, Sender, drain
-from runtime.chat.templates import template_stop_ids
+from runtime.chat_templates import template_stop_ids
 from runtime.cpu_features import cpu_flags
 from runtime.dry_penalty import tokenizer_breakers
 from runtime.forward_batch import ForwardBatch

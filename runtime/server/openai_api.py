@@ -26,10 +26,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from runtime.chat.continuation import prefill_text, prompt_head
 from runtime.chat.generic_tools import ReplyEnvelope, generic_messages
 from runtime.chat.plan import Prompt, Render, plan_turn, sampling_params
-from runtime.chat.templates import NO_TEMPLATE, has_chat_template
 from runtime.chat.tool_call_events import ToolCall
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
 from runtime.chat.turn_spec import ToolChoice, TurnSpec
+from runtime.chat_templates import NO_TEMPLATE, has_chat_template
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
 from runtime.request_checks import check_output_room

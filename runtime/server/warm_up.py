@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.chat.generic_tools import ReplyEnvelope
-from runtime.chat.templates import has_chat_template
 from runtime.chat.tool_call_formats import GENERIC_FORMAT
 from runtime.chat.tool_calls import calls_or_answer, tool_call_constraint
 from runtime.chat.tool_decision import CALIBRATION_TOOLS
 from runtime.chat.tool_thresholds import ThresholdStore
+from runtime.chat_templates import has_chat_template
 from runtime.ipc import ControlCommand
 from runtime.sampling_params import SamplingParams
 from runtime.server.openai_api import render_prompt

@@ -209,7 +209,8 @@ def _cascade_batch(runner: ModelRunner) -> ForwardBatch:
     gen = torch.Generator().manual_seed(3)
     for layer in range(kv.num_layers):
         shape = (len(written), *kv.k_buffers[layer].shape[1:])
-        kv.write(layer, written, torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+        k, v = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+        kv.write(layer, written, k, v)
     rows = []
     for i in range(2):
         row = pool.alloc()

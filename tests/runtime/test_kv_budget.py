@@ -4,8 +4,8 @@ machine cannot hold, and a pool that takes memory as it fills, not at start."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path

@@ -1,5 +1,5 @@
 """A model without a chat template (a base model), ``--chat-template`` and packaged models by
-name (runtime/chat/templates.py, runtime/model_files.py).
+name (runtime/chat_templates.py, runtime/model_files.py).
 
 A base model serves /v1/completions and /generate; the chat APIs answer a 400 that says why and
 names ``--chat-template``, and the server keeps serving.
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.chat.templates import BUILTIN_TEMPLATES, ChatTemplateSpecError, template_stop_ids
+from runtime.chat_templates import BUILTIN_TEMPLATES, ChatTemplateSpecError, template_stop_ids
 from runtime.errors import ModelLoadError
 from runtime.model_files import (
     BUILTIN_DISTRIBUTION,
