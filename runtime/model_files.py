@@ -156,8 +156,8 @@ def check_architecture(files: ModelFiles) -> None:
         name = archs[0] if archs else None
         if name in REFUSED_VARIANTS:
             raise ModelLoadError(
-                f"{files.config_dir / 'config.json'}: {REFUSED_VARIANTS[name]} ({name}) is not "
-                f"supported (supported: {', '.join(supported)})"
+                f"{files.config_dir / 'config.json'}: {REFUSED_VARIANTS[name]} is not supported "
+                f"(architecture {name!r}; supported: {', '.join(supported)})"
             )
         raise ModelLoadError(
             f"{files.config_dir / 'config.json'}: architecture {name!r} is not supported "

@@ -130,8 +130,8 @@ def read_header(path: Path) -> GGUFHeader:
         supported = ", ".join(ARCHITECTURES)
         if arch in REFUSED_VARIANTS:
             raise ModelLoadError(
-                f"{path}: {REFUSED_VARIANTS[arch]} (GGUF architecture {arch!r}) is not supported "
-                f"(supported: {supported})"
+                f"{path}: {REFUSED_VARIANTS[arch]} is not supported (GGUF architecture "
+                f"{arch!r}; supported: {supported})"
             )
         raise ModelLoadError(
             f"{path}: GGUF architecture {arch!r} is not supported (supported: {supported})"
