@@ -211,6 +211,22 @@ def test_tiny_model_extension_and_decode_logits_equal_transformers(tiny_models: 
     assert len(ids) <= TINY_WINDOW
 
 
+def test_tiny_model_in_bfloat16_errs_no_more_than_transformers(tiny_gemma_path: Path) -> None:
+    """In bfloat16 the norms scale in float32 before rounding, as the reference does: our
+    error against float32 logits stays within twice transformers' own bfloat16 error."""
+    runner = ModelRunner(
+        RunnerConfig(str(tiny_gemma_path), dtype="bfloat16", kv_slots=256, max_requests=2)
+    )
+    [ids] = _random_prompts((TINY_WINDOW,), seed=6)
+    driver = PagedDriver(runner)
+    ours = driver.extend([driver.new_sequence()], [ids], logits="all").float()
+    fp32 = AutoModelForCausalLM.from_pretrained(tiny_gemma_path, dtype=torch.float32).eval()
+    exact = _hf_logits(fp32, ids)
+    bf16 = AutoModelForCausalLM.from_pretrained(tiny_gemma_path, dtype=torch.bfloat16).eval()
+    theirs = _hf_logits(bf16, ids)
+    assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max()
+
+
 @NO_WINDOW_KERNELS
 def test_tiny_model_logits_equal_transformers_past_the_window(tiny_models: Any) -> None:
     """A 40-token prompt (2.5 windows), then decode steps beyond it."""
