@@ -126,9 +126,10 @@ def gemma3_fields(raw: dict[str, Any], config_file: Path) -> dict[str, Any]:
     ``layer_types``, every ``sliding_window_pattern``-th layer (default 6) is global. RoPE comes
     as transformers 5 writes it (``rope_parameters`` per layer type) or as 4.x did
     (``rope_theta`` and ``rope_scaling`` for global layers, ``rope_local_base_freq``)."""
-    if raw.get("vision_config") is not None:
+    if raw.get("vision_config") is not None or "text_config" in raw:
         raise ModelLoadError(
-            f"{config_file}: Gemma 3 with a vision tower is not supported (text-only Gemma 3 is)"
+            f"{config_file}: Gemma 3 with a vision tower (a multimodal config: text_config, "
+            "vision_config) is not supported; its text-only model is"
         )
     if raw.get("use_bidirectional_attention"):
         raise ModelLoadError(

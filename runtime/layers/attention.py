@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 
@@ -16,6 +17,14 @@ logger = logging.getLogger(__name__)
 # Whether the attention ops take a sliding ``window`` (added to the kernels separately; until
 # then a windowed layer attends to the whole sequence, exact up to the window's length).
 WINDOW_OPS = "window" in inspect.signature(kernels.decode_attention).parameters
+
+
+@functools.cache
+def _warn_windowless_ops(window: int) -> None:
+    logger.warning(
+        "the attention kernels take no sliding window yet: windowed layers attend to the whole "
+        "sequence, which is wrong past %d tokens", window,
+    )  # fmt: skip
 
 
 class PagedAttention(torch.nn.Module):
@@ -41,11 +50,8 @@ class PagedAttention(torch.nn.Module):
         self.window = window
         # Passed to the attention ops only when set, and only to ops that take it.
         self._window_kw = {"window": window} if window and WINDOW_OPS else {}
-        if window and not WINDOW_OPS and layer_id == 0:
-            logger.warning(
-                "the attention kernels take no sliding window yet: windowed layers attend to "
-                "the whole sequence, which is wrong past %d tokens", window,
-            )  # fmt: skip
+        if window and not WINDOW_OPS:
+            _warn_windowless_ops(window)
         self._no_norm = torch.empty(0)  # decode_self_attention's "no q/k norm"
 
     def forward(
