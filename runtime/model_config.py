@@ -14,6 +14,7 @@ from runtime.model_files import locate_model
 if TYPE_CHECKING:
     import torch
 
+GEMMA3 = "Gemma3ForCausalLM"
 # What runtime.layers.rotary computes; divisors: Llama 3's scaling as a GGUF file stores it.
 ROPE_TYPES = ("default", "linear", "llama3", "divisors")
 # The dtypes a checkpoint is stored in and a model computes in, with their sizes in bytes (by
@@ -23,7 +24,9 @@ _DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture hyper-parameters of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3)."""
+    """Architecture hyper-parameters of a decoder: the Llama family (Llama, Mistral, Qwen2,
+    Qwen3) and Gemma 3. The fields after ``eos_token_ids`` are Gemma 3's (``gemma3_fields``);
+    the Llama family leaves them at their defaults."""
 
     model_path: str
     architecture: str
@@ -45,6 +48,17 @@ class ModelConfig:
     checkpoint_dtype: str  # a name in _DTYPES
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Each layer's attention window in tokens (0: the whole sequence); empty: all global.
+    layer_windows: tuple[int, ...] = ()
+    # The windowed layers' RoPE base and scaling (``rope_theta``, ``rope_scaling``: the others').
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
+    # Attention scores are scaled by query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5).
+    query_pre_attn_scalar: float | None = None
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s attention window (0: none)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -62,13 +76,15 @@ class ModelConfig:
         raw = files.config()
         window = raw.get("sliding_window")
         max_pos = raw.get("max_position_embeddings", 4096)
+        gemma3 = raw["architectures"][0] == GEMMA3
         # Qwen configs carry a window with use_sliding_window false; a window at least as long
         # as the context is full attention.
-        if window and raw.get("use_sliding_window", True) and window < max_pos:
+        if not gemma3 and window and raw.get("use_sliding_window", True) and window < max_pos:
             raise ModelLoadError(
                 f"{path}: sliding-window attention (sliding_window={window}) is not supported"
             )
-        rope = _rope_parameters(raw)
+        extra = gemma3_fields(raw, config_file) if gemma3 else {}
+        rope = extra.pop("rope", None) or _rope_parameters(raw)
         kind = rope.get("rope_type", "default")
         if kind not in ROPE_TYPES:
             raise ModelLoadError(
@@ -97,7 +113,78 @@ class ModelConfig:
             checkpoint_dtype=stored_dtype(raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(path, raw),
+            **extra,
         )
+
+
+def gemma3_fields(raw: dict[str, Any], config_file: Path) -> dict[str, Any]:
+    """Gemma 3's ``ModelConfig`` fields from its text config, and under ``rope`` the global
+    layers' RoPE parameters. ModelLoadError, naming the variant, for what Gemma3ForCausalLM does
+    not run: a vision tower, bidirectional attention (EmbeddingGemma), logit softcapping.
+
+    Layer i is windowed when ``layer_types[i]`` is ``sliding_attention``; without
+    ``layer_types``, every ``sliding_window_pattern``-th layer (default 6) is global. RoPE comes
+    as transformers 5 writes it (``rope_parameters`` per layer type) or as 4.x did
+    (``rope_theta`` and ``rope_scaling`` for global layers, ``rope_local_base_freq``)."""
+    if raw.get("vision_config") is not None or "text_config" in raw:
+        raise ModelLoadError(
+            f"{config_file}: Gemma 3 with a vision tower (a multimodal config: text_config, "
+            "vision_config) is not supported; its text-only model is"
+        )
+    if raw.get("use_bidirectional_attention"):
+        raise ModelLoadError(
+            f"{config_file}: Gemma 3 with bidirectional attention (EmbeddingGemma) is not supported"
+        )
+    activation = raw.get("hidden_activation", "gelu_pytorch_tanh")
+    if activation != "gelu_pytorch_tanh":
+        raise ModelLoadError(
+            f"{config_file}: Gemma 3 with activation {activation!r} is not supported"
+        )
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise ModelLoadError(f"{config_file}: Gemma 3 with {key} is not supported")
+    layers = raw["num_hidden_layers"]
+    types = raw.get("layer_types")
+    if types is None:
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+        types = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ]
+    unknown = set(types) - {"full_attention", "sliding_attention"}
+    if len(types) != layers or unknown:
+        raise ModelLoadError(f"{config_file}: layer_types {types} do not fit {layers} layers")
+    window = int(raw.get("sliding_window") or 0)
+    if window <= 0 and "sliding_attention" in types:
+        raise ModelLoadError(f"{config_file}: sliding_attention layers need a sliding_window")
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        global_rope = dict(params.get("full_attention") or {})
+        local_rope = dict(params.get("sliding_attention") or {})
+    else:
+        global_rope = {"rope_theta": raw.get("rope_theta", 1_000_000.0)}
+        global_rope.update(raw.get("rope_scaling") or {})
+        local_rope = {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
+    global_rope.setdefault("rope_theta", 1_000_000.0)
+    local_theta = float(local_rope.pop("rope_theta", 10_000.0))
+    for rope in (global_rope, local_rope):
+        if "type" in rope and "rope_type" not in rope:
+            rope["rope_type"] = rope.pop("type")
+        kind = rope.get("rope_type", "default")
+        if kind not in ROPE_TYPES:
+            raise ModelLoadError(
+                f"{config_file}: RoPE scaling {kind!r} is not supported (supported: "
+                f"{', '.join(ROPE_TYPES)})"
+            )
+    return {
+        "rope": global_rope,
+        "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
+        "local_rope_theta": local_theta,
+        "local_rope_scaling": (
+            local_rope if local_rope.get("rope_type", "default") != "default" else None
+        ),
+        "query_pre_attn_scalar": float(raw.get("query_pre_attn_scalar", 256)),
+    }
 
 
 def stored_dtype(raw: dict[str, Any]) -> str:

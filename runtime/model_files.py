@@ -37,6 +37,16 @@ MODEL_CLASSES = {
     "MistralForCausalLM": "runtime.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "runtime.models.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "runtime.models.llama:Qwen3ForCausalLM",
+    "Gemma3ForCausalLM": "runtime.models.gemma3:Gemma3ForCausalLM",
+}
+# Architectures near a supported one that no class runs, and what sets them apart, so that a
+# user learns which variant was refused (Gemma 3's text model is Gemma3ForCausalLM).
+REFUSED_VARIANTS = {
+    "Gemma3ForConditionalGeneration": "Gemma 3 with a vision tower",
+    "Gemma3nForConditionalGeneration": "Gemma 3n",
+    "Gemma3nForCausalLM": "Gemma 3n",
+    "Gemma2ForCausalLM": "Gemma 2 (attention and final logit softcapping)",
+    "GemmaForCausalLM": "Gemma 1",
 }
 GGUF_MAGIC = b"GGUF"
 
@@ -217,6 +227,11 @@ def check_architecture(files: ModelFiles) -> None:
     supported = sorted(MODEL_CLASSES)
     if not archs or archs[0] not in supported:
         name = archs[0] if archs else None
+        if name in REFUSED_VARIANTS:
+            raise ModelLoadError(
+                f"{files.config_dir / 'config.json'}: {REFUSED_VARIANTS[name]} is not supported "
+                f"(architecture {name!r}; supported: {', '.join(supported)})"
+            )
         raise ModelLoadError(
             f"{files.config_dir / 'config.json'}: architecture {name!r} is not supported "
             f"(supported: {', '.join(supported)})"

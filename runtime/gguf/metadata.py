@@ -21,6 +21,13 @@ ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+}
+# llama.cpp architectures near a supported one, named in the refusal.
+REFUSED_VARIANTS = {
+    "gemma": "Gemma 1",
+    "gemma2": "Gemma 2 (attention and final logit softcapping)",
+    "gemma3n": "Gemma 3n",
 }
 # Tensor types whose blocks the weight reader dequantizes (ggml's names).
 TENSOR_TYPES = (
@@ -45,6 +52,18 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Where an architecture names a layer tensor otherwise: Gemma 3's four norms a layer.
+_ARCH_LAYER_TENSORS = {
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# llama.cpp's converter stores Gemma's norm weights w (the scale less one) as 1 + w.
+_NORM_SHIFTED = ("gemma3",)
+# Every Gemma 3 file's sixth layer is global, the others windowed (llama.cpp's rule too).
+_GEMMA3_WINDOW_PATTERN = 6
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # llama.cpp's Llama-3 RoPE divisors: folded into the config, not a parameter.
 ROPE_FREQS = "rope_freqs.weight"
@@ -54,7 +73,9 @@ ROPE_FREQS = "rope_freqs.weight"
 class TensorEntry:
     """One tensor of the file: ``shape`` in torch order (rows first, the dequantized shape),
     its bytes at ``[offset, offset + nbytes)`` of the file. ``permute_heads``: rows to turn
-    from llama.cpp's interleaved RoPE layout back to rotate-half, in this many heads (0: none)."""
+    from llama.cpp's interleaved RoPE layout back to rotate-half, in this many heads (0: none).
+    ``shift``: added to every value as it is read (-1 for a Gemma norm weight, stored as 1 + w
+    by llama.cpp's converter, w in Hugging Face's checkpoints)."""
 
     hf_name: str
     gguf_name: str
@@ -63,6 +84,7 @@ class TensorEntry:
     offset: int
     nbytes: int
     permute_heads: int = 0
+    shift: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +95,7 @@ class TensorEntry:
             "offset": self.offset,
             "nbytes": self.nbytes,
             "permute_heads": self.permute_heads,
+            "shift": self.shift,
         }
 
     @classmethod
@@ -105,6 +128,11 @@ def read_header(path: Path) -> GGUFHeader:
     arch = fields.get("general.architecture")
     if arch not in ARCHITECTURES:
         supported = ", ".join(ARCHITECTURES)
+        if arch in REFUSED_VARIANTS:
+            raise ModelLoadError(
+                f"{path}: {REFUSED_VARIANTS[arch]} is not supported (GGUF architecture "
+                f"{arch!r}; supported: {supported})"
+            )
         raise ModelLoadError(
             f"{path}: GGUF architecture {arch!r} is not supported (supported: {supported})"
         )
@@ -179,7 +207,36 @@ def _hf_config(fields: _Fields, arch: str, tensors: dict[str, Any], path: Path) 
         "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": fields.get("tokenizer.ggml.eos_token_id"),
     }
+    if arch == "gemma3":
+        config.update(_gemma3_config(fields, config, rope, path))
     return config
+
+
+def _gemma3_config(
+    fields: _Fields, config: dict[str, Any], rope: dict[str, Any], path: Path
+) -> dict[str, Any]:
+    """Gemma 3's own keys, as transformers 5 writes them. The file stores the window and the
+    global layers' RoPE; llama.cpp fixes the rest: every sixth layer global, base 10,000 on the
+    windowed ones, scores scaled by head_dim ** -0.5, except for the 27B model (62 layers),
+    whose scale is (hidden_size / heads) ** -0.5."""
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    scalar = config["hidden_size"] // heads if layers == 62 else config["head_dim"]
+    if rope.get("rope_type") == "divisors":
+        raise ModelLoadError(f"{path}: {ROPE_FREQS} in a Gemma 3 file is not supported")
+    pattern = _GEMMA3_WINDOW_PATTERN
+    return {
+        "sliding_window": int(fields.need("gemma3.attention.sliding_window")),
+        "layer_types": [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ],
+        "rope_parameters": {
+            "full_attention": rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        "query_pre_attn_scalar": scalar,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
 
 
 def _rope_parameters(
@@ -227,7 +284,8 @@ def _entry(tensor: Any, arch: str, config: dict[str, Any], path: Path) -> Tensor
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
     kind = str(tensor.tensor_type.name)
     offset, nbytes = int(tensor.data_offset), int(tensor.n_bytes)
-    return TensorEntry(hf_name, tensor.name, kind, shape, offset, nbytes, permute)
+    shift = -1.0 if arch in _NORM_SHIFTED and tensor.name.endswith("norm.weight") else 0.0
+    return TensorEntry(hf_name, tensor.name, kind, shape, offset, nbytes, permute, shift)
 
 
 def _hf_name(name: str, arch: str, config: dict[str, Any], path: Path) -> tuple[str, int]:
@@ -235,8 +293,9 @@ def _hf_name(name: str, arch: str, config: dict[str, Any], path: Path) -> tuple[
     permuted in (llama.cpp's converter interleaves Llama's q/k rows for its RoPE kernel)."""
     if name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[name], 0
+    names = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get(arch, {})}
     match = _LAYER_NAME.fullmatch(name)
-    if match is None or match.group(2) not in _LAYER_TENSORS:
+    if match is None or match.group(2) not in names:
         raise ModelLoadError(f"{path}: tensor {name!r} has no counterpart in a {arch} model")
     layer, part, kind = match.groups()
     permute = 0
@@ -244,7 +303,7 @@ def _hf_name(name: str, arch: str, config: dict[str, Any], path: Path) -> tuple[
         permute = config["num_attention_heads"]
     elif arch == "llama" and part == "attn_k":
         permute = config["num_key_value_heads"]
-    return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}", permute
+    return f"model.layers.{layer}.{names[part]}.{kind}", permute
 
 
 def _eos_ids(fields: _Fields) -> tuple[int, ...]:

@@ -25,7 +25,8 @@ def iter_gguf_tensors(
 ) -> Iterator[tuple[str, torch.Tensor | BlockWeights]]:
     """Yield (Hugging Face name, tensor) for each entry, one tensor in memory at a time:
     plain types in their own dtype (F32, F16, BF16), quantized blocks dequantized to float32,
-    Llama's q/k rows back in rotate-half order. With ``keep_blocks``, a quantized matrix of
+    Llama's q/k rows back in rotate-half order, Gemma's norm weights shifted back by
+    ``TensorEntry.shift`` (in float32). With ``keep_blocks``, a quantized matrix of
     a type in ``BLOCK_TYPES`` comes as ``BlockWeights`` instead (its codes, not floats); any
     other quantized type is dequantized, and one warning names those tensors."""
     # A plain ndarray view: numpy runs memmap's Python hooks on every array derived from one.
@@ -53,6 +54,9 @@ def iter_gguf_tensors(
                 tensor = tensor.rows(order)
             else:
                 tensor = unpermute_rows(tensor, entry.permute_heads)
+        if entry.shift:  # a norm weight: one row, never kept as blocks
+            assert isinstance(tensor, torch.Tensor)
+            tensor = tensor.float() + entry.shift
         yield entry.hf_name, tensor
     if dequantized:
         logger.warning(

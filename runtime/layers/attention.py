@@ -2,20 +2,56 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
+
 import arbor_kernels as kernels
 import torch
 
 from runtime.forward_batch import ForwardBatch, ForwardMode
 from runtime.layers.basic import RMSNorm
 
+logger = logging.getLogger(__name__)
+
+# Whether the attention ops take a sliding ``window`` (added to the kernels separately; until
+# then a windowed layer attends to the whole sequence, exact up to the window's length).
+WINDOW_OPS = "window" in inspect.signature(kernels.decode_attention).parameters
+
+
+@functools.cache
+def _warn_windowless_ops(window: int) -> None:
+    logger.warning(
+        "the attention kernels take no sliding window yet: windowed layers attend to the whole "
+        "sequence, which is wrong past %d tokens", window,
+    )  # fmt: skip
+
 
 class PagedAttention(torch.nn.Module):
-    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """One layer's attention. Scores are scaled by ``scale`` (default head_dim ** -0.5). With a
+    ``window`` (0: none), a query at position p sees only the keys at positions k with
+    p - window < k <= p (sliding-window attention); such a layer never runs the fused decode
+    op or a cascade plan, whose kernels take no window."""
+
+    def __init__(
+        self,
+        layer_id: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        window: int = 0,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.window = window
+        # Passed to the attention ops only when set, and only to ops that take it.
+        self._window_kw = {"window": window} if window and WINDOW_OPS else {}
+        if window and not WINDOW_OPS:
+            _warn_windowless_ops(window)
         self._no_norm = torch.empty(0)  # decode_self_attention's "no q/k norm"
 
     def forward(
@@ -30,13 +66,14 @@ class PagedAttention(torch.nn.Module):
             out = self._decode(q, k_buffer, v_buffer, batch, rows, seq_lens)
         elif batch.mode is ForwardMode.EXTEND:
             out = kernels.extend_attention(
-                q, k_buffer, v_buffer, table, rows, seq_lens, batch.extend_lens, self.scale
-            )
+                q, k_buffer, v_buffer, table, rows, seq_lens, batch.extend_lens, self.scale,
+                **self._window_kw,
+            )  # fmt: skip
         else:
             e, t = batch.num_extend_reqs, batch.num_extend_tokens
             extend_out = kernels.extend_attention(
                 q[:t], k_buffer, v_buffer, table, rows[:e], seq_lens[:e],
-                batch.extend_lens[:e], self.scale,
+                batch.extend_lens[:e], self.scale, **self._window_kw,
             )  # fmt: skip
             decode_out = self._decode(q[t:], k_buffer, v_buffer, batch, rows[e:], seq_lens[e:])
             out = torch.cat([extend_out, decode_out])
@@ -44,9 +81,11 @@ class PagedAttention(torch.nn.Module):
 
     def fuses(self, batch: ForwardBatch) -> bool:
         """Whether ``forward_decode`` runs ``batch``: a decode batch on the CPU without a
-        cascade plan. (On CUDA the decode ops stay separate: they are captured in graphs.)"""
+        cascade plan, in a layer without a window. (On CUDA the decode ops stay separate: they
+        are captured in graphs.)"""
         return (
-            batch.mode is ForwardMode.DECODE
+            not self.window
+            and batch.mode is ForwardMode.DECODE
             and batch.cascade is None
             and batch.input_ids.device.type == "cpu"
         )
@@ -87,6 +126,7 @@ class PagedAttention(torch.nn.Module):
         out = kernels.decode_attention(
             q, pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id],
             batch.req_to_token, batch.req_pool_indices[reqs], batch.seq_lens[reqs], self.scale,
+            **self._window_kw,
         )  # fmt: skip
         return out.reshape(q.shape[0], -1)
 
@@ -100,11 +140,12 @@ class PagedAttention(torch.nn.Module):
         seq_lens: torch.Tensor,
     ) -> torch.Tensor:
         """Decode attention of the batch's one-token requests, q: [Bd, H, D]; with a cascade
-        plan, sharers attend to their own suffix alone and to the shared prefix together."""
+        plan (ignored by a windowed layer), sharers attend to their own suffix alone and to the
+        shared prefix together."""
         table, plan = batch.req_to_token, batch.cascade
-        if plan is None:
+        if plan is None or self.window:
             return kernels.decode_attention(
-                q, k_buffer, v_buffer, table, rows, seq_lens, self.scale
+                q, k_buffer, v_buffer, table, rows, seq_lens, self.scale, **self._window_kw
             )
         out, lse = kernels.decode_attention_with_lse(
             q, k_buffer, v_buffer, table, rows, plan.kv_start, seq_lens, self.scale
