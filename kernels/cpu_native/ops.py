@@ -5,8 +5,6 @@ compiler in its C++ binding; the others reach theirs through an adapter."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from arbor_kernels import cpu_native
 from arbor_kernels.dispatch import register
