@@ -74,6 +74,7 @@ def dispatched(reference: Op) -> Op:
     required = arity
     while required > 0 and defaults[required - 1] is not inspect.Parameter.empty:
         required -= 1
+    tails = [tuple(defaults[n:]) for n in range(arity + 1)]  # the defaults after n arguments
 
     @functools.wraps(reference)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -82,7 +83,7 @@ def dispatched(reference: Op) -> Op:
             bound.apply_defaults()
             args = bound.args
         elif len(args) < arity:
-            args = (*args, *defaults[len(args) :])
+            args += tails[len(args)]
         device = args[0].device
         impl = _resolved.get((name, device.type))
         if impl is None:
