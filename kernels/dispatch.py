@@ -68,13 +68,22 @@ def dispatched(reference: Op) -> Op:
     of its first argument. Every implementation is called with all arguments, positionally."""
     name, signature = reference.__name__, inspect.signature(reference)
     arity = len(signature.parameters)
+    # Trailing defaults are appended without binding: a call that leaves them out (most calls
+    # of an op that grew an option) costs no more than one that passes them all.
+    defaults = [p.default for p in signature.parameters.values()]
+    required = arity
+    while required > 0 and defaults[required - 1] is not inspect.Parameter.empty:
+        required -= 1
+    tails = [tuple(defaults[n:]) for n in range(arity + 1)]  # the defaults after n arguments
 
     @functools.wraps(reference)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) < arity:
+        if kwargs or len(args) < required:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             args = bound.args
+        elif len(args) < arity:
+            args += tails[len(args)]
         device = args[0].device
         impl = _resolved.get((name, device.type))
         if impl is None:

@@ -211,7 +211,7 @@ struct SoftmaxState {
 
 struct Scratch {
   std::vector<float> q, scores, keys, keys_t, values;
-  std::vector<int64_t> visible;
+  std::vector<int64_t> visible, first_visible;
 };
 
 // Runs fn(b, local, st, sc) in parallel for every work item, where request b owns items
@@ -233,12 +233,13 @@ void for_each_item(const std::vector<int64_t>& first_item, const Fn& fn) {
 
 // Attend `rows` scaled float32 queries (`q`, [rows, dim]) over key positions [lo, hi) of one
 // sequence (`slots` maps position -> pool slot) and KV head `head`, updating `st`. A query row
-// r sees key position p only when p <= visible[r] (nullptr: all keys visible).
+// r sees key position p only when p <= visible[r] and p >= first_visible[r] (nullptr: no bound
+// on that side).
 template <typename kv_t>
 void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k_buf,
             const kv_t* v_buf, int64_t k_stride, int64_t v_stride, int64_t head,
             const int64_t* slots, int64_t lo, int64_t hi, const int64_t* visible,
-            SoftmaxState& st, Scratch& sc) {
+            const int64_t* first_visible, SoftmaxState& st, Scratch& sc) {
   sc.scores.resize(rows * kKeyBlock);
   sc.keys.resize(kKeyBlock * dim);
   sc.values.resize(kKeyBlock * dv);
@@ -259,6 +260,12 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = scores + r * kKeyBlock;
         for (int64_t j = std::max<int64_t>(0, visible[r] - start + 1); j < n; ++j) sr[j] = kNegInf;
+      }
+    if (first_visible)  // sliding window: row r sees key positions from first_visible[r] on
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sr = scores + r * kKeyBlock;
+        const int64_t end = std::min(n, first_visible[r] - start);
+        for (int64_t j = 0; j < end; ++j) sr[j] = kNegInf;
       }
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
@@ -356,11 +363,13 @@ void with_typed_buffers(const torch::Tensor& q, torch::Tensor& out, const torch:
 
 torch::Tensor as_i64(const torch::Tensor& t) { return t.to(torch::kInt64).contiguous(); }
 
-// Decode: one query token per request over key positions [kv_start[b], seq_lens[b]).
-// Returns (out [B, H, Dv] in q's dtype, lse [B, H] float32).
+// Decode: one query token per request over key positions [kv_start[b], seq_lens[b]), and with a
+// sliding window (window > 0) over the last `window` positions of that range at most. Returns
+// (out [B, H, Dv] in q's dtype, lse [B, H] float32).
 TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
                             torch::Tensor table, torch::Tensor rows_t, torch::Tensor kv_start_t,
-                            torch::Tensor seq_lens_t, double sm_scale) {
+                            torch::Tensor seq_lens_t, double sm_scale, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be 0 (none) or positive");
   const Geometry g = geometry(q, k_buf, v_buf, table);
   const int64_t batch = q.size(0);
   auto rows = as_i64(rows_t), seq_lens = as_i64(seq_lens_t);
@@ -373,6 +382,11 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
   const int64_t* len_p = seq_lens.data_ptr<int64_t>();
   const int64_t* start_p = has_start ? kv_start.data_ptr<int64_t>() : nullptr;
   const int64_t* table_p = table.data_ptr<int64_t>();
+  // Request b's first key position: keys before it are never read.
+  auto first_key = [&](int64_t b) {
+    const int64_t lo = start_p ? start_p[b] : 0;
+    return window > 0 ? std::max(lo, len_p[b] - window) : lo;
+  };
 
   // Split long sequences over keys when (request, KV head) pairs alone cannot fill the threads.
   const int64_t threads = at::get_num_threads();
@@ -381,8 +395,7 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
   if (pairs < 4 * threads) max_splits = std::max<int64_t>(1, (4 * threads + pairs - 1) / pairs);
   std::vector<int64_t> splits(batch), first_item(batch + 1, 0);
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t lo = start_p ? start_p[b] : 0;
-    const int64_t keys = std::max<int64_t>(0, len_p[b] - lo);
+    const int64_t keys = std::max<int64_t>(0, len_p[b] - first_key(b));
     splits[b] = std::clamp<int64_t>(keys / kMinSplitKeys, 1, max_splits);
     first_item[b + 1] = first_item[b] + splits[b] * g.kv_heads;
   }
@@ -405,7 +418,7 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
     for_each_item(first_item, [&](int64_t b, int64_t local, SoftmaxState& st, Scratch& sc) {
       sc.q.resize(g.group * g.dim);
       const int64_t head = local / splits[b], split = local % splits[b];
-      const int64_t lo = start_p ? start_p[b] : 0, hi = len_p[b];
+      const int64_t lo = first_key(b), hi = len_p[b];
       const int64_t keys = std::max<int64_t>(0, hi - lo);
       const int64_t per = (keys + splits[b] - 1) / splits[b];
       const int64_t s_lo = std::min(hi, lo + split * per), s_hi = std::min(hi, s_lo + per);
@@ -413,7 +426,7 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
                    sc.q.data());
       st.reset(g.group, g.dv);
       attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-             table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, st, sc);
+             table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, nullptr, st, sc);
       for (int64_t r = 0; r < g.group; ++r) {
         const int64_t h = head * g.group + r;
         if (splits[b] == 1) {
@@ -471,12 +484,14 @@ inline void norm_head(const scalar_t* x, const scalar_t* w, int64_t dim, float e
 // The attention of a decode batch in one call, from the QKV projection's output: split qkv
 // [B, (H + 2 Hkv) D] into heads, RMSNorm q and k per head when their weights are given (numel
 // > 0), rotate them, write each request's K/V at out_cache_loc[b] (in the pool's dtype), then
-// decode attention over each whole sequence. Returns [B, H * D] in qkv's dtype.
+// decode attention over each whole sequence (its last `window` keys when window > 0). Returns
+// [B, H * D] in qkv's dtype.
 torch::Tensor decode_self_attention(torch::Tensor qkv, torch::Tensor cos_t, torch::Tensor sin_t,
                                     torch::Tensor q_norm_t, torch::Tensor k_norm_t, double eps,
                                     torch::Tensor k_buf, torch::Tensor v_buf,
                                     torch::Tensor out_cache_loc, torch::Tensor table,
-                                    torch::Tensor rows, torch::Tensor seq_lens, double sm_scale) {
+                                    torch::Tensor rows, torch::Tensor seq_lens, double sm_scale,
+                                    int64_t window) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv: [B, (H + 2 Hkv) D], rows contiguous");
   TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.is_contiguous() &&
                   k_buf.sizes() == v_buf.sizes() && k_buf.scalar_type() == v_buf.scalar_type(),
@@ -540,16 +555,18 @@ torch::Tensor decode_self_attention(torch::Tensor qkv, torch::Tensor cos_t, torc
   });
   auto no_start = torch::empty({0}, locs.options());
   auto out = std::get<0>(
-      decode_attention(q, k_buf, v_buf, table, rows, no_start, seq_lens, sm_scale));
+      decode_attention(q, k_buf, v_buf, table, rows, no_start, seq_lens, sm_scale, window));
   return out.view({batch, heads * dim});
 }
 
 // Extend: request b's extend_lens[b] new tokens (packed back to back in q) at positions
-// seq_lens[b] - extend_lens[b] + i, each seeing keys 0 .. its own position. Returns [T, H, Dv].
+// seq_lens[b] - extend_lens[b] + i, each seeing keys 0 .. its own position p, or p - window + 1
+// .. p with a sliding window (window > 0). Returns [T, H, Dv].
 torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor v_buf,
                                torch::Tensor table, torch::Tensor rows_t,
                                torch::Tensor seq_lens_t, torch::Tensor extend_lens_t,
-                               double sm_scale) {
+                               double sm_scale, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be 0 (none) or positive");
   const Geometry g = geometry(q, k_buf, v_buf, table);
   auto rows = as_i64(rows_t), seq_lens = as_i64(seq_lens_t), ext_lens = as_i64(extend_lens_t);
   const int64_t batch = rows.size(0);
@@ -586,11 +603,22 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tens
       }
       st.reset(rows_n, g.dv);
       const int64_t* slots = table_p + row_p[b] * g.table_stride;
-      // Keys every query of the block sees need no mask; the causal tail does.
-      attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-             0, prefix + i0 + 1, nullptr, st, sc);
-      attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-             prefix + i0 + 1, prefix + i1, visible.data(), st, sc);
+      if (window > 0) {
+        // From the block's first query's window on (no query of the block sees a key before
+        // it), each row bounded on both sides.
+        std::vector<int64_t>& first_visible = sc.first_visible;
+        first_visible.resize(rows_n);
+        for (int64_t r = 0; r < rows_n; ++r) first_visible[r] = visible[r] - window + 1;
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+               std::max<int64_t>(0, prefix + i0 - window + 1), prefix + i1, visible.data(),
+               first_visible.data(), st, sc);
+      } else {
+        // Keys every query of the block sees need no mask; the causal tail does.
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+               0, prefix + i0 + 1, nullptr, nullptr, st, sc);
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+               prefix + i0 + 1, prefix + i1, visible.data(), nullptr, st, sc);
+      }
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t r = 0; r < g.group; ++r) {
           const int64_t t = token_start[b] + i, h = head * g.group + r;
@@ -653,7 +681,7 @@ TensorPair shared_prefix_attention(torch::Tensor q, torch::Tensor k_buf, torch::
                      sc.q.data() + (t - t0) * g.group * g.dim);
       st.reset(rows_n, g.dv);
       attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-             table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, st, sc);
+             table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, nullptr, st, sc);
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t r = 0; r < g.group; ++r) {
           const int64_t h = head * g.group + r;

@@ -5,8 +5,6 @@ compiler in its C++ binding; the others reach theirs through an adapter."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from arbor_kernels import cpu_native
 from arbor_kernels.dispatch import register
@@ -41,9 +39,21 @@ if _ext is not None:
     register("decode_attention_with_lse", "native")(ext.decode_attention)
 
     @register("decode_attention", "native")
-    def decode_attention(*args: Any) -> torch.Tensor:
+    def decode_attention(
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        sm_scale: float,
+        window: int = 0,
+    ) -> torch.Tensor:
         """From each sequence's start (no kv_start before seq_lens), without the lse."""
-        out, _ = ext.decode_attention(*args[:5], _NO_START, *args[5:])
+        out, _ = ext.decode_attention(
+            q, k_buffer, v_buffer, req_to_token, req_pool_indices, _NO_START, seq_lens,
+            sm_scale, window,
+        )  # fmt: skip
         return out
 
     @register("apply_token_bitmask", "native")

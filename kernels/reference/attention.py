@@ -23,6 +23,7 @@ def extend_attention(
     seq_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of a packed batch of new tokens over their cached prefix and themselves.
 
@@ -30,6 +31,8 @@ def extend_attention(
     k_buffer, v_buffer: [S, Hkv, D] one layer's KV pool; H must be a multiple of Hkv (GQA).
     req_to_token: [R, C] int; row ``req_pool_indices[b]`` holds request b's slots by position.
     seq_lens, extend_lens: [B] int; request b's prefix length is seq_lens[b] - extend_lens[b].
+    window: sliding window, or 0 for none: the query at absolute position p sees the key
+    positions k with p - window < k <= p (window keys at most, itself included).
     Precondition: the new tokens' K/V are already written at their slots.
     Returns [T, H, Dv].
     """
@@ -39,18 +42,24 @@ def extend_attention(
         req_pool_indices.tolist(), seq_lens.tolist(), extend_lens.tolist(), strict=True
     ):
         prefix = seq_len - ext
-        slots = req_to_token[row, :seq_len]
-        # [1, Hkv, seq_len, D]
+        # Keys before the first query's window are seen by no query: not gathered at all.
+        first = max(0, prefix - window + 1) if window > 0 else 0
+        slots = req_to_token[row, first:seq_len]
+        # [1, Hkv, seq_len - first, D]
         k = k_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         v = v_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         qi = q[start : start + ext].transpose(0, 1).unsqueeze(0)  # [1, H, ext, D]
-        if prefix == 0:
+        if prefix == 0 and window == 0:
             o = F.scaled_dot_product_attention(
                 qi, k, v, is_causal=True, scale=sm_scale, enable_gqa=True
             )
         else:
-            # Query j sits at absolute position prefix + j and sees keys 0 .. prefix + j.
-            mask = torch.ones(ext, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+            # Query j sits at absolute position prefix + j and sees keys 0 .. prefix + j, or
+            # prefix + j - window + 1 .. prefix + j under a window (columns count from first).
+            mask = torch.ones(ext, seq_len - first, dtype=torch.bool, device=q.device)
+            mask = mask.tril(diagonal=prefix - first)
+            if window > 0:
+                mask = mask.triu(diagonal=prefix - first - window + 1)
             o = F.scaled_dot_product_attention(
                 qi, k, v, attn_mask=mask, scale=sm_scale, enable_gqa=True
             )
@@ -68,8 +77,10 @@ def decode_attention(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One new token per request attending to all seq_lens[b] tokens of its sequence.
+    """One new token per request attending to all seq_lens[b] tokens of its sequence, or to
+    the last ``window`` of them when window > 0 (the query sits at position seq_lens[b] - 1).
 
     q: [B, H, D]; other arguments as in ``extend_attention`` (the new token's K/V already
     written, and counted in seq_lens). Returns [B, H, Dv].
@@ -81,7 +92,8 @@ def decode_attention(
     for b, (row, seq_len) in enumerate(
         zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
     ):
-        slots = req_to_token[row, :seq_len]
+        first = max(0, seq_len - window) if window > 0 else 0
+        slots = req_to_token[row, first:seq_len]
         # [1, Hkv, L, D]
         k = k_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         v = v_buffer.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
@@ -107,6 +119,7 @@ def decode_self_attention(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """A decode batch's attention from its QKV projection, in one op (the per-token path of a
     deep model at batch 1 is otherwise a dozen small ops a layer).
@@ -116,7 +129,7 @@ def decode_self_attention(
     RMSNorm every q and k head (with ``eps``) before the rotation, or both empty for none.
     Writes each request's rotated K and its V at slot ``out_cache_loc[b]`` of k_buffer,
     v_buffer ([S, Hkv, D], cast to their dtype), then attends as ``decode_attention`` does
-    (seq_lens counting the new token). Returns [B, H * D] in qkv's dtype.
+    (seq_lens counting the new token, ``window`` as there). Returns [B, H * D] in qkv's dtype.
     """
     batch, dim, kv_heads = qkv.shape[0], k_buffer.shape[-1], k_buffer.shape[1]
     heads = qkv.shape[1] // dim - 2 * kv_heads
@@ -127,6 +140,6 @@ def decode_self_attention(
     k_buffer[out_cache_loc] = k.to(k_buffer.dtype)
     v_buffer[out_cache_loc] = v.to(v_buffer.dtype)
     out = decode_attention(
-        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, window
     )  # [B, H, D]
     return out.reshape(batch, heads * dim)

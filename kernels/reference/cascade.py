@@ -44,8 +44,10 @@ def decode_attention_with_lse(
     kv_start: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention over positions [kv_start[b], seq_lens[b]) of each sequence only.
+    """Decode attention over positions [kv_start[b], seq_lens[b]) of each sequence only, and
+    under a window (window > 0) over the last ``window`` positions of that range at most.
 
     Arguments as in ``decode_attention``, plus kv_start [B] int64. Returns (out [B, H, Dv] in
     q's dtype, normalised over those keys; lse [B, H] float32, the natural log-sum-exp of the
@@ -55,6 +57,8 @@ def decode_attention_with_lse(
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
     rows, starts, ends = req_pool_indices.tolist(), kv_start.tolist(), seq_lens.tolist()
     for b, (row, start, end) in enumerate(zip(rows, starts, ends, strict=True)):
+        if window > 0:
+            start = max(start, end - window)
         slots = req_to_token[row, start:end]
         o, s = _attend(q[b : b + 1], k_buffer[slots], v_buffer[slots], sm_scale)
         out[b], lse[b] = o[0].to(q.dtype), s[0]
@@ -78,6 +82,8 @@ def shared_prefix_attention(
     ([G + 1] int64); they attend to positions [0, prefix_lens[g]) of req_to_token row
     prefix_rows[g] ([G] int64 each). The prefix's K/V is read once per block of sharers, not
     once per sharer. Returns (out, lse) as ``decode_attention_with_lse``.
+    It takes no sliding window: the runtime builds no cascade plan for a layer with one, whose
+    decode runs ``decode_attention`` with its window instead.
     """
     out = torch.empty(q.shape[0], q.shape[1], v_buffer.shape[-1], dtype=q.dtype)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)

@@ -5,7 +5,8 @@ query heads that share it (GQA: a ``[BLOCK_H, D]`` query tile, BLOCK_H >= 16 for
 and one contiguous split of the request's positions, and writes the split's normalised partial
 output and its log-sum-exp. Stage 2, grid (B, H): combines the splits, weighting each by
 exp(lse - max lse); empty splits (short sequences) carry lse = -inf and weigh nothing.
-Split lengths are computed in the kernel from seq_lens, so there is no host sync.
+Split lengths are computed in the kernel from seq_lens, so there is no host sync. With a
+sliding window the splits cut only the last ``window`` positions: earlier keys are not read.
 
 CUDA-graph safe (registered so): the launch reads nothing but shapes on the host. The grids
 depend on (B, H, Hkv, num_kv_splits), and the default split count on B, Hkv and the device
@@ -31,7 +32,7 @@ MAX_KV_SPLITS = 16
 
 # The split count changes with the batch size; as a runtime value (not a constexpr, not
 # specialized) it costs no compile when a new batch size shows up mid-serving.
-@triton.jit(do_not_specialize=["num_kv_splits"])
+@triton.jit(do_not_specialize=["num_kv_splits", "window"])
 def _decode_partial_kernel(
     q_ptr,  # [B, H, D]
     k_ptr,  # [S, Hkv, D]
@@ -42,6 +43,7 @@ def _decode_partial_kernel(
     req_pool_indices_ptr,  # [B]
     seq_lens_ptr,  # [B]
     qk_scale,  # sm_scale * log2(e)
+    window,  # read when WINDOWED: the query at seq_len - 1 sees the last `window` positions
     stride_qb,
     stride_qh,
     stride_qd,
@@ -63,6 +65,7 @@ def _decode_partial_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -72,9 +75,14 @@ def _decode_partial_kernel(
     token_row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req) * stride_table
     k_head_ptr = k_ptr + kv_head * stride_kh
     v_head_ptr = v_ptr + kv_head * stride_vh
-    # Splits are whole BLOCK_N tiles so only a sequence's last tile is ragged.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), BLOCK_N) * BLOCK_N
-    kv_start = split * split_len
+    # The splits cover positions [first, seq_len), in whole BLOCK_N tiles so only the last tile
+    # is ragged.
+    if WINDOWED:
+        first = tl.maximum(seq_len - window, 0)
+    else:
+        first = 0
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, num_kv_splits), BLOCK_N) * BLOCK_N
+    kv_start = first + split * split_len
     kv_end = tl.minimum(kv_start + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -102,7 +110,9 @@ def _decode_partial_kernel(
         )  # fmt: skip
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
         qk = tl.where(mask_n[None, :], qk, float("-inf"))  # every tile has a valid key
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_DTYPE, DOT_PRECISION)
+        m_i, l_i, acc = online_softmax_step(
+            qk, v, m_i, l_i, acc, DOT_DTYPE, DOT_PRECISION, MAY_BE_EMPTY=False
+        )
 
     has_keys = kv_end > kv_start
     l_safe = tl.where(has_keys, l_i, 1.0)
@@ -169,23 +179,28 @@ def decode_attention(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    window: int = 0,
     num_kv_splits: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
 ) -> torch.Tensor:
     """Same contract as ``kernels.ops.decode_attention``; all tensors on one device, any strides.
 
     num_kv_splits: how many splits stage 1 cuts each sequence into (None: by occupancy).
-    block_n: keys per tile (a power of two >= 16). Returns [B, H, Dv] in q's dtype, without a
-    host sync.
+    block_n: keys per tile (a power of two >= 16; None: 64, or 32 past head dim 128, which
+    compiles for sm_90 without register spills at head dim 256). Returns [B, H, Dv] in q's
+    dtype, without a host sync.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, head_dim_v = k_buffer.shape[1], v_buffer.shape[-1]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads is not a multiple of {num_kv_heads} KV heads")
+    if window < 0:
+        raise ValueError(f"window must be 0 (none) or positive, not {window}")
     out = torch.empty(batch, num_heads, head_dim_v, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
     splits = num_kv_splits or default_kv_splits(batch, num_kv_heads, q.device)
+    block_n = block_n or (64 if max(head_dim, head_dim_v) <= 128 else 32)
     group = num_heads // num_kv_heads
     mid_shape = (batch, num_heads, splits)
     mid_out = torch.empty(*mid_shape, head_dim_v, dtype=torch.float32, device=q.device)
@@ -200,6 +215,7 @@ def decode_attention(
         req_pool_indices,
         seq_lens,
         sm_scale * _LOG2E,
+        window,
         *q.stride(),
         *k_buffer.stride(),
         *v_buffer.stride(),
@@ -214,6 +230,7 @@ def decode_attention(
         BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype(q.dtype, q.device),
         DOT_PRECISION=dot_precision(q.dtype),
+        WINDOWED=window > 0,
         num_warps=4 if max(head_dim, head_dim_v) <= 64 else 8,  # 8: no spills at D = 128
     )
     _decode_reduce_kernel[(batch, num_heads)](

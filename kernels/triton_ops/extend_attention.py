@@ -7,7 +7,8 @@ covers variable lengths without a host sync: the grid is an upper bound computed
 and a program past the last request's blocks exits at once. Each program keeps a
 ``[BLOCK_M, D]`` query tile and runs an online softmax over key blocks of ``BLOCK_N`` positions:
 the prefix unmasked, the diagonal blocks under the causal mask. GQA: query head h reads KV head
-h // (H // Hkv).
+h // (H // Hkv). With a sliding window a program's key loop starts at its first query's window,
+and every tile is masked on both sides.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _LOG2E = 1.4426950408889634
 
 # batch_size is not specialized (a batch of 1 or of 16 would each compile a variant), and the
 # request-lookup tile is at least MIN_BLOCK_B wide: new batch sizes mid-serving compile nothing.
-@triton.jit(do_not_specialize=["batch_size"])
+@triton.jit(do_not_specialize=["batch_size", "window"])
 def _extend_attention_kernel(
     q_ptr,  # [T, H, D]
     k_ptr,  # [S, Hkv, D]
@@ -38,6 +39,7 @@ def _extend_attention_kernel(
     block_ends_ptr,  # [B], cumulative count of query blocks
     batch_size,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    window,  # read when WINDOWED: the query at position p sees keys p - window + 1 .. p
     stride_qt,
     stride_qh,
     stride_qd,
@@ -61,6 +63,7 @@ def _extend_attention_kernel(
     BLOCK_B: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     block_id = tl.program_id(0)
     head = tl.program_id(1)
@@ -100,10 +103,15 @@ def _extend_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    # Query j sits at absolute position prefix_len + j and sees keys 0 .. prefix_len + j.
+    # Query j sits at absolute position prefix_len + j and sees keys 0 .. prefix_len + j, or
+    # prefix_len + j - window + 1 .. prefix_len + j under a window.
     q_pos = prefix_len + offs_m
     kv_end = prefix_len + tl.minimum(m_start + BLOCK_M, extend_len)
-    for n_start in range(0, kv_end, BLOCK_N):
+    if WINDOWED:
+        kv_start = tl.maximum(prefix_len + m_start - window + 1, 0)
+    else:
+        kv_start = 0
+    for n_start in range(kv_start, kv_end, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         k, v = load_kv_tile(
@@ -112,10 +120,19 @@ def _extend_attention_kernel(
         )  # fmt: skip
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        # Every row sees key 0 in the first block, so its max is finite from there on.
+        if WINDOWED:
+            # A row's window may begin past this tile: its max can still be -inf after it.
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        # Without a window every row sees key 0 in the first block, so its max is finite from
+        # there on.
         qk = tl.where(visible, qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_DTYPE, DOT_PRECISION)
+        m_i, l_i, acc = online_softmax_step(
+            qk, v, m_i, l_i, acc, DOT_DTYPE, DOT_PRECISION, MAY_BE_EMPTY=WINDOWED
+        )
 
+    if WINDOWED:
+        # Rows past the request's last token (never stored) may have seen no key at all.
+        l_i = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_i[:, None]
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_dv[None, :],
@@ -137,22 +154,27 @@ def extend_attention(
     seq_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     sm_scale: float,
-    block_m: int = 64,
+    window: int = 0,
+    block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Same contract as ``kernels.ops.extend_attention``; all tensors on one device.
 
     Any strides. block_m/block_n (powers of two, >= 16) size the query and key tiles; the
-    defaults (64 x 64, 64 x 32 past head dim 64) compile for sm_90 without register spills at
-    8 warps. Returns [T, H, Dv] in q's dtype, without a host sync.
+    defaults (64 x 64, 64 x 32 past head dim 64, 32 x 16 past head dim 128) compile for sm_90
+    without register spills at 8 warps. Returns [T, H, Dv] in q's dtype, without a host sync.
     """
     tokens, num_heads, head_dim = q.shape
     num_kv_heads, head_dim_v = k_buffer.shape[1], v_buffer.shape[-1]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads is not a multiple of {num_kv_heads} KV heads")
+    if window < 0:
+        raise ValueError(f"window must be 0 (none) or positive, not {window}")
     out = torch.empty(tokens, num_heads, head_dim_v, dtype=q.dtype, device=q.device)
     batch = seq_lens.shape[0]
-    block_n = block_n or (64 if max(head_dim, head_dim_v) <= 64 else 32)
+    widest = max(head_dim, head_dim_v)
+    block_m = block_m or (64 if widest <= 128 else 32)
+    block_n = block_n or (64 if widest <= 64 else 32 if widest <= 128 else 16)
     if tokens == 0 or batch == 0:
         return out
     extend_ends = torch.cumsum(extend_lens, 0)
@@ -173,6 +195,7 @@ def extend_attention(
         block_ends,
         batch,
         sm_scale * _LOG2E,
+        window,
         *q.stride(),
         *k_buffer.stride(),
         *v_buffer.stride(),
@@ -189,6 +212,7 @@ def extend_attention(
         BLOCK_B=max(MIN_BLOCK_B, triton.next_power_of_2(batch)),
         DOT_DTYPE=dot_dtype(q.dtype, q.device),
         DOT_PRECISION=dot_precision(q.dtype),
+        WINDOWED=window > 0,
         num_warps=8,
     )
     return out

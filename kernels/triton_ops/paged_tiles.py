@@ -42,12 +42,27 @@ def load_kv_tile(
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold one tile of base-2 scores ``qk`` [ROWS, BLOCK_N] (-inf where masked; every row
-    finite somewhere by now) and its V into the running max, sum and output accumulator."""
+def online_softmax_step(
+    qk,
+    v,
+    m_i,
+    l_i,
+    acc,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MAY_BE_EMPTY: tl.constexpr,
+):
+    """Fold one tile of base-2 scores ``qk`` [ROWS, BLOCK_N] (-inf where masked) and its V into
+    the running max, sum and output accumulator. Unless MAY_BE_EMPTY, every row must be finite
+    somewhere by now; with it, a row that has seen no key yet keeps max -inf, sum and output 0
+    (at the cost of one select per row)."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    p = tl.math.exp2(qk - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
+    if MAY_BE_EMPTY:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # exp2(-inf - 0) = 0, not NaN
+    else:
+        m_ref = m_new
+    p = tl.math.exp2(qk - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc

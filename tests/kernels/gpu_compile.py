@@ -59,8 +59,10 @@ def _strides(*names: str, unit: tuple[str, ...] = ()) -> tuple[dict[str, str], d
     return {n: "i32" for n in names if n not in unit}, {n: 1 for n in unit}
 
 
-def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> list[KernelConfig]:
-    tag = f"{dtype} H={heads} Hkv={kv_heads} D={head_dim}"
+def _attention_configs(
+    dtype: str, heads: int, kv_heads: int, head_dim: int, windowed: bool = False
+) -> list[KernelConfig]:
+    tag = f"{dtype} H={heads} Hkv={kv_heads} D={head_dim}" + (" windowed" if windowed else "")
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     precision = "tf32x3" if dtype == "fp32" else "tf32"
@@ -91,6 +93,7 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "block_ends_ptr": "*i64",
             "batch_size": "i32",
             "qk_scale": "fp32",
+            "window": "i32",
             **ext_strides,
         },
         {
@@ -100,11 +103,12 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "HEAD_DIM_V": head_dim,
             "BLOCK_D": block_d,
             "BLOCK_DV": block_d,
-            "BLOCK_M": 64,
-            "BLOCK_N": 64 if head_dim <= 64 else 32,
+            "BLOCK_M": 64 if head_dim <= 128 else 32,
+            "BLOCK_N": 64 if head_dim <= 64 else 32 if head_dim <= 128 else 16,
             "BLOCK_B": 64,
             "DOT_DTYPE": dot_dtype,
             "DOT_PRECISION": precision,
+            "WINDOWED": windowed,
         },
         num_warps=8,
     )
@@ -126,6 +130,7 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "req_pool_indices_ptr": "*i64",
             "seq_lens_ptr": "*i64",
             "qk_scale": "fp32",
+            "window": "i32",
             **dec_strides,
             "num_kv_splits": "i32",
         },
@@ -137,9 +142,10 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "BLOCK_D": block_d,
             "BLOCK_DV": block_d,
             "BLOCK_H": max(16, triton.next_power_of_2(group)),
-            "BLOCK_N": 64,
+            "BLOCK_N": 64 if head_dim <= 128 else 32,
             "DOT_DTYPE": dot_dtype,
             "DOT_PRECISION": precision,
+            "WINDOWED": windowed,
         },
         num_warps=4 if head_dim <= 64 else 8,
     )
@@ -161,7 +167,8 @@ def _attention_configs(dtype: str, heads: int, kv_heads: int, head_dim: int) -> 
             "BLOCK_DV": triton.next_power_of_2(head_dim),
         },
     )
-    return [extend, partial, reduce]
+    # The reduce kernel does not know about windows: compiled once, with the unwindowed set.
+    return [extend, partial] if windowed else [extend, partial, reduce]
 
 
 def _other_configs(dtype: str) -> list[KernelConfig]:
@@ -260,6 +267,8 @@ def all_configs() -> list[KernelConfig]:
     for dtype in ("bf16", "fp32"):
         configs += _attention_configs(dtype, heads=14, kv_heads=2, head_dim=64)  # Qwen2.5-0.5B
         configs += _attention_configs(dtype, heads=32, kv_heads=8, head_dim=128)  # Llama-3-8B
+        for windowed in (False, True):  # Gemma 3 270M: global and sliding-window layers
+            configs += _attention_configs(dtype, 4, 1, 256, windowed)
         configs += _other_configs(dtype)
     configs.append(_sampling_config())
     return configs

@@ -82,3 +82,62 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     tolerances = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
     tol = tolerances[dtype]
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+def _requests(batch: PagedBatch) -> list[tuple[int, int, int]]:
+    """(req_to_token row, seq_len, extend_len) of each request."""
+    return list(
+        zip(
+            batch.req_pool_indices.tolist(),
+            batch.seq_lens.tolist(),
+            batch.extend_lens.tolist(),
+            strict=True,
+        )
+    )
+
+
+def dense_attention(
+    q: torch.Tensor, batch: PagedBatch, sm_scale: float, window: int = 0
+) -> torch.Tensor:
+    """The oracle, in float64: each request's K/V gathered whole and the scores masked, so that
+    query j of request b, at position p = seq_len - extend_len + j, sees key positions k with
+    k <= p and, when window > 0, k > p - window.
+
+    q: [T, H, D], the queries of ``batch.extend_lens`` packed (one per request for decode).
+    Returns [T, H, Dv] float64."""
+    outputs = []
+    start = 0
+    for row, seq_len, ext in _requests(batch):
+        slots = batch.req_to_token[row, :seq_len]
+        group = q.shape[1] // batch.k_buffer.shape[1]
+        k = batch.k_buffer[slots].double().repeat_interleave(group, dim=1)  # [L, H, D]
+        v = batch.v_buffer[slots].double().repeat_interleave(group, dim=1)  # [L, H, Dv]
+        scores = torch.einsum("ehd,lhd->hel", q[start : start + ext].double(), k) * sm_scale
+        positions = torch.arange(seq_len - ext, seq_len)[:, None]
+        keys = torch.arange(seq_len)[None, :]
+        visible = keys <= positions
+        if window > 0:
+            visible &= keys > positions - window
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        outputs.append(torch.einsum("hel,lhd->ehd", probs, v))
+        start += ext
+    return torch.cat(outputs)
+
+
+def poison_outside_windows(batch: PagedBatch, window: int) -> PagedBatch:
+    """A copy of ``batch`` whose K/V at the positions no query's window reaches (before the
+    first new token's window) hold NaN: a kernel that reads one of them returns NaN. Window 0
+    (none) poisons nothing more."""
+    k_buffer, v_buffer = batch.k_buffer.clone(), batch.v_buffer.clone()
+    for row, seq_len, ext in _requests(batch) if window > 0 else []:
+        unseen = batch.req_to_token[row, : max(0, seq_len - ext - window + 1)]
+        k_buffer[unseen] = float("nan")
+        v_buffer[unseen] = float("nan")
+    return PagedBatch(
+        k_buffer,
+        v_buffer,
+        batch.req_to_token,
+        batch.req_pool_indices,
+        batch.seq_lens,
+        batch.extend_lens,
+    )

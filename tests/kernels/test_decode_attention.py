@@ -1,4 +1,5 @@
-"""The triton split-K decode-attention kernel equals the torch reference on paged batches."""
+"""The triton split-K decode-attention kernel equals the torch reference on paged batches; both
+equal a dense float64 oracle under a sliding window, reading no key outside it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from arbor_kernels.reference import attention as reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.kernels.kv_cases import assert_close, paged_batch
+from tests.kernels.kv_cases import (
+    assert_close,
+    dense_attention,
+    paged_batch,
+    poison_outside_windows,
+)
 
 # A single-token sequence, lengths ending mid-tile, and one spanning several tiles per split.
 SEQ_LENS = [1, 19, 70, 33]
@@ -116,6 +122,55 @@ def test_launch_grids_depend_on_shapes_only(
         q, ref.k_buffer, ref.v_buffer, batch.req_to_token, batch.req_pool_indices,
         batch.seq_lens, scale,
     )  # fmt: skip
+    assert_close(out, expected, torch.float32)
+
+
+# Windows of one token, shorter than most sequences, equal to two of them (19, 33), and longer
+# than all; 3 splits of a window of 1 leave two splits empty.
+WINDOWS = [1, 16, 19, 33, 64, 200]
+
+
+def _windowed_case(
+    seq_lens: list[int], heads: int, kv_heads: int, head_dim: int, window: int
+) -> tuple[torch.Tensor, tuple[object, ...], torch.Tensor]:
+    """Queries, the op's arguments after q (NaN in the pool outside every window), and the
+    oracle's output."""
+    batch = paged_batch(seq_lens, [1] * len(seq_lens), kv_heads, head_dim, 16, torch.float32, 4)
+    q = torch.randn(len(seq_lens), heads, head_dim, generator=torch.Generator().manual_seed(5))
+    expected = dense_attention(q, batch, head_dim**-0.5, window).float()
+    poisoned = poison_outside_windows(batch, window)
+    args = (
+        poisoned.k_buffer, poisoned.v_buffer, poisoned.req_to_token, poisoned.req_pool_indices,
+        poisoned.seq_lens, head_dim**-0.5, window,
+    )  # fmt: skip
+    return q, args, expected
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_reference_window_matches_the_dense_oracle(window: int) -> None:
+    q, args, expected = _windowed_case(SEQ_LENS, 8, 2, 32, window)
+    assert_close(reference.decode_attention(q, *args), expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
+def test_triton_window_matches_the_dense_oracle(
+    triton_ops: ModuleType, window: int, num_kv_splits: int
+) -> None:
+    q, args, expected = _windowed_case(SEQ_LENS, 8, 2, 32, window)
+    out = triton_ops.decode_attention.decode_attention(
+        q, *args, num_kv_splits=num_kv_splits, block_n=16
+    )
+    assert out.isfinite().all()  # nothing outside the windows was read
+    assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", [0, 7, 512])
+def test_gemma3_270m_heads(triton_ops: ModuleType, window: int) -> None:
+    # Gemma 3 270M: 4 query heads on one KV head of dimension 256, at the default tile size.
+    q, args, expected = _windowed_case([1, 30, 600], 4, 1, 256, window)
+    assert_close(reference.decode_attention(q, *args), expected, torch.float32)
+    out = triton_ops.decode_attention.decode_attention(q, *args)
     assert_close(out, expected, torch.float32)
 
 

@@ -11,7 +11,12 @@ from arbor_kernels import cpu_native
 from arbor_kernels.reference import attention as reference
 from arbor_kernels.reference import elementwise as elementwise_ref
 
-from tests.kernels.kv_cases import PagedBatch, assert_close, paged_batch
+from tests.kernels.kv_cases import (
+    PagedBatch,
+    assert_close,
+    paged_batch,
+    poison_outside_windows,
+)
 
 DIM = 32
 SEQ_LENS = [1, 19, 70, 300]  # each request's last token is the new one
@@ -74,7 +79,7 @@ def test_native_matches_reference(
     norms = _norm_weights(qk_norm, dtype)
     table = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, DIM**-0.5)
     got = ext.decode_self_attention(  # type: ignore[attr-defined]
-        qkv, cos, sin, *norms, 1e-6, batch.k_buffer, batch.v_buffer, slots, *table
+        qkv, cos, sin, *norms, 1e-6, batch.k_buffer, batch.v_buffer, slots, *table, 0
     )
     ref = batch.finite()  # the native kernel reads the NaN-poisoned pool in place
     want = reference.decode_self_attention(
@@ -102,7 +107,7 @@ def test_native_equals_the_unfused_native_ops_bit_for_bit(
     norms = _norm_weights(qk_norm, dtype)
     table = (fused.req_to_token, fused.req_pool_indices, fused.seq_lens, DIM**-0.5)
     got = ext.decode_self_attention(  # type: ignore[attr-defined]
-        qkv, cos, sin, *norms, 1e-6, fused.k_buffer, fused.v_buffer, slots, *table
+        qkv, cos, sin, *norms, 1e-6, fused.k_buffer, fused.v_buffer, slots, *table, 0
     )
     tokens = qkv.shape[0]
     q, k, v = qkv.split([heads * DIM, kv_heads * DIM, kv_heads * DIM], dim=-1)
@@ -114,7 +119,7 @@ def test_native_equals_the_unfused_native_ops_bit_for_bit(
     unfused.v_buffer[slots] = v.reshape(tokens, kv_heads, DIM)
     want, _ = ext.decode_attention(  # type: ignore[attr-defined]
         q, unfused.k_buffer, unfused.v_buffer, *table[:2], torch.empty(0, dtype=torch.int64),
-        *table[2:],
+        *table[2:], 0,
     )  # fmt: skip
     assert torch.equal(got, want.reshape(tokens, -1))
     assert torch.equal(fused.k_buffer[slots], unfused.k_buffer[slots])
@@ -137,3 +142,23 @@ def test_the_reference_rotates_before_writing() -> None:
     assert torch.equal(ref.k_buffer[slots], k_rot)
     want = reference.decode_attention(q_rot, ref.k_buffer, ref.v_buffer, *table)
     assert torch.equal(out, want.reshape(len(SEQ_LENS), -1))
+
+
+@pytest.mark.parametrize("window", [1, 19, 64, 1000])
+def test_native_window_matches_reference(window: int) -> None:
+    # Lengths 1, 19, 70, 300: a window of one token, equal to one sequence, shorter and longer.
+    ext = _native()
+    batch, (qkv, cos, sin) = _case(8, 2, 16, torch.float32, torch.float32)
+    slots = _slots(batch)
+    norms = _norm_weights(True, torch.float32)
+    table = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, DIM**-0.5, window)
+    poisoned = poison_outside_windows(batch, window)
+    got = ext.decode_self_attention(  # type: ignore[attr-defined]
+        qkv, cos, sin, *norms, 1e-6, poisoned.k_buffer, poisoned.v_buffer, slots, *table
+    )
+    assert got.isfinite().all()  # nothing outside the windows was read
+    ref = batch.finite()
+    want = reference.decode_self_attention(
+        qkv, cos, sin, *norms, 1e-6, ref.k_buffer, ref.v_buffer, slots, *table
+    )
+    assert_close(got, want, torch.float32)

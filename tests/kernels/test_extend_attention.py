@@ -1,8 +1,10 @@
-"""The triton extend-attention kernel equals the torch reference on paged, packed batches."""
+"""The triton extend-attention kernel equals the torch reference on paged, packed batches; both
+equal a dense float64 oracle under a sliding window, reading no key outside it."""
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -10,7 +12,13 @@ from arbor_kernels.reference import attention as reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.kernels.kv_cases import assert_close, paged_batch
+from tests.kernels.kv_cases import (
+    PagedBatch,
+    assert_close,
+    dense_attention,
+    paged_batch,
+    poison_outside_windows,
+)
 
 # (prefix_len, extend_len) per request: empty prefixes, single new tokens, prefixes and
 # extensions that end mid-tile and that span several 16-wide tiles.
@@ -119,3 +127,66 @@ def test_any_batch_composition(
         triton_ops, requests, 2 * group, 2, 16, page_size, torch.float32, seed
     )
     assert_close(out, expected, torch.float32)
+
+
+# Sequence lengths 21, 14, 40, 47, 32: windows of one token, shorter than every sequence,
+# equal to the second and the last, and longer than all.
+WINDOWS = [1, 5, 14, 32, 100]
+
+
+def _windowed_case(
+    requests: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, window: int
+) -> tuple[torch.Tensor, PagedBatch, torch.Tensor]:
+    """Queries, the paged batch with NaN outside every window, and the oracle's output."""
+    seq_lens, extend_lens = [p + e for p, e in requests], [e for _, e in requests]
+    batch = paged_batch(seq_lens, extend_lens, kv_heads, head_dim, 16, torch.float32, seed=2)
+    q = torch.randn(sum(extend_lens), heads, head_dim, generator=torch.Generator().manual_seed(3))
+    expected = dense_attention(q, batch, head_dim**-0.5, window).float()
+    return q, poison_outside_windows(batch, window), expected
+
+
+def _args(batch: PagedBatch, head_dim: int, window: int) -> tuple[Any, ...]:
+    """extend_attention's arguments after q."""
+    return (
+        batch.k_buffer,
+        batch.v_buffer,
+        batch.req_to_token,
+        batch.req_pool_indices,
+        batch.seq_lens,
+        batch.extend_lens,
+        head_dim**-0.5,
+        window,
+    )
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_reference_window_matches_the_dense_oracle(window: int) -> None:
+    q, batch, expected = _windowed_case(MIXED_BATCH, 8, 2, 32, window)
+    out = reference.extend_attention(q, *_args(batch, 32, window))
+    assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_triton_window_matches_the_dense_oracle(triton_ops: ModuleType, window: int) -> None:
+    q, batch, expected = _windowed_case(MIXED_BATCH, 8, 2, 32, window)
+    out = triton_ops.extend_attention.extend_attention(
+        q, *_args(batch, 32, window), block_m=16, block_n=16
+    )
+    assert out.isfinite().all()  # nothing outside the windows was read
+    assert_close(out, expected, torch.float32)
+
+
+def test_no_window_matches_the_dense_oracle(triton_ops: ModuleType) -> None:
+    q, batch, expected = _windowed_case(MIXED_BATCH, 8, 2, 32, 0)
+    extend = triton_ops.extend_attention.extend_attention
+    assert_close(reference.extend_attention(q, *_args(batch, 32, 0)), expected, torch.float32)
+    assert_close(extend(q, *_args(batch, 32, 0), block_m=16), expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", [0, 7, 512])
+def test_gemma3_270m_heads(triton_ops: ModuleType, window: int) -> None:
+    # Gemma 3 270M: 4 query heads on one KV head of dimension 256, at the default tile sizes.
+    q, batch, expected = _windowed_case([(0, 9), (30, 5)], 4, 1, 256, window)
+    args = _args(batch, 256, window)
+    assert_close(reference.extend_attention(q, *args), expected, torch.float32)
+    assert_close(triton_ops.extend_attention.extend_attention(q, *args), expected, torch.float32)

@@ -17,7 +17,12 @@ from arbor_kernels.reference import attention as reference
 from arbor_kernels.reference import cascade as cascade_ref
 from arbor_kernels.reference import elementwise as elementwise_ref
 
-from tests.kernels.kv_cases import assert_close, paged_batch
+from tests.kernels.kv_cases import (
+    assert_close,
+    dense_attention,
+    paged_batch,
+    poison_outside_windows,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -51,7 +56,7 @@ def test_extend_matches_reference(
     q_dtype = torch.float32 if kv_dtype == torch.float32 else kv_dtype
     q = _queries(sum(extend_lens), heads, 32, q_dtype, seed=4)
     args = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, 0.17)
-    out = native.ext.extend_attention(q, batch.k_buffer, batch.v_buffer, *args)
+    out = native.ext.extend_attention(q, batch.k_buffer, batch.v_buffer, *args, 0)
     ref = batch.finite()  # the native kernel reads the NaN-poisoned pool in place
     expected = reference.extend_attention(q, ref.k_buffer, ref.v_buffer, *args)
     assert out.dtype == q_dtype
@@ -95,7 +100,7 @@ def test_decode_with_lse_over_a_suffix(native: SimpleNamespace, kv_dtype: torch.
     q = _queries(4, 8, 32, torch.float32, seed=10)
     kv_start = torch.tensor([0, 17, 89, 250])
     args = (batch.req_to_token, batch.req_pool_indices, kv_start, batch.seq_lens, 0.2)
-    out, lse = native.decode_attention_with_lse(q, batch.k_buffer, batch.v_buffer, *args)
+    out, lse = native.decode_attention_with_lse(q, batch.k_buffer, batch.v_buffer, *args, 0)
     ref = batch.finite()
     expected, expected_lse = cascade_ref.decode_attention_with_lse(
         q, ref.k_buffer, ref.v_buffer, *args
@@ -349,3 +354,84 @@ def test_shared_prefix_refuses_bad_plans(native: SimpleNamespace) -> None:
             native.shared_prefix_attention(
                 q, batch.k_buffer, batch.v_buffer, table, rows, offsets, lens, 0.2
             )
+
+
+# Sequence lengths 1, 19, 70, 45, 300, 33 (prefixes 0, 0, 67, 0, 260, 32): windows of one
+# token, shorter than most sequences, equal to two of them (19, 70; 64: a query block), and
+# longer than all.
+EXTEND_SEQ_LENS, EXTEND_LENS = [1, 19, 70, 45, 300, 33], [1, 19, 3, 45, 90, 1]
+WINDOWS = [1, 5, 19, 64, 70, 1000]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(8, 2, 32), (4, 1, 256)])
+def test_extend_window_matches_the_dense_oracle(
+    native: SimpleNamespace, window: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    # (4, 1, 256): Gemma 3 270M's heads.
+    batch = paged_batch(EXTEND_SEQ_LENS, EXTEND_LENS, kv_heads, dim, 16, torch.float32, seed=16)
+    q = _queries(sum(EXTEND_LENS), heads, dim, torch.float32, seed=17)
+    expected = dense_attention(q, batch, dim**-0.5, window).float()
+    poisoned = poison_outside_windows(batch, window)
+    out = native.extend_attention(
+        q, poisoned.k_buffer, poisoned.v_buffer, poisoned.req_to_token,
+        poisoned.req_pool_indices, poisoned.seq_lens, poisoned.extend_lens, dim**-0.5, window,
+    )  # fmt: skip
+    assert out.isfinite().all()  # nothing outside the windows was read
+    assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("window", [1, 16, 33, 500, 4000])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(8, 2, 32), (4, 1, 256)])
+def test_decode_window_matches_the_dense_oracle(
+    native: SimpleNamespace, window: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    # 3000 keys are split over threads; under a window only the window's keys are.
+    seq_lens = [1, 19, 70, 33, 3000]
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        batch = paged_batch(seq_lens, [1] * len(seq_lens), kv_heads, dim, 16, torch.float32, 18)
+        q = _queries(len(seq_lens), heads, dim, torch.float32, seed=19)
+        expected = dense_attention(q, batch, dim**-0.5, window).float()
+        poisoned = poison_outside_windows(batch, window)
+        args = (poisoned.req_to_token, poisoned.req_pool_indices, poisoned.seq_lens, dim**-0.5)
+        out = native.decode_attention(q, poisoned.k_buffer, poisoned.v_buffer, *args, window)
+        assert out.isfinite().all()
+        assert_close(out, expected, torch.float32)
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("window", [1, 20, 60, 1000])
+def test_decode_with_lse_under_a_window(native: SimpleNamespace, window: int) -> None:
+    # kv_start and the window each cut the range first in some request.
+    batch = paged_batch([5, 40, 90, 300], [1] * 4, 2, 32, 16, torch.float32, seed=20)
+    q = _queries(4, 8, 32, torch.float32, seed=21)
+    kv_start = torch.tensor([0, 17, 80, 250])
+    args = (batch.req_to_token, batch.req_pool_indices, kv_start, batch.seq_lens, 0.2, window)
+    out, lse = native.decode_attention_with_lse(q, batch.k_buffer, batch.v_buffer, *args)
+    expected, expected_lse = cascade_ref.decode_attention_with_lse(
+        q, batch.k_buffer, batch.v_buffer, *args
+    )
+    assert_close(out, expected, torch.float32)
+    torch.testing.assert_close(lse, expected_lse, atol=2e-5, rtol=2e-5)
+    # The reference itself: over the window's part of [kv_start, seq_len), as dense attention
+    # with that part's keys is.
+    first = torch.maximum(kv_start, batch.seq_lens - window)
+    plain, _ = cascade_ref.decode_attention_with_lse(
+        q, batch.k_buffer, batch.v_buffer, *args[:2], first, *args[3:5]
+    )
+    assert_close(expected, plain, torch.float32)
+
+
+def test_the_ops_default_to_no_window(native: SimpleNamespace) -> None:
+    # Callers that pass no window (positionally or not) get full causal attention, as before.
+    batch = paged_batch([19, 70], [4, 1], 2, 32, 16, torch.float32, seed=22)
+    q = _queries(5, 8, 32, torch.float32, seed=23)
+    args = (batch.k_buffer, batch.v_buffer, batch.req_to_token, batch.req_pool_indices)
+    lens = (batch.seq_lens, batch.extend_lens)
+    full = kernels.extend_attention(q, *args, *lens, 0.2, 0)
+    assert torch.equal(kernels.extend_attention(q, *args, *lens, 0.2), full)
+    assert torch.equal(kernels.extend_attention(q, *args, *lens, sm_scale=0.2), full)
+    windowed = kernels.extend_attention(q, *args, *lens, 0.2, window=3)
+    assert torch.equal(kernels.extend_attention(q, *args, *lens, 0.2, 3), windowed)
+    assert not torch.equal(windowed, full)
