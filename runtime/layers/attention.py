@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-import logging
-
 import arbor_kernels as kernels
 import torch
 
 from runtime.forward_batch import ForwardBatch, ForwardMode
 from runtime.layers.basic import RMSNorm
 
-logger = logging.getLogger(__name__)
-
-# Whether the attention ops take a sliding ``window`` (added to the kernels separately; until
-# then a windowed layer attends to the whole sequence, exact up to the window's length).
-WINDOW_OPS = "window" in inspect.signature(kernels.decode_attention).parameters
-
-
-@functools.cache
-def _warn_windowless_ops(window: int) -> None:
-    logger.warning(
-        "the attention kernels take no sliding window yet: windowed layers attend to the whole "
-        "sequence, which is wrong past %d tokens", window,
-    )  # fmt: skip
-
 
 class PagedAttention(torch.nn.Module):
     """One layer's attention. Scores are scaled by ``scale`` (default head_dim ** -0.5). With a
     ``window`` (0: none), a query at position p sees only the keys at positions k with
-    p - window < k <= p (sliding-window attention); such a layer never runs the fused decode
-    op or a cascade plan, whose kernels take no window."""
+    p - window < k <= p (sliding-window attention; the kernels read no key before the
+    window); such a layer decodes without a cascade plan, whose shared-prefix kernel takes no
+    window."""
 
     def __init__(
         self,
@@ -48,10 +31,6 @@ class PagedAttention(torch.nn.Module):
         self.num_kv_heads = num_kv_heads
         self.scale = head_dim**-0.5 if scale is None else scale
         self.window = window
-        # Passed to the attention ops only when set, and only to ops that take it.
-        self._window_kw = {"window": window} if window and WINDOW_OPS else {}
-        if window and not WINDOW_OPS:
-            _warn_windowless_ops(window)
         self._no_norm = torch.empty(0)  # decode_self_attention's "no q/k norm"
 
     def forward(
@@ -67,13 +46,13 @@ class PagedAttention(torch.nn.Module):
         elif batch.mode is ForwardMode.EXTEND:
             out = kernels.extend_attention(
                 q, k_buffer, v_buffer, table, rows, seq_lens, batch.extend_lens, self.scale,
-                **self._window_kw,
+                self.window,
             )  # fmt: skip
         else:
             e, t = batch.num_extend_reqs, batch.num_extend_tokens
             extend_out = kernels.extend_attention(
                 q[:t], k_buffer, v_buffer, table, rows[:e], seq_lens[:e],
-                batch.extend_lens[:e], self.scale, **self._window_kw,
+                batch.extend_lens[:e], self.scale, self.window,
             )  # fmt: skip
             decode_out = self._decode(q[t:], k_buffer, v_buffer, batch, rows[e:], seq_lens[e:])
             out = torch.cat([extend_out, decode_out])
@@ -81,11 +60,9 @@ class PagedAttention(torch.nn.Module):
 
     def fuses(self, batch: ForwardBatch) -> bool:
         """Whether ``forward_decode`` runs ``batch``: a decode batch on the CPU without a
-        cascade plan, in a layer without a window. (On CUDA the decode ops stay separate: they
-        are captured in graphs.)"""
+        cascade plan. (On CUDA the decode ops stay separate: they are captured in graphs.)"""
         return (
-            not self.window
-            and batch.mode is ForwardMode.DECODE
+            batch.mode is ForwardMode.DECODE
             and batch.cascade is None
             and batch.input_ids.device.type == "cpu"
         )
@@ -110,7 +87,7 @@ class PagedAttention(torch.nn.Module):
         return kernels.decode_self_attention(
             qkv, *cos_sin, q_weight, k_weight, eps,
             pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id], batch.out_cache_loc,
-            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, self.scale,
+            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, self.scale, self.window,
         )  # fmt: skip
 
     def forward_last_rows(
@@ -126,7 +103,7 @@ class PagedAttention(torch.nn.Module):
         out = kernels.decode_attention(
             q, pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id],
             batch.req_to_token, batch.req_pool_indices[reqs], batch.seq_lens[reqs], self.scale,
-            **self._window_kw,
+            self.window,
         )  # fmt: skip
         return out.reshape(q.shape[0], -1)
 
@@ -145,7 +122,7 @@ class PagedAttention(torch.nn.Module):
         table, plan = batch.req_to_token, batch.cascade
         if plan is None or self.window:
             return kernels.decode_attention(
-                q, k_buffer, v_buffer, table, rows, seq_lens, self.scale, **self._window_kw
+                q, k_buffer, v_buffer, table, rows, seq_lens, self.scale, self.window
             )
         out, lse = kernels.decode_attention_with_lse(
             q, k_buffer, v_buffer, table, rows, plan.kv_start, seq_lens, self.scale

@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM,
 
 import runtime
 from runtime.errors import ModelLoadError
-from runtime.layers.attention import WINDOW_OPS
 from runtime.layers.quantized import QuantizedEmbedding, QuantizedLinear
 from runtime.model_config import ModelConfig
 from runtime.model_files import locate_model
@@ -34,13 +33,6 @@ PROMPTS = [
     "Water boils at a temperature of",
 ]
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
-NO_WINDOW_KERNELS = pytest.mark.xfail(
-    not WINDOW_OPS,
-    reason="the attention kernels take no sliding window yet (window argument of "
-    "extend_attention / decode_attention / decode_self_attention, in progress): windowed "
-    "layers attend to the whole sequence",
-    strict=False,
-)
 TINY_WINDOW = 16
 ATOL = 1e-4
 
@@ -97,7 +89,6 @@ def test_greedy_tokens_equal_transformers_on_the_gguf(
     assert ours == theirs
 
 
-@NO_WINDOW_KERNELS
 def test_greedy_tokens_equal_transformers_past_the_window(
     engine: runtime.Engine, hf_model: torch.nn.Module, hf_tokenizer: Any
 ) -> None:
@@ -227,7 +218,6 @@ def test_tiny_model_in_bfloat16_errs_no_more_than_transformers(tiny_gemma_path: 
     assert (ours - exact).abs().max() <= 2 * (theirs - exact).abs().max()
 
 
-@NO_WINDOW_KERNELS
 def test_tiny_model_logits_equal_transformers_past_the_window(tiny_models: Any) -> None:
     """A 40-token prompt (2.5 windows), then decode steps beyond it."""
     runner, hf = tiny_models
