@@ -5,6 +5,7 @@ the variants refused by name."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
 import runtime
+from runtime import Engine
 from runtime.errors import ModelLoadError
 from runtime.layers.quantized import QuantizedEmbedding, QuantizedLinear
 from runtime.model_config import ModelConfig
@@ -289,3 +291,25 @@ def test_gemma_gguf_variants_are_refused_by_name(tmp_path: Path, arch: str, vari
     writer.close()
     with pytest.raises(ModelLoadError, match=f"{variant}.* not supported .*'{arch}'"):
         locate_model(path)
+
+
+def test_a_prefix_longer_than_the_window_is_shared_exactly(
+    tiny_gemma_path: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Two requests share a 70-token prefix (over four windows): the second reuses it from the
+    radix cache (every layer keeps the prefix's K/V) and its greedy output equals a run
+    without the cache."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_gemma_path, folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # ids below 512 decode alike
+        shutil.copy(tiny_model_path / name, folder / name)
+    prefix, first, second = _random_prompts((70, 5, 6), seed=7)
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    with Engine(folder, dtype="float32", max_total_tokens=2048) as engine:
+        engine.generate(input_ids=prefix + first, sampling_params=params)
+        shared = engine.generate(input_ids=prefix + second, sampling_params=params)
+    assert shared["meta_info"]["cached_tokens"] >= 64
+    with Engine(folder, dtype="float32", max_total_tokens=2048, disable_radix_cache=True) as engine:
+        alone = engine.generate(input_ids=prefix + second, sampling_params=params)
+    assert alone["meta_info"]["cached_tokens"] == 0
+    assert shared["output_ids"] == alone["output_ids"]
