@@ -13,9 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from runtime.api_keys import derived_tenant, read_api_keys, tenant_label
 from runtime.server import ServerProcess
+from runtime.server.http_app import ApiKeyMiddleware
+from runtime.server.state import caller_is_admin, caller_of, tenant_salt
 from runtime.server_args import ServerArgs
 from tests.server.server_process import ADMIN_KEY, POOL, sse_payloads
 
@@ -81,6 +88,36 @@ def test_api_key_beside_the_file_is_the_default_tenant(tmp_path: Path) -> None:
     args = ServerArgs.from_kwargs(None, api_keys_file=path, api_key="shared")
     assert args.tenant_keys() == {KEY_A: "alice", "shared": "default"}
     assert ServerArgs.from_kwargs(None, api_key="shared").tenant_keys() is None
+
+
+# ---- the middleware, on a stand-in app ------------------------------------------------------
+
+
+async def _whoami(request: Request) -> JSONResponse:
+    return JSONResponse(
+        {
+            "admin": caller_is_admin(request),
+            "caller": caller_of(request),
+            "salt": tenant_salt(request, "s"),
+        }
+    )
+
+
+def test_without_an_admin_key_no_tenant_opens_the_admin_routes() -> None:
+    app = Starlette(routes=[Route(p, _whoami) for p in ("/generate", "/cache_tree")])
+    app.add_middleware(
+        ApiKeyMiddleware, api_key=None, admin_api_key=None, tenant_keys={"ka": "a", "kb": "b"}
+    )
+    client = TestClient(app)
+    seen = {
+        key: client.get("/generate", headers={"Authorization": f"Bearer {key}"}).json()
+        for key in ("ka", "kb")
+    }
+    assert seen["ka"]["caller"] == "tenant:a" and seen["kb"]["caller"] == "tenant:b"
+    assert not seen["ka"]["admin"] and not seen["kb"]["admin"]
+    assert seen["ka"]["salt"] != seen["kb"]["salt"] and seen["ka"]["salt"] != "s"
+    assert client.get("/cache_tree", headers={"Authorization": "Bearer ka"}).status_code == 403
+    assert client.get("/generate", headers={"Authorization": "Bearer kc"}).status_code == 401
 
 
 # ---- one server, two tenants ------------------------------------------------------------------
