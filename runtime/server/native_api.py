@@ -52,9 +52,10 @@ from runtime.tokenizer_manager import RequestOutput
 router = APIRouter()
 
 # /get_server_info entries only the admin sees (with --admin-api-key): where the processes run
-# and how to reach them, where the model and the disk tier lie on the host, where the server
-# listens and sends its traces, and a routed server's per-replica rows (pids, addresses, last
-# errors) and router state. The process facts (``ServerState.process_info``) are the admin's too.
+# and how to reach them, where the model, the disk tier and the keys file lie on the host, where
+# the server listens and sends its traces, and a routed server's per-replica rows (pids,
+# addresses, last errors) and router state. The process facts (``ServerState.process_info``)
+# are the admin's too.
 ADMIN_ONLY_INFO = frozenset(
     {
         "tp_worker_pids",
@@ -64,6 +65,7 @@ ADMIN_ONLY_INFO = frozenset(
         "tokenizer_path",
         "speculative_draft_model_path",
         "kv_disk_path",
+        "api_keys_file",
         "host",
         "otlp_traces_endpoint",
         "ray_address",

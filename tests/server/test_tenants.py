@@ -246,6 +246,8 @@ def test_the_admin_routes_need_the_admin_key(alice: httpx.Client, admin: httpx.C
     refused = alice.get("/cache_tree")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_key_required"
     assert admin.get("/cache_tree").status_code == 200
+    assert "api_keys_file" not in alice.get("/get_server_info").json()
+    assert admin.get("/get_server_info").json()["api_keys_file"].endswith("keys")
 
 
 def test_metrics_count_each_tenant_under_a_hash_of_its_name(
