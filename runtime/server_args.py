@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from runtime.api_keys import DEFAULT_TENANT, read_api_keys
 from runtime.chat_templates import chat_template_text
 from runtime.cpu_features import auto_cpu_dtype
 from runtime.distributed.partition import check_tp_size
@@ -311,6 +312,12 @@ class ServerArgs:
         "require this key, not --api-key's, on the routes that show cached prompts or internals "
         "(/cache_tree, /dashboard, /flush_cache, /get_server_info's process details)",
     )
+    api_keys_file: str | None = _flag(
+        None,
+        "a file of API keys, one tenant each: a line is 'KEY' or 'KEY TENANT' ('#' comments); "
+        "each tenant has a cache namespace and stored responses, programs and request ids of "
+        "its own (docs/serving.md, 'Tenants')",
+    )
     served_model_name: str | None = _flag(
         None, "the model's name in the OpenAI API (default: --model-path)"
     )
@@ -417,6 +424,8 @@ class ServerArgs:
             )
         if self.admin_api_key is not None and self.admin_api_key in ("", self.api_key):
             raise ValueError("admin_api_key must be a non-empty key other than api_key")
+        if self.api_keys_file is not None:
+            self.tenant_keys()  # ValueError naming the file and the line
         endpoint = self.otlp_traces_endpoint
         if endpoint is not None and not endpoint.startswith(("http://", "https://")):
             raise ValueError(
@@ -516,6 +525,21 @@ class ServerArgs:
         if chunk is None:
             chunk = 1024 if cpu else 8192
         return step, chunk
+
+    def tenant_keys(self) -> dict[str, str] | None:
+        """``{key: tenant}`` with ``--api-keys-file`` (``--api-key`` too, as the tenant
+        ``default``), read from the file now; None without it. ValueError for a bad file."""
+        if self.api_keys_file is None:
+            return None
+        reserved = {
+            flag: key
+            for flag, key in (("--api-key", self.api_key), ("--admin-api-key", self.admin_api_key))
+            if key
+        }
+        keys = read_api_keys(self.api_keys_file, reserved)
+        if self.api_key:
+            keys[self.api_key] = DEFAULT_TENANT
+        return keys
 
     @property
     def model_name(self) -> str:

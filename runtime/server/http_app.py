@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import hmac
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -45,7 +47,7 @@ from runtime.server.errors import (
     is_messages_api,
 )
 from runtime.server.openapi import openapi_json
-from runtime.server.state import ADMIN_SCOPE_KEY, ServerState, get_state
+from runtime.server.state import ADMIN_SCOPE_KEY, TENANT_SCOPE_KEY, ServerState, get_state
 from runtime.server.tracing import TracingMiddleware
 
 logger = logging.getLogger(__name__)
@@ -66,9 +68,12 @@ ADMIN_PATH_PREFIXES = ("/dashboard", "/cache_tree", "/flush_cache")
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Arbor", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.arbor = state
-    if state.args.api_key or state.args.admin_api_key:
+    if state.args.api_key or state.args.admin_api_key or state.args.api_keys_file:
         app.add_middleware(
-            ApiKeyMiddleware, api_key=state.args.api_key, admin_api_key=state.args.admin_api_key
+            ApiKeyMiddleware,
+            api_key=state.args.api_key,
+            admin_api_key=state.args.admin_api_key,
+            tenant_keys=state.args.tenant_keys(),
         )
     if state.tracing is not None:  # outermost: the span covers the whole exchange
         app.add_middleware(TracingMiddleware, sink=state.tracing)
@@ -108,15 +113,29 @@ class ApiKeyMiddleware:
     BROWSER_PATH_PREFIXES also take ``Authorization: Basic`` with the key as password, and
     their 401 asks a browser for it.
 
-    Keys: ``api_key`` opens every route (none: they are open); ``admin_api_key``, when given,
-    opens every route too and is the only key that opens ADMIN_PATH_PREFIXES: the API key gets
-    a 403 there. Each HTTP scope gets ADMIN_SCOPE_KEY. Plain ASGI, so streaming responses and
-    disconnects pass through untouched."""
+    Keys: ``api_key`` opens every route (none: they are open); ``tenant_keys``
+    (``{key: tenant}``, ``ServerArgs.tenant_keys``), when given, are the API keys instead, and
+    no API key is then the admin. ``admin_api_key``, when given, opens every route too and is
+    the only key that opens ADMIN_PATH_PREFIXES: an API key gets a 403 there, as it does with
+    ``tenant_keys`` and no admin key. Each HTTP scope gets ADMIN_SCOPE_KEY and TENANT_SCOPE_KEY
+    (the caller's tenant; None for the admin and on a server without tenants). Plain ASGI, so
+    streaming responses and disconnects pass through untouched."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        admin_api_key: str | None,
+        tenant_keys: Mapping[str, str] | None = None,
+    ) -> None:
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        keys: Mapping[str, str | None] = {api_key: None} if api_key else {}
+        if tenant_keys is not None:
+            keys = tenant_keys
+        # By the key's SHA-256: a dict lookup then tells a timing observer nothing of the key.
+        self.tenant_of = {_digest(key.encode()): tenant for key, tenant in keys.items()}
         self.admin_key = admin_api_key.encode() if admin_api_key else None
+        self.admin_routes_guarded = self.admin_key is not None or tenant_keys is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,13 +145,15 @@ class ApiKeyMiddleware:
         browser = scope["method"] == "GET" and _is_path_under(path, BROWSER_PATH_PREFIXES)
         given = _credential(scope, browser)
         has_admin_key = self.admin_key is not None and _matches(given, self.admin_key)
-        has_api_key = self.api_key is not None and _matches(given, self.api_key)
-        allowed = has_admin_key or has_api_key or self.api_key is None
-        scope[ADMIN_SCOPE_KEY] = has_admin_key or (self.admin_key is None and allowed)
+        digest = _digest(given) if given else b""
+        has_api_key = digest in self.tenant_of
+        allowed = has_admin_key or has_api_key or not self.tenant_of
+        scope[ADMIN_SCOPE_KEY] = has_admin_key or (not self.admin_routes_guarded and allowed)
+        scope[TENANT_SCOPE_KEY] = self.tenant_of.get(digest) if has_api_key else None
         if path in OPEN_PATHS:
             await self.app(scope, receive, send)
         elif (
-            self.admin_key is not None
+            self.admin_routes_guarded
             and not has_admin_key
             and _is_path_under(path, ADMIN_PATH_PREFIXES)
         ):
@@ -170,6 +191,10 @@ def _credential(scope: Scope, browser: bool) -> bytes:
     if scheme == b"bearer":
         return given.strip()
     return headers.get(b"x-api-key", b"").strip()
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
 
 
 def _matches(given: bytes, key: bytes) -> bool:

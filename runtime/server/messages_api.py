@@ -75,7 +75,7 @@ async def create_message(request: Request) -> Response:
     msg_id, model = run.message["id"], run.message["model"]
     trace_request(request, "chat", model=model, sampling=plan.sampling, response_id=msg_id)
     sub = SubRequest(plan.prompt.ids, plan.sampling, cache_salt=spec.cache_salt)
-    streams = open_streams(state, [sub])
+    streams = open_streams(state, [sub], request)
     if not body.stream:
         await run_whole(run, merge_streams(request, streams))
         return JSONResponse(run.message)

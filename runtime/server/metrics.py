@@ -9,6 +9,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from runtime.api_keys import tenant_label
 from runtime.errors import RequestError
 from runtime.histogram import Histogram
 from runtime.tokenizer_manager import RequestOutput
@@ -111,10 +112,18 @@ class ServerMetrics:
         # The latest samples, for percentiles over recent traffic (the dashboard).
         self.recent_ttft: deque[float] = deque(maxlen=RECENT_SAMPLES)
         self.recent_itl: deque[float] = deque(maxlen=RECENT_SAMPLES)
+        # With --api-keys-file, by tenant label (``tenant_label``): requests, prompt tokens and
+        # prompt tokens served from the cache.
+        self.tenant_requests: Counter[str] = Counter()
+        self.tenant_prompt_tokens: Counter[str] = Counter()
+        self.tenant_cached_tokens: Counter[str] = Counter()
 
-    async def observe(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    async def observe(
+        self, stream: AsyncIterator[RequestOutput], tenant: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """Pass ``stream``'s chunks through, timing them and counting the request when it ends
-        (finished, refused: "error", or cancelled because the client left: "abort")."""
+        (finished, refused: "error", or cancelled because the client left: "abort"), for
+        ``tenant`` too when it has one."""
         start = last = time.monotonic()
         seen_tokens = 0
         last_output: RequestOutput | None = None
@@ -146,8 +155,16 @@ class ServerMetrics:
                 self.prompt_tokens += last_output.prompt_tokens
                 self.cached_tokens += last_output.cached_tokens
                 self.generation_tokens += last_output.completion_tokens
+            if tenant is not None:
+                self._count_tenant(tenant_label(tenant), last_output)
             if outcome != "error":
                 self.e2e.observe(time.monotonic() - start)
+
+    def _count_tenant(self, label: str, last_output: RequestOutput | None) -> None:
+        self.tenant_requests[label] += 1
+        if last_output is not None:
+            self.tenant_prompt_tokens[label] += last_output.prompt_tokens
+            self.tenant_cached_tokens[label] += last_output.cached_tokens
 
     def recent_percentiles(self) -> dict[str, dict[str, float] | None]:
         """p50/p90/p99 in seconds of the last RECENT_SAMPLES time-to-first-token and
@@ -176,6 +193,7 @@ class ServerMetrics:
         ):
             lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} counter"]
             lines.append(f"{p}{name} {value}")
+        lines += self._tenant_lines()
         lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time to first token.")
         lines += self.itl.render(f"{p}inter_token_latency_seconds", "Time between tokens.")
         lines += self.e2e.render(f"{p}e2e_request_latency_seconds", "Request latency.")
@@ -205,6 +223,26 @@ class ServerMetrics:
             (scheduler_info or {}).get("replicas"), (scheduler_info or {}).get("router")
         )
         return "\n".join(lines) + "\n"
+
+    def _tenant_lines(self) -> list[str]:
+        """The per-tenant counters, labelled by the tenant name's hash (none without tenants)."""
+        p, lines = PREFIX, []
+        if not self.tenant_requests:
+            return []
+        for name, counts, help_text in (
+            ("tenant_requests_total", self.tenant_requests, "Generation requests finished."),
+            ("tenant_prompt_tokens_total", self.tenant_prompt_tokens, "Prompt tokens."),
+            (
+                "tenant_cached_tokens_total",
+                self.tenant_cached_tokens,
+                "Prompt tokens served from the tenant's cache.",
+            ),
+        ):
+            lines.append(f"# HELP {p}{name} {help_text} By tenant.")
+            lines.append(f"# TYPE {p}{name} counter")
+            for label in sorted(self.tenant_requests):
+                lines.append(f'{p}{name}{{tenant="{label}"}} {counts[label]}')
+        return lines
 
 
 def _routed_lines(replicas: Any, router: Any) -> list[str]:

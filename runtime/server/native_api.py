@@ -31,7 +31,13 @@ from runtime.sampling_params import SamplingParamsInput
 from runtime.server.errors import ApiError
 from runtime.server.protocol import AbortReqInput, GenerateReqInput
 from runtime.server.request_body import parse_model
-from runtime.server.state import ServerState, caller_is_admin, get_state, open_streams
+from runtime.server.state import (
+    ServerState,
+    caller_is_admin,
+    get_state,
+    open_streams,
+    tenant_body,
+)
 from runtime.server.streams import (
     Events,
     collect_finals,
@@ -46,9 +52,10 @@ from runtime.tokenizer_manager import RequestOutput
 router = APIRouter()
 
 # /get_server_info entries only the admin sees (with --admin-api-key): where the processes run
-# and how to reach them, where the model and the disk tier lie on the host, where the server
-# listens and sends its traces, and a routed server's per-replica rows (pids, addresses, last
-# errors) and router state. The process facts (``ServerState.process_info``) are the admin's too.
+# and how to reach them, where the model, the disk tier and the keys file lie on the host, where
+# the server listens and sends its traces, and a routed server's per-replica rows (pids,
+# addresses, last errors) and router state. The process facts (``ServerState.process_info``)
+# are the admin's too.
 ADMIN_ONLY_INFO = frozenset(
     {
         "tp_worker_pids",
@@ -58,6 +65,7 @@ ADMIN_ONLY_INFO = frozenset(
         "tokenizer_path",
         "speculative_draft_model_path",
         "kv_disk_path",
+        "api_keys_file",
         "host",
         "otlp_traces_endpoint",
         "ray_address",
@@ -71,7 +79,7 @@ _TOP_LOGPROB_KEYS = ("input_top_logprobs", "output_top_logprobs")
 async def generate(request: Request) -> Response:
     state = get_state(request)
     state.require_ready()
-    body = parse_model(GenerateReqInput, await state.read_body(request))
+    body = tenant_body(request, parse_model(GenerateReqInput, await state.read_body(request)))
     generate_input = _generate_input(state, body)
     subs = await generate_input.sub_requests(state.tokenizer_manager.tokenize)
     _check_room(state, body, subs)
@@ -80,7 +88,7 @@ async def generate(request: Request) -> Response:
         splits = require_reasoning(state.args.reasoning_parser, state.tokenizer, subs)
     sampling = subs[0].sampling if subs else None
     trace_request(request, "text_completion", model=state.args.model_name, sampling=sampling)
-    streams = open_streams(state, subs)
+    streams = open_streams(state, subs, request)
     several = generate_input.is_batch or len(subs) > 1
     if body.stream:
         events = await primed(merge_streams(request, streams))
@@ -203,7 +211,7 @@ async def flush_cache(request: Request) -> Response:
 @router.post("/abort_request")
 async def abort_request(request: Request) -> Response:
     state = get_state(request)
-    body = parse_model(AbortReqInput, await state.read_body(request))
+    body = tenant_body(request, parse_model(AbortReqInput, await state.read_body(request)))
     if not await state.tokenizer_manager.abort(body.rid, body.cache_salt):
         # The same answer for a finished request, one never sent, and another salt's.
         raise ApiError(404, f"no request {body.rid!r} is running", param="rid")

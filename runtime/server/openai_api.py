@@ -48,7 +48,7 @@ from runtime.server.openai_protocol import (
 from runtime.server.openai_stream import chat_stream, completion_stream
 from runtime.server.request_body import parse_model
 from runtime.server.responses_protocol import ResponsesRequest
-from runtime.server.state import ServerState, get_state, open_streams
+from runtime.server.state import ServerState, get_state, open_streams, tenant_body
 from runtime.server.streams import Events, collect_finals, guarded_sse, merge_streams, primed
 from runtime.server.tracing import trace_request
 from runtime.tokenizer_manager import RequestOutput
@@ -327,7 +327,7 @@ async def _respond(
     stream_body: Callable[[ResponseContext, Events, int, bool], AsyncIterator[bytes]],
     full_body: Callable[[ResponseContext, list[RequestOutput], bool], dict[str, Any]],
 ) -> Response:
-    streams = open_streams(state, subs)
+    streams = open_streams(state, subs, request)
     if not stream:
         finals = await collect_finals(request, streams)
         return JSONResponse(full_body(ctx, finals, want_logprobs))
@@ -360,13 +360,14 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 async def read_request(request: Request, model: type[Body]) -> tuple[ServerState, Body]:
-    """The server state and the request's validated body: 503 before the server is ready,
-    400 for a bad body, 404 for a model this server does not serve."""
+    """The server state and the request's validated body (its ``cache_salt`` the caller's
+    tenant's, ``tenant_salt``): 503 before the server is ready, 400 for a bad body, 404 for a
+    model this server does not serve."""
     state = get_state(request)
     state.require_ready()
     body = parse_model(model, await state.read_body(request))
     check_model(state, body.model)
-    return state, body
+    return state, tenant_body(request, body)
 
 
 def check_model(state: ServerState, model: str) -> None:

@@ -13,6 +13,7 @@ else its id is unknown. An unknown ``program_id`` is a 404, one that ended recen
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -22,7 +23,7 @@ from runtime.program.events import ProgramEvent, ProgramStarted
 from runtime.program.executor import ProgramGone
 from runtime.program.spec import parse_program
 from runtime.server.errors import ApiError
-from runtime.server.state import caller_of, get_state, query_salt
+from runtime.server.state import caller_of, get_state, query_salt, tenant_salt
 from runtime.server.streams import guarded_sse, sse_event
 from runtime.server.tracing import trace_request
 
@@ -35,6 +36,7 @@ async def run_program(request: Request) -> Response:
     state.require_ready()
     body = await state.read_body(request)
     parsed = parse_program(body, state.tokenizer_manager.limits)
+    parsed = dataclasses.replace(parsed, cache_salt=tenant_salt(request, parsed.cache_salt))
     events = state.programs.run(parsed, caller_of(request))
     try:
         first = await events.__anext__()  # refusals (unknown branch, busy program) raise here

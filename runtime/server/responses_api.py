@@ -107,7 +107,7 @@ async def create_response(request: Request) -> Response:
         request, "chat", model=state.args.model_name, sampling=plan.sampling,
         response_id=run.response["id"],
     )  # fmt: skip
-    streams = open_streams(state, [sub])
+    streams = open_streams(state, [sub], request)
 
     def store(final: RequestOutput) -> None:
         if body.store:

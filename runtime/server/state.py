@@ -7,12 +7,14 @@ through the metrics.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from runtime.chat.generated_turns import GeneratedTurns
 from runtime.chat.generic_tools import template_renders_tools
@@ -32,6 +34,8 @@ from runtime.server.tracing import SpanSink, open_span_sink
 from runtime.server_args import ServerArgs
 from runtime.tokenizer_manager import RequestOutput, TokenizerManager
 from runtime.validate_retry import ValidatedGeneration
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 @dataclass
@@ -119,23 +123,62 @@ def caller_is_admin(request: Request) -> bool:
     return bool(request.scope.get(ADMIN_SCOPE_KEY, True))
 
 
+# Set in each HTTP scope by the API key middleware: the caller's tenant with --api-keys-file
+# (None for the admin key, and on a server without a keys file, where callers have no tenant).
+TENANT_SCOPE_KEY = "arbor.tenant"
+
+
+def tenant_of(request: Request) -> str | None:
+    """The caller's tenant (``ServerArgs.tenant_keys``); None where it has none."""
+    tenant = request.scope.get(TENANT_SCOPE_KEY)
+    return tenant if isinstance(tenant, str) else None
+
+
 def caller_of(request: Request) -> str:
     """Which key the caller holds, as far as what it owns goes: programs, request ids and stored
     responses belong to a caller and a cache salt, and no other caller or salt finds them.
-    With ``--admin-api-key`` the admin and everyone else are apart; otherwise every caller the
-    API key lets in is one."""
+    With ``--api-keys-file`` each tenant is a caller of its own. With ``--admin-api-key`` the
+    admin and everyone else are apart; otherwise every caller the API key lets in is one."""
+    tenant = tenant_of(request)
+    if tenant is not None:
+        return f"tenant:{tenant}"
     return "admin" if caller_is_admin(request) else "api-key"
 
 
+def tenant_salt(request: Request, salt: str | None) -> str | None:
+    """The cache salt the scheduler sees for the caller's ``salt`` (checked already): the salt
+    itself for a caller without a tenant; for a tenant's, a hash of the tenant and the salt
+    (no salt included), so that tenants never share cached KV or request ids, whatever salts
+    they send. The hash is a valid salt (printable ASCII)."""
+    tenant = tenant_of(request)
+    if tenant is None:
+        return salt
+    scoped = hashlib.sha256(f"{tenant}\x1f{salt or ''}".encode()).hexdigest()
+    return f"tenant-{scoped}"
+
+
+def tenant_body(request: Request, body: Body) -> Body:
+    """``body`` with its ``cache_salt`` field (if it has one) as ``tenant_salt`` gives it."""
+    if tenant_of(request) is None or "cache_salt" not in type(body).model_fields:
+        return body
+    salt = getattr(body, "cache_salt", None)  # a field of some bodies, not of every Body
+    return body.model_copy(update={"cache_salt": tenant_salt(request, salt)})
+
+
 def query_salt(request: Request) -> str | None:
-    """The ``cache_salt`` query parameter of a GET or DELETE (its body-less routes); checked
-    as the body field is (InvalidRequestValue, a 400 naming it)."""
+    """The caller's ``cache_salt`` query parameter of a GET or DELETE (its body-less routes),
+    checked as the body field is (InvalidRequestValue, a 400 naming it), as ``tenant_salt``
+    gives it to the scheduler."""
     salt = request.query_params.get("cache_salt")
     check_cache_salt(salt)
-    return salt
+    return tenant_salt(request, salt)
 
 
-def open_streams(state: ServerState, subs: list[SubRequest]) -> list[AsyncIterator[RequestOutput]]:
+def open_streams(
+    state: ServerState, subs: list[SubRequest], request: Request
+) -> list[AsyncIterator[RequestOutput]]:
     """One result stream per sub-request, each yielding a chunk per output step (so the metrics
-    see time to first token and inter-token latency even for non-streaming clients)."""
-    return [state.metrics.observe(sub.run(state.generation, stream=True)) for sub in subs]
+    see time to first token and inter-token latency even for non-streaming clients), counted
+    for the caller's tenant too."""
+    tenant = tenant_of(request)
+    return [state.metrics.observe(sub.run(state.generation, stream=True), tenant) for sub in subs]
