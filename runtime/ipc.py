@@ -44,13 +44,25 @@ class ProgramRelease:
     branches: list[str] | None = None
 
 
+@dataclass(frozen=True)
+class CachePin:
+    """Keep a request's KV cached after it finishes (``RadixCache.pin``): the first
+    ``prompt_tokens`` tokens of its prompt (None: its whole prompt and output) for ``ttl_s``
+    seconds, which the scheduler caps at ``--max-pin-seconds``. Pins give way to running
+    requests, so a pin saves recomputation but never refuses work."""
+
+    ttl_s: float
+    prompt_tokens: int | None = None
+
+
 @dataclass
 class GenerateRequest:
     """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs. ``cache_salt``:
     the request reuses cached KV only of requests with the same salt (None is a salt of its
     own); checked by the tokenizer manager (printable ASCII, at most 256 characters).
     ``routing_key``: the client's cache-affinity key (OpenAI's ``prompt_cache_key``); a routed
-    server (``--dp``) sends the requests of one key and salt to one replica."""
+    server (``--dp``) sends the requests of one key and salt to one replica. ``pin``: what
+    of its KV to keep cached after it finishes, and for how long (None: nothing, LRU only)."""
 
     rid: str
     input_ids: list[int]
@@ -62,6 +74,7 @@ class GenerateRequest:
     program: ProgramStep | None = None
     cache_salt: str | None = None
     routing_key: str | None = None
+    pin: CachePin | None = None
 
 
 @dataclass

@@ -142,9 +142,14 @@ class Scheduler:
             )
         self.context_len = self.runner.context_len
         allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
-        tree = (
-            None if args.disable_radix_cache else RadixCache(allocator, policy=args.eviction_policy)
-        )
+        tree = None
+        if not args.disable_radix_cache:
+            tree = RadixCache(
+                allocator,
+                policy=args.eviction_policy,
+                max_pinned_fraction=args.max_pinned_fraction,
+                max_pin_s=args.max_pin_seconds,
+            )
         self.kv = KVCacheManager(
             allocator, tree, self.runner.req_to_token_pool, args.program_pin_timeout_s
         )
