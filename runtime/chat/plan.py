@@ -42,6 +42,7 @@ from runtime.chat.turn_reader import TurnReader
 from runtime.chat.turn_spec import TurnSpec
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
+from runtime.ipc import CachePin
 from runtime.request_checks import InvalidRequestValue, check_output_room
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server_args import ServerArgs
@@ -114,9 +115,17 @@ class TurnPlan(Generic[P]):
             reasoning = make_reasoning_parser(self.reasoning_parser, self.prompt.text)
         return TurnReader(tools, reasoning, self.turns, self.reasoning_end_token_id, turn_id)
 
+    @property
+    def pin(self) -> CachePin | None:
+        """What of the turn's KV its cache hint keeps: the whole prompt (which holds every
+        part the client marked), for ``spec.pin_ttl_s``; None without a hint."""
+        if self.spec.pin_ttl_s is None:
+            return None
+        return CachePin(self.spec.pin_ttl_s, len(self.prompt.ids))
+
     def sub_requests(self, logprobs: LogprobOptions) -> list[SubRequest]:
-        """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt and
-        routing key."""
+        """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt,
+        routing key and pin."""
         spec = self.spec
         return expand(
             [self.prompt.ids],
@@ -124,6 +133,7 @@ class TurnPlan(Generic[P]):
             logprobs=logprobs,
             cache_salt=spec.cache_salt,
             routing_key=spec.routing_key,
+            pin=self.pin,
         )
 
 

@@ -629,6 +629,9 @@ class Scheduler:
             "kv_used_tokens": protected + private,
             "kv_cached_tokens": tree.total_size() if tree else 0,
             "kv_free_tokens": self.kv.allocator.available(),
+            # Cached tokens pinned by cache hints (docs/radix_cache.md, "Pins"), and the pins.
+            "kv_pinned_tokens": tree.pinned_size() if tree else 0,
+            "num_kv_pins": tree.stats().pins if tree else 0,
             "kv_usage": (protected + private) / self.kv.capacity,
             # What is not free: running requests and the radix cache's slots (evictable too).
             "kv_cache_utilization": 1.0 - self.kv.allocator.available() / self.kv.capacity,

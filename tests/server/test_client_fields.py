@@ -69,6 +69,33 @@ def test_responses_echo_the_callers_fields(client: openai.OpenAI, model: str) ->
     assert response.text is not None and response.text.verbosity == "high"
 
 
+def test_prompt_cache_retention_pins_the_prompt(
+    server: ServerProcess, client: openai.OpenAI, model: str
+) -> None:
+    """``prompt_cache_retention`` pins the prompt's KV in the radix cache after the turn,
+    in chat completions and Responses alike (issue 55); without it nothing is pinned."""
+    before = server.server_info()
+    client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1)
+    assert server.server_info()["num_kv_pins"] == before["num_kv_pins"]
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Keep this conversation."}],
+        max_tokens=1,
+        extra_body={"prompt_cache_retention": "24h"},
+    )
+    assert reply.usage is not None
+    chat = server.server_info()
+    assert chat["num_kv_pins"] == before["num_kv_pins"] + 1
+    assert chat["kv_pinned_tokens"] >= before["kv_pinned_tokens"] + reply.usage.prompt_tokens - 1
+    client.responses.create(
+        model=model,
+        input="Keep this response's prompt.",
+        max_output_tokens=16,
+        extra_body={"prompt_cache_retention": "in-memory"},
+    )
+    assert server.server_info()["num_kv_pins"] == chat["num_kv_pins"] + 1
+
+
 BAD_FIELDS = [
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata.k"),
@@ -81,6 +108,7 @@ BAD_FIELDS = [
     ({"service_tier": "gold"}, "service_tier"),
     ({"store": "yes"}, "store"),
     ({"verbosity": "loud"}, "verbosity"),
+    ({"prompt_cache_retention": "1w"}, "prompt_cache_retention"),
     ({"functions": [{"name": ""}]}, "functions.0.name"),
     ({"tools": [{"type": "function", "function": {"name": "f" * 65}}]}, "tools.0.function.name"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
@@ -113,6 +141,7 @@ def test_a_bad_field_is_a_400_naming_it(
         ({"text": {"verbosity": "loud"}}, "text.verbosity"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"prompt_cache_key": 42}, "prompt_cache_key"),
+        ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
     ],
 )
 def test_a_bad_responses_field_is_a_400_naming_it(
