@@ -48,11 +48,14 @@ class ProgramRelease:
 class CachePin:
     """Keep a request's KV cached after it finishes (``RadixCache.pin``): the first
     ``prompt_tokens`` tokens of its prompt (None: its whole prompt and output) for ``ttl_s``
-    seconds, which the scheduler caps at ``--max-pin-seconds``. Pins give way to running
-    requests, so a pin saves recomputation but never refuses work."""
+    seconds (0: not), and, if it stops of itself (``FinishReason`` "stop": a turn that may
+    end in tool calls, whose results come back in the next turn), its whole prompt and output
+    for ``tool_wait_s`` seconds (0: not). The scheduler caps both at ``--max-pin-seconds``.
+    Pins give way to running requests, so a pin saves recomputation but never refuses work."""
 
     ttl_s: float
     prompt_tokens: int | None = None
+    tool_wait_s: float = 0.0
 
 
 @dataclass

@@ -100,6 +100,7 @@ class TurnPlan(Generic[P]):
     reasoning_end_token_id: int | None
     turns: GeneratedTurns
     envelope: ReplyEnvelope | None = None
+    tool_wait_s: float = 0.0  # --tool-wait-ttl
 
     def reader(self, turn_id: Callable[[str], str] = str) -> TurnReader:
         """A fresh reader of one output (one per choice); ``turn_id``: the id a call's turn
@@ -117,11 +118,16 @@ class TurnPlan(Generic[P]):
 
     @property
     def pin(self) -> CachePin | None:
-        """What of the turn's KV its cache hint keeps: the whole prompt (which holds every
-        part the client marked), for ``spec.pin_ttl_s``; None without a hint."""
-        if self.spec.pin_ttl_s is None:
+        """What of the turn's KV stays pinned after it: for the cache hint's
+        ``spec.pin_ttl_s``, the whole prompt (which holds every part the client marked); and
+        when tools are on, the prompt and output for ``tool_wait_s`` if the turn stops of
+        itself, as one that ends in tool calls does, so the next turn (the same conversation
+        and the tools' results) finds it cached however long the tools run. None: neither."""
+        ttl_s = self.spec.pin_ttl_s or 0.0
+        tool_wait_s = self.tool_wait_s if self.spec.tools_on else 0.0
+        if not ttl_s and not tool_wait_s:
             return None
-        return CachePin(self.spec.pin_ttl_s, len(self.prompt.ids))
+        return CachePin(ttl_s, len(self.prompt.ids), tool_wait_s)
 
     def sub_requests(self, logprobs: LogprobOptions) -> list[SubRequest]:
         """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt,
@@ -164,7 +170,15 @@ async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPl
         sampling = after_reasoning(spec, reasoning, host.tokenizer, sampling)
         end_token = reasoning_token_ids(reasoning, host.tokenizer)[1]
     return TurnPlan(
-        spec, prompt, sampling, fmt, reasoning, end_token, host.generated_turns, envelope
+        spec,
+        prompt,
+        sampling,
+        fmt,
+        reasoning,
+        end_token,
+        host.generated_turns,
+        envelope,
+        host.args.tool_wait_ttl,
     )
 
 

@@ -195,9 +195,13 @@ class KVCacheManager(KVAccounting):
             aligned = key[: len(key) - len(key) % self.page_size]
             match = self.tree.match_from(kv.last_node, kv.cached_len, aligned, salt)
             self.pins.pin(step.program, branch, match.node, match.length)
-        if self.tree is not None and req.pin is not None and finished and keep_in_cache:
-            length = len(key) if req.pin.prompt_tokens is None else req.pin.prompt_tokens
-            self.tree.pin(key[: min(length, len(key))], req.pin.ttl_s, namespace=salt)
+        pin = req.pin
+        if self.tree is not None and pin is not None and finished and keep_in_cache:
+            length = len(key) if pin.prompt_tokens is None else min(pin.prompt_tokens, len(key))
+            self.tree.pin(key[:length], pin.ttl_s, namespace=salt)
+            reason = req.finished_reason
+            if pin.tool_wait_s > 0 and reason is not None and reason.type == "stop":
+                self.tree.pin(key, pin.tool_wait_s, namespace=salt)
         self._unplace(req)
 
     def retract(self, req: Req) -> None:
