@@ -271,14 +271,32 @@ class RadixCache:
         """
         if node.evicted:
             raise ValueError(f"cannot lock evicted {node!r}; call match_prefix again")
-        self._hold(node, pin=False)
+        if self._pins:  # a path may be pinned: the pin-aware walk
+            self._hold(node, pin=False)
+            return
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable -= node.key.size
+                self._protected += node.key.size
+            node.lock_ref += 1
+            node = node.parent
 
     def unlock(self, node: TreeNode) -> None:
         """Release one ``lock(node)``. Still balanced if ``node`` was split meanwhile: a split
         puts a new parent above ``node`` that inherits its lock count. O(depth)."""
         if node.evicted or (node.parent is not None and node.lock_ref <= node.pin_ref):
             raise ValueError(f"unlock of {node!r} without a matching lock")
-        self._release(node, pin=False)
+        if self._pins:
+            self._release(node, pin=False)
+            return
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protected -= node.key.size
+                self._evictable += node.key.size
+                if not node.children:
+                    self._enqueue(node)
+            node = node.parent
 
     def pin(
         self,
@@ -347,7 +365,9 @@ class RadixCache:
         return True
 
     def _hold(self, node: TreeNode, pin: bool) -> None:
-        """Take one lock (a pin when ``pin``) on ``node`` and its ancestors. O(depth)."""
+        """Take one lock (a pin when ``pin``) on ``node`` and its ancestors. O(depth). With no
+        pin in the tree every ``pin_ref`` is 0 and this is ``lock``'s plain walk, which
+        ``lock`` and ``unlock`` take then, so requests pay nothing for pins they do not use."""
         while node.parent is not None:
             size = node.key.size
             if node.lock_ref == 0:
