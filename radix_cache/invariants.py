@@ -33,7 +33,7 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
         )
     nodes = list(cache._iter_nodes())
     queued = {id(node) for node in cache._queue.live_nodes()}
-    evictable = protected = 0
+    evictable = protected = pinned_only = pinned = 0
     for node in nodes:
         size = node.key.size
         _require(
@@ -51,17 +51,28 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
             node.lock_ref >= child_locks,
             f"{node!r} has lock_ref {node.lock_ref} < {child_locks} held by its children",
         )
-        if node.lock_ref:
+        child_pins = sum(child.pin_ref for child in node.children.values())
+        _require(
+            child_pins <= node.pin_ref <= node.lock_ref,
+            f"{node!r} has pin_ref {node.pin_ref}, children's pins {child_pins}",
+        )
+        pinned += size if node.pin_ref else 0
+        if node.lock_ref and node.lock_ref == node.pin_ref:
+            pinned_only += size
+        elif node.lock_ref:
             protected += size
         else:
             evictable += size
             if not node.children:
                 _require(id(node) in queued, f"evictable leaf {node!r} is not queued: it leaks")
     _require(
-        (evictable, protected) == (cache.evictable_size(), cache.protected_size()),
-        f"tree holds evictable={evictable}, protected={protected} but the cache reports "
-        f"{cache.evictable_size()}, {cache.protected_size()}",
+        (evictable + pinned_only, protected, pinned)
+        == (cache.evictable_size(), cache.protected_size(), cache.pinned_size()),
+        f"tree holds evictable={evictable}, pinned only={pinned_only}, protected={protected}, "
+        f"pinned={pinned} but the cache reports evictable={cache.evictable_size()}, "
+        f"protected={cache.protected_size()}, pinned={cache.pinned_size()}",
     )
+    _check_pin_counts(cache)
     _require(len(nodes) == cache.stats().nodes, f"{len(nodes)} nodes but stats count differs")
     _check_subtree_sizes(cache, nodes)
 
@@ -85,10 +96,27 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
     private_count = _private_slot_count(cache, owned, private_slots)
     free = allocator.available()
     _require(
-        free + evictable + protected + private_count == allocator.capacity,
-        f"slot leak: free {free} + evictable {evictable} + protected {protected} + private "
-        f"{private_count} != capacity {allocator.capacity}",
+        free + evictable + pinned_only + protected + private_count == allocator.capacity,
+        f"slot leak: free {free} + evictable {evictable} + pinned only {pinned_only} + "
+        f"protected {protected} + private {private_count} != capacity {allocator.capacity}",
     )
+
+
+def _check_pin_counts(cache: RadixCache) -> None:
+    """Every node's ``pin_ref`` is the number of pins on it or below it, and every pin
+    names a node in the tree."""
+    expected: dict[int, int] = {}
+    for pinned in cache._pins.nodes():
+        _require(not pinned.evicted, f"pinned {pinned!r} was evicted")
+        cursor = pinned
+        while cursor.parent is not None:
+            expected[id(cursor)] = expected.get(id(cursor), 0) + 1
+            cursor = cursor.parent
+    for node in cache._iter_nodes():
+        _require(
+            node.pin_ref == expected.get(id(node), 0),
+            f"{node!r} has pin_ref {node.pin_ref} but {expected.get(id(node), 0)} pins on it",
+        )
 
 
 def _check_subtree_sizes(cache: RadixCache, nodes: list[TreeNode]) -> None:

@@ -75,7 +75,10 @@ class TreeNode:
     ``key`` holds the run's token ids and ``slots`` their KV slot indices (both int32, same
     length, a positive multiple of page_size; a root has an empty run). ``lock_ref`` counts the
     locks taken on this node or any descendant: a node with ``lock_ref > 0`` is protected, one
-    with ``lock_ref == 0`` is evictable (and so is its whole subtree). ``last_access``,
+    with ``lock_ref == 0`` is evictable (and so is its whole subtree). ``pin_ref`` counts the
+    pins (``RadixCache.pin``) on this node or a descendant; each pin is also one of the
+    ``lock_ref`` locks, so a node with ``lock_ref == pin_ref > 0`` is held by pins alone and
+    ``evict`` may unpin it when nothing else is left to free. ``last_access``,
     ``hit_count`` and ``created_at`` are logical-clock readings that eviction policies rank by.
     ``heap_stamp`` identifies the node's live entry in the eviction queue (0: none).
     ``subtree_tokens`` is the number of tokens in this node and all its descendants (the tree
@@ -88,6 +91,7 @@ class TreeNode:
     parent: TreeNode | None
     children: dict[bytes, TreeNode] = field(default_factory=dict)
     lock_ref: int = 0
+    pin_ref: int = 0
     last_access: int = 0
     hit_count: int = 0
     created_at: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from radix_cache.node import (
     child_key,
     matching_child,
 )
+from radix_cache.pins import PinTable
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class CacheStats:
     protected_tokens: int
     evicted_tokens: int
     nodes: int  # excluding roots
+    pinned_tokens: int  # on pinned paths (some may also be locked by requests)
+    pins: int
 
 
 class RadixCache:
@@ -66,6 +70,8 @@ class RadixCache:
 
     With ``page_size > 1`` everything in the tree is whole pages: matches are rounded down to
     page boundaries and a partial trailing page is never inserted.
+    ``pin`` keeps a cached prefix for a while; pins hold at most ``max_pinned_fraction`` of
+    the pool, for at most ``max_pin_s`` seconds each, and give way to requests (``evict``).
     Not thread-safe: one scheduler thread owns the cache.
     """
 
@@ -74,8 +80,12 @@ class RadixCache:
         allocator: KVSlotAllocator,
         page_size: int | None = None,
         policy: str | EvictionPolicy = "lru",
+        max_pinned_fraction: float = 0.5,
+        max_pin_s: float = 3600.0,
     ) -> None:
         """``page_size`` defaults to the allocator's and must equal it if given."""
+        if not 0.0 <= max_pinned_fraction <= 1.0:
+            raise ValueError(f"max_pinned_fraction {max_pinned_fraction} is not in [0, 1]")
         if page_size is not None and page_size != allocator.page_size:
             raise ValueError(
                 f"page_size {page_size} differs from the allocator's {allocator.page_size}"
@@ -83,6 +93,8 @@ class RadixCache:
         self.allocator = allocator
         self.page_size = allocator.page_size
         self.policy = make_eviction_policy(policy) if isinstance(policy, str) else policy
+        self.max_pinned_tokens = int(max_pinned_fraction * allocator.capacity)
+        self.max_pin_s = max_pin_s
         # Told of every node ``evict`` drops, before its slots are freed (a lower tier keeps
         # them); None: nobody is.
         self.evict_hook: EvictHook | None = None
@@ -93,7 +105,10 @@ class RadixCache:
         self._queue = EvictionQueue(self.policy)
         self._clock = 0
         self._evictable = 0
-        self._protected = 0
+        self._protected = 0  # locked tokens, pinned-only ones included
+        self._pins = PinTable()
+        self._pinned = 0  # tokens with pin_ref > 0
+        self._pinned_only = 0  # tokens with lock_ref == pin_ref > 0: no request holds them
         self._num_nodes = 0
         self._hit_tokens = 0
         self._queried_tokens = 0
@@ -256,6 +271,9 @@ class RadixCache:
         """
         if node.evicted:
             raise ValueError(f"cannot lock evicted {node!r}; call match_prefix again")
+        if self._pins:  # a path may be pinned: the pin-aware walk
+            self._hold(node, pin=False)
+            return
         while node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable -= node.key.size
@@ -266,8 +284,11 @@ class RadixCache:
     def unlock(self, node: TreeNode) -> None:
         """Release one ``lock(node)``. Still balanced if ``node`` was split meanwhile: a split
         puts a new parent above ``node`` that inherits its lock count. O(depth)."""
-        if node.evicted or (node.parent is not None and node.lock_ref == 0):
+        if node.evicted or (node.parent is not None and node.lock_ref <= node.pin_ref):
             raise ValueError(f"unlock of {node!r} without a matching lock")
+        if self._pins:
+            self._release(node, pin=False)
+            return
         while node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
@@ -277,10 +298,120 @@ class RadixCache:
                     self._enqueue(node)
             node = node.parent
 
-    def evict(self, num_tokens: int) -> int:
+    def pin(
+        self,
+        token_ids: TokensLike,
+        ttl_s: float,
+        now: float | None = None,
+        namespace: Hashable = None,
+    ) -> int:
+        """Keep the longest cached, page-aligned prefix of ``token_ids`` in ``namespace`` from
+        eviction until ``now + min(ttl_s, max_pin_s)`` (``now``: ``time.monotonic()`` if None,
+        the clock every call must share). Returns the pinned length (0: nothing cached or
+        ``ttl_s <= 0``, nothing pinned).
+
+        Pinning a prefix that ends at a pinned node extends that pin (never shortens it) and
+        makes it the newest. Expired pins are dropped here and in ``evict``. When pinned tokens
+        would exceed ``max_pinned_fraction`` of the pool, the oldest pins are dropped until
+        they do not (this one too, last, if it alone is over: then it returns 0). A pin is
+        not a request's lock: ``evict`` unpins, oldest first, when it finds nothing else to
+        free, so pins never keep a request from running. Splits the last node like
+        ``match_prefix`` and refreshes access times along the path. O(depth).
+        """
+        now = time.monotonic() if now is None else now
+        self._expire_pins(now)
+        ttl_s = min(ttl_s, self.max_pin_s)
+        root = self._roots.get(namespace)
+        if ttl_s <= 0 or root is None:
+            return 0
+        key = as_token_array(token_ids)
+        self._clock += 1
+        node, length = root, 0
+        while length + self.page_size <= key.size:
+            found = matching_child(node, key[length:], self.page_size)
+            if found is None:
+                break
+            child, k = found
+            if k < child.key.size:
+                child = self._split(child, k)
+            self._touch(child)
+            node, length = child, length + k
+        if length == 0:
+            return 0
+        if self._pins.add(node, now + ttl_s):
+            self._hold(node, pin=True)
+        while self._pinned > self.max_pinned_tokens:
+            oldest = self._pins.pop_oldest()
+            assert oldest is not None
+            self._release(oldest, pin=True)
+            if oldest is node:
+                return 0
+        return length
+
+    def pinned_size(self) -> int:
+        """Cached tokens on pinned paths (a token some request also locks counts too)."""
+        return self._pinned
+
+    def _expire_pins(self, now: float) -> None:
+        for node in self._pins.pop_expired(now):
+            self._release(node, pin=True)
+
+    def _unpin_oldest(self) -> bool:
+        """Drop the oldest pin; False when there is none."""
+        node = self._pins.pop_oldest()
+        if node is None:
+            return False
+        self._release(node, pin=True)
+        return True
+
+    def _hold(self, node: TreeNode, pin: bool) -> None:
+        """Take one lock (a pin when ``pin``) on ``node`` and its ancestors. O(depth). With no
+        pin in the tree every ``pin_ref`` is 0 and this is ``lock``'s plain walk, which
+        ``lock`` and ``unlock`` take then, so requests pay nothing for pins they do not use."""
+        while node.parent is not None:
+            size = node.key.size
+            if node.lock_ref == 0:
+                self._evictable -= size
+                self._protected += size
+                if pin:
+                    self._pinned_only += size
+            elif node.lock_ref == node.pin_ref and not pin:
+                self._pinned_only -= size  # a request now holds it too
+            if pin:
+                if node.pin_ref == 0:
+                    self._pinned += size
+                node.pin_ref += 1
+            node.lock_ref += 1
+            node = node.parent
+
+    def _release(self, node: TreeNode, pin: bool) -> None:
+        """Give back one ``_hold(node, pin)``. O(depth)."""
+        while node.parent is not None:
+            size = node.key.size
+            node.lock_ref -= 1
+            if pin:
+                node.pin_ref -= 1
+                if node.pin_ref == 0:
+                    self._pinned -= size
+            if node.lock_ref == 0:
+                self._protected -= size
+                self._evictable += size
+                if pin:
+                    self._pinned_only -= size
+                if not node.children:
+                    self._enqueue(node)
+            elif node.lock_ref == node.pin_ref and not pin:
+                self._pinned_only += size  # only pins hold it now
+            node = node.parent
+
+    def evict(self, num_tokens: int, now: float | None = None) -> int:
         """Free at least ``num_tokens`` tokens, or every evictable token if fewer exist, by
         evicting whole unlocked leaves in policy order (a parent that loses its last child
-        becomes a candidate in turn). Returns the number of tokens freed."""
+        becomes a candidate in turn). Pins expired at ``now`` (``time.monotonic()`` if None)
+        are dropped first; when no unpinned leaf is left, pins give way, oldest first.
+        Returns the number of tokens freed."""
+        if self._pins:
+            self._expire_pins(time.monotonic() if now is None else now)
         freed_slots: list[np.ndarray] = []
         freed = 0
         emptied_root = False
@@ -291,6 +422,8 @@ class RadixCache:
         while freed < num_tokens:
             leaf = self._queue.pop()
             if leaf is None:
+                if self._unpin_oldest():
+                    continue
                 break
             parent = leaf.parent
             assert parent is not None
@@ -345,12 +478,13 @@ class RadixCache:
         hook(namespaces.get(id(cursor)), tokens, slots, tokens.size - node.key.size)
 
     def evictable_size(self) -> int:
-        """Cached tokens in unlocked nodes (what ``evict`` can free)."""
-        return self._evictable
+        """Cached tokens no request locks (what ``evict`` can free; pinned ones included,
+        since pins give way)."""
+        return self._evictable + self._pinned_only
 
     def protected_size(self) -> int:
-        """Cached tokens on locked paths."""
-        return self._protected
+        """Cached tokens on paths locked by requests."""
+        return self._protected - self._pinned_only
 
     @property
     def clock(self) -> int:
@@ -364,8 +498,10 @@ class RadixCache:
 
     def reset(self) -> None:
         """Evict everything and zero the stats. Raises RuntimeError while any lock is held."""
-        if self._protected:
-            raise RuntimeError(f"reset() while {self._protected} tokens are locked by requests")
+        if self.protected_size():
+            raise RuntimeError(
+                f"reset() while {self.protected_size()} tokens are locked by requests"
+            )
         nodes = list(self._iter_nodes())
         if nodes:
             self.allocator.free(np.concatenate([node.slots for node in nodes]))
@@ -378,10 +514,12 @@ class RadixCache:
             hit_tokens=self._hit_tokens,
             queried_tokens=self._queried_tokens,
             cached_tokens=self.total_size(),
-            evictable_tokens=self._evictable,
-            protected_tokens=self._protected,
+            evictable_tokens=self.evictable_size(),
+            protected_tokens=self.protected_size(),
             evicted_tokens=self._evicted_tokens,
             nodes=self._num_nodes,
+            pinned_tokens=self._pinned,
+            pins=len(self._pins),
         )
 
     def check_invariants(self, private_slots: int | SlotsLike = 0) -> None:
@@ -451,7 +589,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None and 0 < k < node.key.size
         head = TreeNode(node.key[:k].copy(), node.slots[:k].copy(), parent)
-        head.lock_ref = node.lock_ref
+        head.lock_ref, head.pin_ref = node.lock_ref, node.pin_ref
         head.last_access, head.hit_count = node.last_access, node.hit_count
         head.created_at = node.created_at
         head.subtree_tokens, node.subtree_tokens = node.subtree_tokens, node.subtree_tokens - k

@@ -48,6 +48,7 @@ class GenerateOptions(TypedDict, total=False):
     stream: bool  # False
     rid: str | list[str] | None  # None: generated ids
     cache_salt: str | None  # None
+    pin_ttl_s: float | None  # None: keep no KV past LRU; seconds to pin prompt and output
     require_reasoning: bool  # False: constraints after the reasoning, split off (generate)
 
 
@@ -118,11 +119,14 @@ class Engine:
         ``rid``, ``{rid}-{j}`` for sample j, ``{rid}-{i}`` for prompt i of a batch,
         ``{rid}-{i}-{j}`` for both. ``cache_salt`` (1..256 printable ASCII characters): reuse
         cached KV only of requests with the same salt (docs/serving.md, "Multi-tenant
-        serving"). ``require_reasoning`` (with ``reasoning_parser`` set): a constraint starts
-        after the reasoning, and each result's ``text`` is the answer with the thinking in
-        ``reasoning_content`` (streamed: ``delta`` and ``reasoning_delta``), as the server's
-        ``/generate`` does. Bad arguments raise ValueError subclasses naming the field
-        (``InvalidRequestValue``, ``InvalidSamplingParams``), before anything is tokenized."""
+        serving"). ``pin_ttl_s``: keep each request's prompt and output cached that many
+        seconds after it finishes, whatever other traffic comes (capped by
+        ``max_pin_seconds``; docs/radix_cache.md, "Pins"). ``require_reasoning`` (with
+        ``reasoning_parser`` set): a constraint starts after the reasoning, and each result's
+        ``text`` is the answer with the thinking in ``reasoning_content`` (streamed: ``delta``
+        and ``reasoning_delta``), as the server's ``/generate`` does. Bad arguments raise
+        ValueError subclasses naming the field (``InvalidRequestValue``,
+        ``InvalidSamplingParams``), before anything is tokenized."""
         parse = self._parser(prompt, sampling_params, options)
         reasoning = bool(options.get("require_reasoning"))
         if options.get("stream"):
@@ -168,6 +172,7 @@ class Engine:
             self.tokenizer_manager.limits,
             "prompt",
             options.get("cache_salt"),
+            options.get("pin_ttl_s"),
         )
 
     async def _collect(self, parse: Callable[[], GenerateInput], reasoning: bool) -> Any:

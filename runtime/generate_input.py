@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runtime.ipc import CachePin
 from runtime.request_checks import (
     InvalidRequestValue,
     check_cache_salt,
@@ -84,6 +85,7 @@ class SubRequest:
     sample_index: int = 0
     cache_salt: str | None = None
     routing_key: str | None = None  # the client's cache-affinity key (GenerateRequest's)
+    pin: CachePin | None = None  # what of its KV stays cached after it (GenerateRequest's)
 
     def run(
         self, generation: ValidatedGeneration, stream: bool = False
@@ -100,6 +102,7 @@ class SubRequest:
             stream=stream,
             cache_salt=self.cache_salt,
             routing_key=self.routing_key,
+            pin=self.pin,
         )
 
 
@@ -110,12 +113,13 @@ def expand(
     logprobs: LogprobOptions | None = None,
     cache_salt: str | None = None,
     routing_key: str | None = None,
+    pin: CachePin | None = None,
 ) -> list[SubRequest]:
     """Prompt i's ``sampling[i].n`` samples as sub-requests, prompt-major (sub-request
     ``i * n + j`` when every prompt has the same n). ``rids[i]`` is prompt i's id (None: no
     ids); with n > 1 its samples are ``{rids[i]}-{j}``. The samples share the prompt's KV
     through the radix cache, all under ``cache_salt`` (checked by the caller), and carry
-    ``routing_key`` (the client's cache-affinity key)."""
+    ``routing_key`` (the client's cache-affinity key) and ``pin``."""
     rids = rids if rids is not None else [None] * len(prompts)
     logprobs = logprobs or LogprobOptions()
     subs = []
@@ -125,7 +129,7 @@ def expand(
             subs.append(
                 SubRequest(
                     list(ids), params.for_sample(j), sub_rid, logprobs, i, j, cache_salt,
-                    routing_key,
+                    routing_key, pin,
                 )
             )
     return subs
@@ -144,6 +148,7 @@ class GenerateInput:
     logprobs: LogprobOptions = field(default_factory=LogprobOptions)
     text_field: str = "text"
     cache_salt: str | None = None
+    pin: CachePin | None = None
 
     @classmethod
     def parse(
@@ -156,9 +161,11 @@ class GenerateInput:
         limits: RequestLimits,
         text_field: str = "text",
         cache_salt: str | None = None,
+        pin_ttl_s: float | None = None,
     ) -> GenerateInput:
         """Validate a call's fields. Raise InvalidRequestValue naming the field (the text as
-        ``text_field``) or InvalidSamplingParams naming the parameter."""
+        ``text_field``) or InvalidSamplingParams naming the parameter. ``pin_ttl_s``: keep
+        each prompt's and output's KV cached that many seconds after it finishes."""
         if text is None and input_ids is None:
             raise InvalidRequestValue(text_field, f"missing: give {text_field} or input_ids")
         if text is not None and input_ids is not None:
@@ -177,6 +184,11 @@ class GenerateInput:
             raise InvalidRequestValue(given, "the batch is empty")
         logprobs.check()
         check_cache_salt(cache_salt)
+        pin = None
+        if pin_ttl_s is not None:
+            if not isinstance(pin_ttl_s, int | float) or not 0 < pin_ttl_s < float("inf"):
+                raise InvalidRequestValue("pin_ttl_s", "must be a positive number of seconds")
+            pin = CachePin(float(pin_ttl_s))
         sampling = _parse_sampling(sampling_params, len(prompts), limits)
         rids = _prompt_rids(rid, len(prompts), is_batch)
         for i, prompt in enumerate(prompts):
@@ -190,7 +202,7 @@ class GenerateInput:
                 raise InvalidRequestValue(name, "expected a list of token ids")
             check_token_ids(prompt, limits.vocab_size, name)
             prompts[i] = list(prompt)
-        return cls(prompts, sampling, rids, is_batch, logprobs, text_field, cache_salt)
+        return cls(prompts, sampling, rids, is_batch, logprobs, text_field, cache_salt, pin)
 
     async def sub_requests(self, tokenize: Tokenize) -> list[SubRequest]:
         """Tokenize the texts (``tokenize`` names the field if it refuses one) and expand."""
@@ -201,7 +213,9 @@ class GenerateInput:
                 ids.append(await tokenize(prompt, name))
             else:
                 ids.append(prompt)
-        return expand(ids, self.sampling, self.rids, self.logprobs, self.cache_salt)
+        return expand(
+            ids, self.sampling, self.rids, self.logprobs, self.cache_salt, pin=self.pin
+        )
 
 
 def _parse_sampling(

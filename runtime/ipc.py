@@ -44,13 +44,28 @@ class ProgramRelease:
     branches: list[str] | None = None
 
 
+@dataclass(frozen=True)
+class CachePin:
+    """Keep a request's KV cached after it finishes (``RadixCache.pin``): the first
+    ``prompt_tokens`` tokens of its prompt (None: its whole prompt and output) for ``ttl_s``
+    seconds (0: not), and, if it stops of itself (``FinishReason`` "stop": a turn that may
+    end in tool calls, whose results come back in the next turn), its whole prompt and output
+    for ``tool_wait_s`` seconds (0: not). The scheduler caps both at ``--max-pin-seconds``.
+    Pins give way to running requests, so a pin saves recomputation but never refuses work."""
+
+    ttl_s: float
+    prompt_tokens: int | None = None
+    tool_wait_s: float = 0.0
+
+
 @dataclass
 class GenerateRequest:
     """One tokenized request. ``logprob_start_len`` -1: no prompt logprobs. ``cache_salt``:
     the request reuses cached KV only of requests with the same salt (None is a salt of its
     own); checked by the tokenizer manager (printable ASCII, at most 256 characters).
     ``routing_key``: the client's cache-affinity key (OpenAI's ``prompt_cache_key``); a routed
-    server (``--dp``) sends the requests of one key and salt to one replica."""
+    server (``--dp``) sends the requests of one key and salt to one replica. ``pin``: what
+    of its KV to keep cached after it finishes, and for how long (None: nothing, LRU only)."""
 
     rid: str
     input_ids: list[int]
@@ -62,6 +77,7 @@ class GenerateRequest:
     program: ProgramStep | None = None
     cache_salt: str | None = None
     routing_key: str | None = None
+    pin: CachePin | None = None
 
 
 @dataclass

@@ -195,6 +195,24 @@ class ServerArgs:
     eviction_policy: str = _flag(
         "lru", "which cached prefixes are evicted first when KV runs out", EVICTION_POLICIES
     )
+    max_pinned_fraction: float = _flag(
+        0.5,
+        "the most of the KV pool that pinned prefixes (cache hints, tool waits) may hold; a "
+        "new pin over it drops the oldest pins first, and pins always give way to running "
+        "requests (docs/radix_cache.md, \"Pins\")",
+        low=0.0,
+        high=1.0,
+    )
+    max_pin_seconds: float = _flag(
+        3600.0, "the longest a prefix stays pinned, whatever TTL a request asks for", low=0.0
+    )
+    tool_wait_ttl: float = _flag(
+        30.0,
+        "seconds a chat turn that may call tools keeps its prompt and output pinned in the "
+        "radix cache when it stops (as one ending in tool calls does), so the next turn, "
+        "sent with the tools' results, reuses it; 0: no such pin",
+        low=0.0,
+    )
     kv_disk_path: str | None = _flag(
         None,
         "a folder for a disk tier under the radix cache: evicted prefixes are kept there and "

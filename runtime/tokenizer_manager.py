@@ -30,6 +30,7 @@ from runtime.errors import RequestError, SchedulerDied
 from runtime.generation_log import current_generation_log
 from runtime.ipc import (
     AbortRequest,
+    CachePin,
     ControlCommand,
     ControlReply,
     ControlRequest,
@@ -300,12 +301,14 @@ class TokenizerManager:
         program: ProgramStep | None = None,
         cache_salt: str | None = None,
         routing_key: str | None = None,
+        pin: CachePin | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield RequestOutputs: with ``stream`` one per output chunk, else one at the end.
         ``program``: the request is a step of a compiled program (``runtime.program``).
         ``cache_salt``: the request reuses cached KV only of requests with the same salt
         (InvalidRequestValue unless None or 1..256 printable ASCII characters).
         ``routing_key``: the client's cache-affinity key (``GenerateRequest.routing_key``).
+        ``pin``: keep its KV cached for a while after it finishes (``GenerateRequest.pin``).
 
         A request refused or failed by the runtime raises RequestError (status_code 4xx/5xx).
         If the consumer stops early (client disconnect), the request is aborted.
@@ -348,6 +351,7 @@ class TokenizerManager:
                 program,
                 cache_salt,
                 routing_key,
+                pin,
             )
         )
         finished = False

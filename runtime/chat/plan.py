@@ -42,6 +42,7 @@ from runtime.chat.turn_reader import TurnReader
 from runtime.chat.turn_spec import TurnSpec
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
+from runtime.ipc import CachePin
 from runtime.request_checks import InvalidRequestValue, check_output_room
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server_args import ServerArgs
@@ -99,6 +100,7 @@ class TurnPlan(Generic[P]):
     reasoning_end_token_id: int | None
     turns: GeneratedTurns
     envelope: ReplyEnvelope | None = None
+    tool_wait_s: float = 0.0  # --tool-wait-ttl
 
     def reader(self, turn_id: Callable[[str], str] = str) -> TurnReader:
         """A fresh reader of one output (one per choice); ``turn_id``: the id a call's turn
@@ -114,9 +116,22 @@ class TurnPlan(Generic[P]):
             reasoning = make_reasoning_parser(self.reasoning_parser, self.prompt.text)
         return TurnReader(tools, reasoning, self.turns, self.reasoning_end_token_id, turn_id)
 
+    @property
+    def pin(self) -> CachePin | None:
+        """What of the turn's KV stays pinned after it: for the cache hint's
+        ``spec.pin_ttl_s``, the whole prompt (which holds every part the client marked); and
+        when tools are on, the prompt and output for ``tool_wait_s`` if the turn stops of
+        itself, as one that ends in tool calls does, so the next turn (the same conversation
+        and the tools' results) finds it cached however long the tools run. None: neither."""
+        ttl_s = self.spec.pin_ttl_s or 0.0
+        tool_wait_s = self.tool_wait_s if self.spec.tools_on else 0.0
+        if not ttl_s and not tool_wait_s:
+            return None
+        return CachePin(ttl_s, len(self.prompt.ids), tool_wait_s)
+
     def sub_requests(self, logprobs: LogprobOptions) -> list[SubRequest]:
-        """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt and
-        routing key."""
+        """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt,
+        routing key and pin."""
         spec = self.spec
         return expand(
             [self.prompt.ids],
@@ -124,6 +139,7 @@ class TurnPlan(Generic[P]):
             logprobs=logprobs,
             cache_salt=spec.cache_salt,
             routing_key=spec.routing_key,
+            pin=self.pin,
         )
 
 
@@ -154,7 +170,15 @@ async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPl
         sampling = after_reasoning(spec, reasoning, host.tokenizer, sampling)
         end_token = reasoning_token_ids(reasoning, host.tokenizer)[1]
     return TurnPlan(
-        spec, prompt, sampling, fmt, reasoning, end_token, host.generated_turns, envelope
+        spec,
+        prompt,
+        sampling,
+        fmt,
+        reasoning,
+        end_token,
+        host.generated_turns,
+        envelope,
+        host.args.tool_wait_ttl,
     )
 
 

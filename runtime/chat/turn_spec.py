@@ -39,7 +39,10 @@ class TurnSpec:
     template variables; ``param_names``: sampling param (and ``answer``) -> the API's name for
     the field, for errors; ``continue_final``: the reply continues the final message, an
     assistant turn (``runtime.chat.continuation``); ``generation_prompt``: the prompt ends with
-    the template's generation prompt (False: vLLM's ``add_generation_prompt: false``).
+    the template's generation prompt (False: vLLM's ``add_generation_prompt: false``);
+    ``pin_ttl_s``: the client's prompt-caching hint (Anthropic's ``cache_control``, OpenAI's
+    ``prompt_cache_retention``) as seconds to keep the prompt's KV cached after the turn (None:
+    no hint, plain LRU).
     """
 
     messages: list[dict[str, Any]]
@@ -56,6 +59,7 @@ class TurnSpec:
     param_names: Mapping[str, str] = field(default_factory=dict)
     continue_final: bool = False
     generation_prompt: bool = True
+    pin_ttl_s: float | None = None
 
     @property
     def tools_on(self) -> bool:

@@ -178,7 +178,8 @@ class KVCacheManager(KVAccounting):
         keep_in_cache: insert the computed positions into the tree first (finished and
         retracted requests), so later requests reuse them; aborted requests just free.
         finished: the request is done (not retracted); a compiled program's step then pins
-        what it computed under its branch (``ProgramStep.keep_as``).
+        what it computed under its branch (``ProgramStep.keep_as``), and a request with a
+        ``pin`` pins what it asks for (``RadixCache.pin``).
         """
         kv = req.kv
         if kv.row is None:
@@ -194,6 +195,13 @@ class KVCacheManager(KVAccounting):
             aligned = key[: len(key) - len(key) % self.page_size]
             match = self.tree.match_from(kv.last_node, kv.cached_len, aligned, salt)
             self.pins.pin(step.program, branch, match.node, match.length)
+        pin = req.pin
+        if self.tree is not None and pin is not None and finished and keep_in_cache:
+            length = len(key) if pin.prompt_tokens is None else min(pin.prompt_tokens, len(key))
+            self.tree.pin(key[:length], pin.ttl_s, namespace=salt)
+            reason = req.finished_reason
+            if pin.tool_wait_s > 0 and reason is not None and reason.type == "stop":
+                self.tree.pin(key, pin.tool_wait_s, namespace=salt)
         self._unplace(req)
 
     def retract(self, req: Req) -> None:

@@ -60,6 +60,8 @@ class Req:
         self.program: ProgramStep | None = msg.program
         # Its radix-tree namespace: KV is shared only between requests of the same salt.
         self.cache_salt = msg.cache_salt
+        # What of its KV stays cached (pinned) after it finishes, and for how long.
+        self.pin = msg.pin
         self.seed = seed
         self.speculates = speculates  # speculative decoding is on for it
         self.arrival = time.monotonic()

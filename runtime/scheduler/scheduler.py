@@ -142,9 +142,14 @@ class Scheduler:
             )
         self.context_len = self.runner.context_len
         allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
-        tree = (
-            None if args.disable_radix_cache else RadixCache(allocator, policy=args.eviction_policy)
-        )
+        tree = None
+        if not args.disable_radix_cache:
+            tree = RadixCache(
+                allocator,
+                policy=args.eviction_policy,
+                max_pinned_fraction=args.max_pinned_fraction,
+                max_pin_s=args.max_pin_seconds,
+            )
         self.kv = KVCacheManager(
             allocator, tree, self.runner.req_to_token_pool, args.program_pin_timeout_s
         )
@@ -624,6 +629,9 @@ class Scheduler:
             "kv_used_tokens": protected + private,
             "kv_cached_tokens": tree.total_size() if tree else 0,
             "kv_free_tokens": self.kv.allocator.available(),
+            # Cached tokens pinned by cache hints (docs/radix_cache.md, "Pins"), and the pins.
+            "kv_pinned_tokens": tree.pinned_size() if tree else 0,
+            "num_kv_pins": tree.stats().pins if tree else 0,
             "kv_usage": (protected + private) / self.kv.capacity,
             # What is not free: running requests and the radix cache's slots (evictable too).
             "kv_cache_utilization": 1.0 - self.kv.allocator.available() / self.kv.capacity,

@@ -36,6 +36,7 @@ from runtime.server.messages_protocol import (
     ToolChoiceAny,
     ToolChoiceNone,
     ToolChoiceTool,
+    cache_pin_seconds,
 )
 from runtime.server.messages_run import MessageRun, new_message, stream_message
 from runtime.server.openai_api import (
@@ -74,7 +75,7 @@ async def create_message(request: Request) -> Response:
     run = MessageRun(new_message(state.args.model_name), plan.reader(tool_use_id))
     msg_id, model = run.message["id"], run.message["model"]
     trace_request(request, "chat", model=model, sampling=plan.sampling, response_id=msg_id)
-    sub = SubRequest(plan.prompt.ids, plan.sampling, cache_salt=spec.cache_salt)
+    sub = SubRequest(plan.prompt.ids, plan.sampling, cache_salt=spec.cache_salt, pin=plan.pin)
     streams = open_streams(state, [sub], request)
     if not body.stream:
         await run_whole(run, merge_streams(request, streams))
@@ -127,6 +128,7 @@ def _turn(state: ServerState, body: PromptRequest) -> TurnSpec:
         template_variables=variables,
         param_names=PARAM_NAMES | {"answer": "output_config.format"},
         continue_final=body.messages[-1].role == "assistant",
+        pin_ttl_s=cache_pin_seconds(body),
     )
 
 

@@ -8,9 +8,11 @@ error can name them) and are refused with a 400 when the messages are turned int
 params of the ``anthropic`` SDK 2.17 (2026-12), so a client's own dump of a response block
 (``block.model_dump()``: ``caller`` and ``toolset_name`` on tool_use, ``citations`` on text, as
 null or set) comes back as input. Unknown fields are refused by name ("Extra inputs"); fields
-that do not change the output (``metadata``, ``service_tier``, ``cache_control`` on blocks,
-``citations``, a tool_use's ``caller``, a tool's ``strict`` and loading hints) are accepted and
-ignored. Extensions, as in the OpenAI API and sent
+that do not change the output (``metadata``, ``service_tier``, ``citations``, a tool_use's
+``caller``, a tool's ``strict`` and loading hints) are accepted and ignored. ``cache_control``
+(on the system's, messages' and tool results' text blocks, tool_use and tool_result blocks and
+tools; a ``ttl`` of ``5m``, the default, or ``1h``) pins the prompt's KV in the radix cache for
+the longest ``ttl`` given (``cache_pin_seconds``). Extensions, as in the OpenAI API and sent
 by the ``anthropic`` client through ``extra_body``: ``seed``, ``min_p``, penalties,
 ``json_format``, ``chat_template_kwargs``, ``cache_salt``, ...
 """
@@ -42,9 +44,12 @@ class AnthropicModel(BaseModel):
     )
 
 
+CACHE_TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+
+
 class CacheControl(AnthropicModel):
     type: Literal["ephemeral"]
-    ttl: str | None = None  # prompt caching is the radix cache's: accepted and ignored
+    ttl: Literal["5m", "1h"] = "5m"
 
 
 class TextBlock(AnthropicModel):
@@ -209,6 +214,21 @@ class PromptRequest(AnthropicModel):
     thinking: ThinkingConfig | None = None
     # Extension: extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: TemplateKwargs | None = None
+
+
+def cache_pin_seconds(body: PromptRequest) -> float | None:
+    """The longest ``cache_control`` TTL anywhere in the request, in seconds (None: no
+    ``cache_control``): how long its prompt's KV stays pinned."""
+    marks: list[CacheControl | None] = [tool.cache_control for tool in body.tools or []]
+    if isinstance(body.system, list):
+        marks += [block.cache_control for block in body.system]
+    for message in body.messages:
+        for block in message.content if isinstance(message.content, list) else []:
+            marks.append(getattr(block, "cache_control", None))
+            if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+                marks += [getattr(part, "cache_control", None) for part in block.content]
+    ttls = [CACHE_TTL_SECONDS[mark.ttl] for mark in marks if mark is not None]
+    return max(ttls) if ttls else None
 
 
 class CountTokensRequest(PromptRequest):

@@ -43,6 +43,7 @@ from runtime.server.openai_protocol import (
     FunctionName,
     NamedToolChoice,
     SamplingRequest,
+    retention_seconds,
     served_tier,
 )
 from runtime.server.openai_stream import chat_stream, completion_stream
@@ -210,6 +211,7 @@ def _chat_turn(state: ServerState, body: ChatCompletionRequest) -> TurnSpec:
         routing_key=body.prompt_cache_key,
         reply_envelope=body.reply_envelope,
         template_variables=variables,
+        pin_ttl_s=retention_seconds(body.prompt_cache_retention),
         param_names=PARAM_NAMES
         | {"max_new_tokens": field, "answer": "response_format"}
         | ({"structural_tag": "functions"} if legacy else {}),

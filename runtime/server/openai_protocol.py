@@ -5,7 +5,9 @@ silently ignoring one could change what the client gets (a constraint or a penal
 believes is applied). The fields OpenAI's clients send about the caller rather than the
 output (``ClientFields``: ``user``, ``safety_identifier``, ``metadata``, ``service_tier``,
 ``prompt_cache_key``) are checked as OpenAI checks them and accepted; ``prompt_cache_key`` is
-the ``--dp`` router's cache-affinity key. Extensions beyond OpenAI's fields use
+the ``--dp`` router's cache-affinity key. ``prompt_cache_retention`` (chat completions and
+Responses: ``in-memory``, 5 minutes, or ``24h``) pins the prompt's KV in the radix cache that
+long, capped by ``--max-pin-seconds``. Extensions beyond OpenAI's fields use
 SGLang/vLLM names (``top_k``, ``min_p``, ``regex``, ``ebnf``, ``json_schema``, ...); the
 ``openai`` client sends them through ``extra_body``.
 """
@@ -141,6 +143,16 @@ CallerLabel = Annotated[str, StringConstraints(max_length=512)]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 Verbosity = Literal["low", "medium", "high"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+# OpenAI's prompt_cache_retention, as seconds the prompt's KV stays pinned (the server caps it
+# at --max-pin-seconds).
+PromptCacheRetention = Literal["in-memory", "24h"]
+RETENTION_SECONDS = {"in-memory": 300.0, "24h": 86400.0}
+
+
+def retention_seconds(retention: PromptCacheRetention | None) -> float | None:
+    return None if retention is None else RETENTION_SECONDS[retention]
 
 
 class ClientFields(BaseModel):
@@ -299,3 +311,5 @@ class ChatCompletionRequest(SamplingRequest):
     # the prompt without the template's generation prompt (runtime.chat.continuation).
     continue_final_message: bool = False
     add_generation_prompt: bool = True
+    # Pins the prompt's KV in the radix cache: in-memory for 5 minutes, 24h for a day.
+    prompt_cache_retention: PromptCacheRetention | None = None

@@ -36,7 +36,7 @@ from runtime.server.openai_api import (
     reasoning_variables,
     template_variables,
 )
-from runtime.server.openai_protocol import FunctionDefinition
+from runtime.server.openai_protocol import FunctionDefinition, retention_seconds
 from runtime.server.request_body import parse_model
 from runtime.server.responses_input import input_items, items_to_messages, output_to_items
 from runtime.server.responses_output import new_id
@@ -145,6 +145,7 @@ def _turn(state: ServerState, body: ResponsesRequest, history: list[dict[str, An
         routing_key=body.prompt_cache_key,
         reply_envelope=body.reply_envelope,
         template_variables=variables,
+        pin_ttl_s=retention_seconds(body.prompt_cache_retention),
         param_names=PARAM_NAMES | {"answer": "text.format"},
     )
 

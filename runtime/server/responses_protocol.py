@@ -9,7 +9,8 @@ Fields the runtime cannot honour (``background``, ``conversation``, ``prompt``,
 ``context_management``) are refused by name; the caller's fields (``ClientFields``:
 ``metadata``, ``prompt_cache_key``, ``safety_identifier``, ...) are checked as chat checks them,
 accepted and echoed, as are ``include`` values other than logprobs; an ``include`` value
-OpenAI does not define is refused.
+OpenAI does not define is refused. ``prompt_cache_retention`` pins the prompt's KV as in chat
+completions (``openai_protocol``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from runtime.request_checks import INT64_MAX, CacheSalt
 from runtime.server.openai_protocol import (
     ClientFields,
     OpenAIModel,
+    PromptCacheRetention,
     ReasoningEffort,
     ReplyEnvelopeMode,
     SamplingExtensions,
@@ -119,8 +121,9 @@ class ResponsesRequest(OpenAIModel, ClientFields, SamplingExtensions):
     conversation: Any = None
     prompt: Any = None
     context_management: Any = None
-    # Accepted and ignored: the radix cache keeps what the pool holds.
-    prompt_cache_retention: str | None = None
+    # Pins the prompt's KV in the radix cache: in-memory for 5 minutes, 24h for a day.
+    prompt_cache_retention: PromptCacheRetention | None = None
+    # Accepted and ignored.
     prompt_cache_options: dict[str, Any] | None = None
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
     stop: str | list[str] | None = None

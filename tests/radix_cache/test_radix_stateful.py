@@ -2,9 +2,11 @@
 
 The model maps every cached page-aligned prefix (per namespace) to the slots of its last page.
 Hypothesis drives requests the way the scheduler will (match, lock, allocate, insert chunks,
-re-match, swap locks, finish) plus bare inserts, matches and evictions under memory pressure.
-After every step the tree must hold exactly the model's prefixes with exactly their slots,
-every locked prefix must still be cached, and ``check_invariants`` must pass.
+re-match, swap locks, finish) plus bare inserts, matches, pins (with a clock that moves) and
+evictions under memory pressure. After every step the tree must hold exactly the model's
+prefixes with exactly their slots, every locked prefix must still be cached, every live pin
+must survive an eviction that unpinned KV could satisfy, pins must stay under their cap, and
+``check_invariants`` must pass.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def setup(self, page_size: int, policy: str, pool_pages: int) -> None:
         self.page_size = page_size
         self.allocator = KVSlotAllocator((pool_pages + 1) * page_size, page_size)
-        self.cache = RadixCache(self.allocator, policy=policy)
+        self.cache = RadixCache(self.allocator, policy=policy, max_pinned_fraction=0.5)
+        self.now = 0.0
         self.model = ReferenceCache(page_size)
         self.requests: list[Request] = []
         self.history: list[tuple[Hashable, list[int]]] = []
@@ -135,9 +138,29 @@ class RadixCacheMachine(RuleBasedStateMachine):
             slots = self.allocator.alloc(n)
         return slots
 
+    def live_pins(self) -> list[tuple[Hashable, list[int]]]:
+        """The (namespace, prefix) of each pin not expired at ``now``."""
+        roots = {id(root): ns for ns, root in self.cache._roots.items()}
+        out = []
+        for node in self.cache._pins.nodes():
+            if self.cache._pins.expires_at(node) <= self.now:
+                continue
+            path: list[int] = []
+            cursor = node
+            while cursor.parent is not None:
+                path[:0] = cursor.key.tolist()
+                cursor = cursor.parent
+            out.append((roots[id(cursor)], path))
+        return out
+
     def evict(self, num_tokens: int) -> None:
         evictable = self.cache.evictable_size()
-        freed = self.cache.evict(num_tokens)
+        unpinned = self.cache._evictable  # what evict frees before any pin gives way
+        pins = self.live_pins()
+        freed = self.cache.evict(num_tokens, now=self.now)
+        if num_tokens <= unpinned:
+            for namespace, prefix in pins:
+                assert len(self.model.match(namespace, prefix)) == len(prefix)
         assert freed >= min(num_tokens, evictable)
         assert self.cache.evictable_size() == evictable - freed
         assert self.model.drop_freed(self.allocator) == freed
@@ -213,6 +236,24 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def evict_tokens(self, num_tokens: int) -> None:
         self.evict(num_tokens)
 
+    @rule(data=st.data(), ttl_s=st.sampled_from([0.0, 1.0, 5.0, 30.0]))
+    def pin(self, data: st.DataObject, ttl_s: float) -> None:
+        namespace, ids = self.draw_ids(data)
+        cached = len(self.model.match(namespace, ids))
+        pinned = self.cache.pin(ids, ttl_s, now=self.now, namespace=namespace)
+        assert pinned in (0, cached)
+        assert pinned == 0 or ttl_s > 0
+        if pinned:
+            assert (namespace, ids[:pinned]) in self.live_pins()
+
+    @rule(seconds=st.sampled_from([0.5, 2.0, 10.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.now += seconds
+
+    @invariant()
+    def pins_under_cap(self) -> None:
+        assert self.cache.pinned_size() <= self.cache.max_pinned_tokens
+
     @invariant()
     def tree_equals_model(self) -> None:
         assert tree_pages(self.cache) == self.model.pages
@@ -231,8 +272,9 @@ class RadixCacheMachine(RuleBasedStateMachine):
             self.allocator.free(request.slots[request.locked_len :])
             self.cache.unlock(request.node)
         self.requests = []
-        self.cache.evict(self.allocator.capacity)
+        self.cache.evict(self.allocator.capacity, now=self.now)
         assert self.cache.total_size() == 0
+        assert self.cache.stats().pins == 0
         assert self.allocator.available() == self.allocator.capacity
 
 

@@ -69,6 +69,57 @@ def test_responses_echo_the_callers_fields(client: openai.OpenAI, model: str) ->
     assert response.text is not None and response.text.verbosity == "high"
 
 
+def test_prompt_cache_retention_pins_the_prompt(
+    server: ServerProcess, client: openai.OpenAI, model: str
+) -> None:
+    """``prompt_cache_retention`` pins the prompt's KV in the radix cache after the turn,
+    in chat completions and Responses alike (issue 55); without it nothing is pinned. (Other
+    tests' pins may expire meanwhile, so the counts are bounds.)"""
+    before = server.server_info()["num_kv_pins"]
+    client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1)
+    assert server.server_info()["num_kv_pins"] <= before
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Keep this conversation."}],
+        max_tokens=1,
+        extra_body={"prompt_cache_retention": "24h"},
+    )
+    assert reply.usage is not None
+    chat = server.server_info()
+    assert chat["num_kv_pins"] >= 1
+    assert chat["kv_pinned_tokens"] >= reply.usage.prompt_tokens - 1
+    response = client.responses.create(
+        model=model,
+        input="Keep this response's prompt, a longer one than the chat's to tell them apart.",
+        max_output_tokens=16,
+        extra_body={"prompt_cache_retention": "in-memory"},
+    )
+    assert response.usage is not None
+    info = server.server_info()  # the two prompts share the template's first tokens
+    assert info["num_kv_pins"] >= 2
+    assert info["kv_pinned_tokens"] >= response.usage.input_tokens - 1
+
+
+def test_a_turn_that_calls_a_tool_stays_pinned_for_the_tool_wait(
+    server: ServerProcess, client: openai.OpenAI, model: str
+) -> None:
+    """A chat turn with tools that ends in a tool call keeps its prompt and output pinned
+    (``--tool-wait-ttl``, 30 s by default) without being asked; a turn with tool_choice
+    "none" (no tools shown) pins nothing."""
+    tools = [{"type": "function", "function": TIME_FUNCTION}]
+    request: dict[str, Any] = {"model": model, "messages": MESSAGES, "tools": tools}
+    before = server.server_info()["num_kv_pins"]
+    client.chat.completions.create(**request, tool_choice="none", max_tokens=1)
+    assert server.server_info()["num_kv_pins"] <= before
+    reply = client.chat.completions.create(
+        **request, tool_choice="required", max_tokens=160, temperature=0
+    )
+    assert reply.choices[0].finish_reason == "tool_calls" and reply.usage is not None
+    info = server.server_info()
+    assert info["num_kv_pins"] >= 1
+    assert info["kv_pinned_tokens"] >= reply.usage.total_tokens - 2
+
+
 BAD_FIELDS = [
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata.k"),
@@ -81,6 +132,7 @@ BAD_FIELDS = [
     ({"service_tier": "gold"}, "service_tier"),
     ({"store": "yes"}, "store"),
     ({"verbosity": "loud"}, "verbosity"),
+    ({"prompt_cache_retention": "1w"}, "prompt_cache_retention"),
     ({"functions": [{"name": ""}]}, "functions.0.name"),
     ({"tools": [{"type": "function", "function": {"name": "f" * 65}}]}, "tools.0.function.name"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
@@ -113,6 +165,7 @@ def test_a_bad_field_is_a_400_naming_it(
         ({"text": {"verbosity": "loud"}}, "text.verbosity"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"prompt_cache_key": 42}, "prompt_cache_key"),
+        ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
     ],
 )
 def test_a_bad_responses_field_is_a_400_naming_it(

@@ -50,6 +50,7 @@ TOOL = {
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 # The anthropic client no longer has sampling arguments; the server still reads them.
 GREEDY = {"temperature": 0.0}
+_CACHE = {"type": "ephemeral"}
 
 
 @pytest.fixture(scope="module")
@@ -291,6 +292,37 @@ BAD_BODIES = [
         "tools: ",
         id="invalid-tool-schema",
     ),
+    pytest.param(
+        {
+            "system": [
+                {"type": "text", "text": "Be brief.", "cache_control": _CACHE | {"ttl": "2h"}}
+            ]
+        },
+        400,
+        "ttl",
+        id="cache_control-ttl",
+    ),
+    pytest.param(
+        {"tools": [TOOL | {"cache_control": {"type": "persistent"}}]},
+        400,
+        "cache_control.type",
+        id="cache_control-type",
+    ),
+    pytest.param(
+        {
+            "messages": [
+                *QUESTION,
+                {
+                    "role": "assistant",
+                    "content": [{"type": "thinking", "thinking": "hm", "cache_control": _CACHE}],
+                },
+                {"role": "user", "content": "go on"},
+            ]
+        },
+        400,
+        "cache_control",
+        id="cache_control-on-thinking",
+    ),
     pytest.param({"top_k": 0}, 400, "top_k", id="top_k"),
     pytest.param({"temperature": 1.5}, 400, "temperature", id="temperature"),
     pytest.param({"frobnicate": 1}, 400, "frobnicate", id="unknown-field"),
@@ -452,3 +484,25 @@ def test_thinking_stays_apart_from_a_forced_call_and_a_schema(
         ]  # fmt: skip
         after = client.messages.create(model=model, max_tokens=2, messages=history, tools=[tool])
         assert after.usage.cache_read_input_tokens > 0
+
+
+def test_cache_control_pins_the_prompt(
+    client: anthropic.Anthropic, model: str, server: ServerProcess
+) -> None:
+    """A prompt marked with ``cache_control`` stays pinned in the radix cache after its turn
+    (issue 55); one without stays unpinned."""
+    before = server.server_info()["num_kv_pins"]  # other tests' tool-wait pins may expire
+    client.messages.create(model=model, max_tokens=1, messages=QUESTION, extra_body=GREEDY)
+    assert server.server_info()["num_kv_pins"] <= before
+    marked = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Pin this.", "cache_control": _CACHE | {"ttl": "1h"}}
+            ],
+        }
+    ]
+    reply = client.messages.create(model=model, max_tokens=1, messages=marked, extra_body=GREEDY)
+    info = server.server_info()
+    assert info["kv_pinned_tokens"] >= reply.usage.input_tokens - 1
+    assert info["num_kv_pins"] >= 1
