@@ -39,7 +39,7 @@ def _host(fmt: str = "hermes", branch: str | None = None, context: int = 100) ->
         tool_call_format=fmt,
         tool_decider=Decider(branch),
         generated_turns=GeneratedTurns(None),
-        args=SimpleNamespace(reasoning_parser=None),
+        args=SimpleNamespace(reasoning_parser=None, tool_wait_ttl=30.0),
         context_length=context,
     )
 

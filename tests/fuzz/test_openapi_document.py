@@ -27,7 +27,11 @@ CHAT = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def app() -> Any:
     args = SimpleNamespace(
-        api_key=None, admin_api_key=None, model_name=MODEL_NAME, model_path=MODEL_PATH
+        api_key=None,
+        admin_api_key=None,
+        api_keys_file=None,
+        model_name=MODEL_NAME,
+        model_path=MODEL_PATH,
     )
     return create_app(SimpleNamespace(args=args, tracing=None))  # type: ignore[arg-type]
 

@@ -100,7 +100,9 @@ def test_closing_the_page_ends_its_watch(scheduler: FakeScheduler):
     """Through the real ASGI server: a client that goes away stops counting as a watcher, and
     the scheduler is no longer polled."""
     state = SimpleNamespace(
-        args=SimpleNamespace(api_key=None, admin_api_key=None, model_name="tiny"),
+        args=SimpleNamespace(
+            api_key=None, admin_api_key=None, api_keys_file=None, model_name="tiny"
+        ),
         metrics=ServerMetrics(),
         tracing=None,
     )
