@@ -183,6 +183,18 @@ class RadixCache:
         """Walk down from ``node`` (``key[:length]`` deep, its path's slots in ``path_slots``)
         along ``key``; the match ends where the tree or the key does."""
         start = length
+        node, length = self._descend(node, length, key, path_slots)
+        self._hit_tokens += length - start
+        self._queried_tokens += key.size - start
+        slots = np.concatenate(path_slots, dtype=np.int64) if path_slots else np.empty(0, np.int64)
+        return MatchResult(torch.from_numpy(slots), length, node)
+
+    def _descend(
+        self, node: TreeNode, length: int, key: np.ndarray, path_slots: list[np.ndarray]
+    ) -> tuple[TreeNode, int]:
+        """The deepest node along ``key`` below ``node`` (``key[:length]`` deep) and its depth,
+        page by page: the last node is split where the key leaves it, each node on the way is
+        touched and its slots appended to ``path_slots``."""
         while length + self.page_size <= key.size:
             found = matching_child(node, key[length:], self.page_size)
             if found is None:
@@ -193,10 +205,7 @@ class RadixCache:
             self._touch(child)
             path_slots.append(child.slots)
             node, length = child, length + k
-        self._hit_tokens += length - start
-        self._queried_tokens += key.size - start
-        slots = np.concatenate(path_slots, dtype=np.int64) if path_slots else np.empty(0, np.int64)
-        return MatchResult(torch.from_numpy(slots), length, node)
+        return node, length
 
     def continuation(
         self, token_ids: TokensLike, max_tokens: int, namespace: Hashable = None
@@ -324,18 +333,8 @@ class RadixCache:
         root = self._roots.get(namespace)
         if ttl_s <= 0 or root is None:
             return 0
-        key = as_token_array(token_ids)
         self._clock += 1
-        node, length = root, 0
-        while length + self.page_size <= key.size:
-            found = matching_child(node, key[length:], self.page_size)
-            if found is None:
-                break
-            child, k = found
-            if k < child.key.size:
-                child = self._split(child, k)
-            self._touch(child)
-            node, length = child, length + k
+        node, length = self._descend(root, 0, as_token_array(token_ids), [])
         if length == 0:
             return 0
         if self._pins.add(node, now + ttl_s):
