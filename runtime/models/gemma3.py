@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import arbor_kernels as kernels
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +27,7 @@ from runtime.layers.parallel import (
 )
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.model_config import ModelConfig
-from runtime.models.llama import LlamaForCausalLM
+from runtime.models.llama import LlamaForCausalLM, rotate_and_attend
 from runtime.models.registry import CausalLM
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -116,10 +115,7 @@ class Gemma3Attention(torch.nn.Module):
         q = _norm(self.q_norm, q.view(tokens, self.num_heads, self.head_dim))  # [T, H, D]
         k = _norm(self.k_norm, k.view(tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = kernels.apply_rotary_emb(q, k, *cos_sin)
-        if last_rows:
-            return self.o_proj(self.attn.forward_last_rows(q[batch.logit_indices], k, v, batch))
-        return self.o_proj(self.attn(q, k, v, batch))
+        return rotate_and_attend(self.attn, self.o_proj, (q, k, v), cos_sin, batch, last_rows)
 
 
 class Gemma3MLP(torch.nn.Module):

@@ -92,10 +92,25 @@ class LlamaAttention(torch.nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = kernels.apply_rotary_emb(q, k, *cos_sin)
-        if last_rows:
-            return self.o_proj(self.attn.forward_last_rows(q[batch.logit_indices], k, v, batch))
-        return self.o_proj(self.attn(q, k, v, batch))
+        return rotate_and_attend(self.attn, self.o_proj, (q, k, v), cos_sin, batch, last_rows)
+
+
+def rotate_and_attend(
+    attn: PagedAttention,
+    o_proj: torch.nn.Module,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    batch: ForwardBatch,
+    last_rows: bool,
+) -> torch.Tensor:
+    """The output projection of attention over q [T, H, D], k and v [T, Hkv, D] once q and k
+    are rotated: every row's, or (``last_rows``) only the rows ``batch.logit_indices`` names."""
+    q, k, v = qkv
+    q, k = kernels.apply_rotary_emb(q, k, *cos_sin)
+    if last_rows:
+        return o_proj(attn.forward_last_rows(q[batch.logit_indices], k, v, batch))
+    out: torch.Tensor = o_proj(attn(q, k, v, batch))
+    return out
 
 
 class LlamaMLP(torch.nn.Module):
