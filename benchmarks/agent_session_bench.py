@@ -37,20 +37,11 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
+from benchmarks.agent_cache_bench import TOOL  # the same lookup tool as the agent-loop bench
 from benchmarks.common import print_table, write_json
 from runtime.server import ServerProcess
 from runtime.test_model import cached_test_model
 
-TOOL = {
-    "name": "lookup",
-    "description": "Look a word up.",
-    "parameters": {
-        "type": "object",
-        "properties": {"word": {"type": "string", "maxLength": 10}},
-        "required": ["word"],
-        "additionalProperties": False,
-    },
-}
 SYSTEM = "You are a research agent. Look words up with the tool, one at a time."
 MAX_TOKENS = 40
 # Chat-template tokens around a turn's messages and its tool call's JSON, over the words counted;
