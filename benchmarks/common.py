@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,9 +43,40 @@ def timed_into(fn: Callable[..., Any], clock: list[float]) -> Callable[..., Any]
     return timed
 
 
+# The CPU flags a kernel dispatches on, in the order ``cpu_description`` names them.
+_NAMED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
+def cpu_description() -> str:
+    """The CPU as a benchmark row names it: model, the dispatch flags it has, L2 and L3, cores
+    (from /proc/cpuinfo and lscpu; what it cannot read it leaves out)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    caches = []
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        for line in out.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() in ("L2 cache", "L3 cache"):
+                caches.append(f"{name.split()[0]} {value.split('(')[0].strip()}")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    has = [flag for flag in _NAMED_FLAGS if flag in flags]
+    cores = f"{torch.get_num_threads()} threads"
+    return ", ".join([model, " ".join(has) or "no AVX2", *caches, cores])
+
+
 def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
+        "cpu": cpu_description(),
         "processor": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

@@ -22,6 +22,7 @@ from radix_cache.node import (
     matching_child,
 )
 from radix_cache.pins import PinTable
+from radix_cache.swa import HybridSlotAllocator, evict_window_kv
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,45 @@ class RadixCache:
         self._hit_tokens += depth
         self._queried_tokens += depth
         return self._match_below(start, depth, [step.slots for step in kept], key)
+
+    def shorten(self, match: MatchResult, length: int) -> MatchResult:
+        """``match`` cut back to its first ``length`` tokens (page-aligned, at most its length):
+        the node ending there, split if it ends inside one. Not a new lookup: hit counts
+        drop by what was cut. O(depth)."""
+        if length >= match.length:
+            return match
+        assert length % self.page_size == 0, "a match ends on a page boundary"
+        node, depth = match.node, match.length
+        while node.parent is not None and depth - node.key.size >= length:
+            depth -= node.key.size
+            node = node.parent
+        if node.parent is not None and length < depth:
+            node = self._split(node, length - (depth - node.key.size))
+        self._hit_tokens -= match.length - length
+        return MatchResult(match.slots[:length], length, node)
+
+    def pinned_prefixes(self) -> list[tuple[TreeNode, int]]:
+        """Each pinned node with its depth (the pinned prefix's length), oldest pin first."""
+        return [(node, node_depth(node)) for node in self._pins.nodes()]
+
+    def window_held(self, spared: set[TreeNode]) -> int:
+        """Window slots held by cached nodes other than ``spared`` (``evict_window`` could free
+        them all). O(nodes)."""
+        assert isinstance(self.allocator, HybridSlotAllocator)
+        allocator, page = self.allocator, self.page_size
+        return sum(
+            int(allocator.has_window(node.slots[::page]).sum()) * page
+            for node in self._iter_nodes()
+            if node not in spared
+        )
+
+    def evict_window(self, num_tokens: int, spared: set[TreeNode]) -> int:
+        """With a ``HybridSlotAllocator``: free at least ``num_tokens`` window slots (or all
+        there are) by dropping the window half of cached nodes, least recently used first,
+        never of ``spared`` ones. The nodes stay: their full layers' KV still serves. Returns
+        the window slots freed."""
+        assert isinstance(self.allocator, HybridSlotAllocator)
+        return evict_window_kv(self._iter_nodes(), self.allocator, num_tokens, spared)
 
     def _match_below(
         self, node: TreeNode, length: int, path_slots: list[np.ndarray], key: np.ndarray
@@ -618,3 +658,12 @@ def _add_to_path(node: TreeNode | None, tokens: int) -> None:
     while node is not None:
         node.subtree_tokens += tokens
         node = node.parent
+
+
+def node_depth(node: TreeNode) -> int:
+    """Tokens from ``node``'s root to its end. O(depth)."""
+    depth = 0
+    while node.parent is not None:
+        depth += node.key.size
+        node = node.parent
+    return depth

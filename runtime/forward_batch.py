@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radix_cache.swa import window_slots
 from runtime.cascade import CascadePlan, plan_cascade
 from runtime.memory_pool import KVPool, ReqToTokenPool, to_device
 
@@ -32,6 +33,18 @@ class BatchInputs:
     prefix_lens: list[int]
     new_token_ids: list[list[int]]
     logits: str | torch.Tensor  # "last", "all" or packed row indices on the CPU
+
+
+@dataclass(frozen=True)
+class WindowSlots:
+    """Where the window layers of a pool with window KV memory (``KVPool.window_layers``) find
+    the batch's K/V: its new tokens' window slots, and a table of the window slots of every
+    position of each request (one row per request, in batch order; positions whose window
+    half was dropped point into the padding page, and no window kernel reads them)."""
+
+    out_cache_loc: torch.Tensor  # [T]
+    table: torch.Tensor  # [B, max seq_len]
+    rows: torch.Tensor  # [B]: arange(B)
 
 
 @dataclass
@@ -62,6 +75,7 @@ class ForwardBatch:
     # so the last layer can run only those rows (llama.py). None otherwise.
     logit_reqs: torch.Tensor | None = None
     inputs: BatchInputs | None = None  # what ``build`` packed this batch from
+    window: WindowSlots | None = None  # with window KV memory (``KVPool.window_layers``)
 
     @property
     def batch_size(self) -> int:
@@ -131,6 +145,15 @@ class ForwardBatch:
             mode = ForwardMode.EXTEND
         else:
             mode = ForwardMode.MIXED
+        window = None
+        if kv_pool.window_page_map is not None:
+            page_map, page_size = kv_pool.window_page_map, kv_pool.window_page_size
+            rows_table = table[row_t, : max(seq_lens)]
+            window = WindowSlots(
+                to_device(window_slots(page_map, out_cache_loc, page_size), device),
+                to_device(window_slots(page_map, rows_table, page_size), device),
+                to_device(torch.arange(len(rows)), device),
+            )
         cascade = None
         if cascade_min_prefix is not None and len(rows) - num_extend >= 2:
             cascade = plan_cascade(
@@ -156,6 +179,7 @@ class ForwardBatch:
             cascade=cascade,
             logits_last_per_request=last_per_request,
             logit_reqs=logit_reqs,
+            window=window,
             inputs=BatchInputs(
                 rows,
                 prefix_lens,

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache, TreeNode
+from radix_cache.swa import HybridSlotAllocator, window_valid_length
 from radix_cache.tree import MatchResult
 from runtime.memory_pool import ReqToTokenPool
 
@@ -45,6 +46,9 @@ class KVPlacement:
     # borrowed a step-mate's slots (None: no loan), and whether it lent its own.
     loan_start: int | None = None
     lends: bool = False
+    # With window KV (HybridSlotAllocator): private positions below this have had their
+    # window half dropped (no query of this placement reads them through a window again).
+    window_dropped: int = 0
 
 
 class HoldsKV(Protocol):
@@ -69,6 +73,9 @@ class KVAccounting:
         # Told of each insert as insert_hook(salt, key, slots, start) before duplicates are
         # freed: ``slots`` hold ``key``'s KV, new to the tree from position ``start`` on.
         self.insert_hook: Callable[[str | None, np.ndarray, np.ndarray, int], None] | None = None
+        # With window KV memory (radix_cache/swa.py): the hybrid allocator, else None.
+        self.hybrid = allocator if isinstance(allocator, HybridSlotAllocator) else None
+        self._placed: dict[int, KVPlacement] = {}  # by row
 
     @property
     def capacity(self) -> int:
@@ -81,19 +88,35 @@ class KVAccounting:
         if row is None:
             return False
         kv = holder.kv
-        kv.row = row
+        kv.row, kv.window_dropped = row, 0
+        self._placed[row] = kv
         if self.tree is not None:
             found = match()
+            if self.hybrid is not None:
+                found = self._window_whole(found)
             self.tree.lock(found.node)
             kv.last_node = found.node
             kv.cached_len = kv.kv_len = found.length
             self.req_to_token_pool.write(row, 0, found.slots)
         return True
 
+    def _window_whole(self, found: MatchResult) -> MatchResult:
+        """``found`` cut back to where the windowed layers hold every position a query after it
+        can see (``window_valid_length``): the rest is computed again."""
+        assert self.hybrid is not None and self.tree is not None
+        has = self.hybrid.has_window(found.slots)
+        length = window_valid_length(has, found.length, self.hybrid.window, self.page_size)
+        return self.tree.shorten(found, length)
+
     def alloc_extend(self, holder: HoldsKV, n: int) -> bool:
         """Allocate slots for the next ``n`` positions of ``holder`` and record them in its row,
-        evicting unlocked cache if needed. False (nothing changed) if the pool cannot serve it."""
+        evicting unlocked cache if needed. False (nothing changed) if the pool cannot serve it.
+        With window KV memory, first drops the window half of its private positions no query
+        will read through a window again, and makes room in the window pool too."""
         kv = holder.kv
+        if self.hybrid is not None:
+            self._drop_out_of_window(kv)
+            self._make_window_room(n)
         slots = self._alloc(kv, n)
         if slots is None and self.tree is not None:
             self.tree.evict(n + self.page_size - self.allocator.available())
@@ -104,6 +127,75 @@ class KVAccounting:
         self.req_to_token_pool.write(kv.row, kv.kv_len, slots)
         kv.kv_len += n
         return True
+
+    def _drop_out_of_window(self, kv: KVPlacement) -> None:
+        """Free the window half of ``kv``'s private pages wholly before its window: queries at
+        positions >= kv_len read back to kv_len - window + 1 at the earliest."""
+        assert self.hybrid is not None and kv.row is not None
+        start = max(kv.cached_len, kv.window_dropped)
+        start += -start % self.page_size  # a page the tree shares stays the tree's
+        end = kv.kv_len - self.hybrid.window + 1
+        end -= end % self.page_size
+        if end > start:
+            self.hybrid.drop_window(self.req_to_token_pool.host[kv.row, start:end])
+            kv.window_dropped = end
+
+    def _make_window_room(self, n: int) -> None:
+        """Evict cached window KV until ``n`` more positions (and a page) fit in the window
+        pool, sparing what running placements and pins read through their windows; pins give
+        way to running placements when that is not enough (their prefix is then matched only
+        where its window is whole, or computed again)."""
+        assert self.hybrid is not None
+        for with_pins in (True, False):
+            short = n + self.page_size - self.hybrid.window_available()
+            if short <= 0 or self.tree is None:
+                return
+            self.tree.evict_window(short, self._window_spared(with_pins))
+
+    def _window_anchors(self, with_pins: bool = True) -> list[tuple[TreeNode, int, int]]:
+        """(node, its depth, the position of the next query) of every cached path something
+        will read through a window: each placement's locked prefix and (``with_pins``) each
+        pin."""
+        anchors = [
+            (kv.last_node, kv.cached_len, kv.kv_len)
+            for kv in self._placed.values()
+            if kv.last_node is not None
+        ]
+        assert self.tree is not None
+        if with_pins:
+            anchors += [(node, depth, depth) for node, depth in self.tree.pinned_prefixes()]
+        return anchors
+
+    def _window_spared(self, with_pins: bool = True) -> set[TreeNode]:
+        """The cached nodes whose window KV some anchor (``_window_anchors``) still reads: a
+        query at position p reads back to p - window + 1."""
+        assert self.hybrid is not None
+        spared: set[TreeNode] = set()
+        for node, depth, reader in self._window_anchors(with_pins):
+            horizon = reader - self.hybrid.window + 1
+            cursor: TreeNode | None = node
+            while cursor is not None and cursor.parent is not None and depth > horizon:
+                spared.add(cursor)
+                depth -= cursor.key.size
+                cursor = cursor.parent
+        return spared
+
+    def window_evictable(self) -> int:
+        """Window slots an allocation can get: free, or held by cached nodes no placement
+        reads through its window (pins give way). O(cached nodes)."""
+        assert self.hybrid is not None
+        free = self.hybrid.window_available()
+        if self.tree is None:
+            return free
+        return free + self.tree.window_held(self._window_spared(with_pins=False))
+
+    def chunk_limit(self, n: int) -> int:
+        """``n`` new positions for one placement, cut to what the window pool can still take
+        (at least a page): all of ``n`` without window KV memory."""
+        if self.hybrid is None:
+            return n
+        room = self.window_evictable() - self.page_size
+        return min(n, max(room - room % self.page_size, self.page_size))
 
     def _alloc(self, kv: KVPlacement, n: int) -> torch.Tensor | None:
         if kv.kv_len % self.page_size == 0:
@@ -155,6 +247,7 @@ class KVAccounting:
         if self.tree is not None and kv.last_node is not None:
             self.tree.unlock(kv.last_node)
         self.req_to_token_pool.free(kv.row)
+        del self._placed[kv.row]
         kv.row, kv.last_node = None, None
 
     def _insert(self, kv: KVPlacement, key: np.ndarray, salt: str | None) -> None:
@@ -166,7 +259,14 @@ class KVAccounting:
             aligned = len(key) - len(key) % self.page_size
             self.insert_hook(salt, key[:aligned], slots[:aligned].numpy(), kv.cached_len)
         if already > kv.cached_len:
-            self.allocator.free(slots[kv.cached_len : already])
+            duplicates = slots[kv.cached_len : already]
+            if self.hybrid is not None:
+                # The tree kept its own copy; where that copy's window half was dropped, it
+                # takes this one's (the placement reads the tree's copy from now on).
+                assert kv.last_node is not None
+                tree_copy = self.tree.match_from(kv.last_node, kv.cached_len, key[:already], salt)
+                self.hybrid.adopt_window(tree_copy.slots[kv.cached_len :], duplicates)
+            self.allocator.free(duplicates)
 
     def _free_range(self, kv: KVPlacement, start: int, end: int) -> None:
         if end > start:
@@ -184,6 +284,8 @@ class KVAccounting:
         twice (private: ``holders``' slots outside the tree). Without a tree, checks the
         allocator's free count against the private slots."""
         private = self.private_slots(holders)
+        if self.hybrid is not None:
+            self.hybrid.check_window_invariants()
         if self.tree is not None:
             self.tree.check_invariants(private_slots=private)
             return

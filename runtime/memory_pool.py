@@ -32,7 +32,13 @@ def resolve_kv_cache_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype
 
 
 class KVPool:
-    """K and V buffers, each ``[num_slots, num_kv_heads, head_dim]`` per layer, in ``dtype``."""
+    """K and V buffers, each ``[num_slots, num_kv_heads, head_dim]`` per layer, in ``dtype``.
+
+    With ``window_layers`` (window KV memory, radix_cache/swa.py), those layers' buffers hold
+    ``num_window_slots`` instead, indexed by window slots: ``attach_window_map`` gives the
+    pool the allocator's full-page -> window-page map, from which each batch translates its
+    slots for those layers (``ForwardBatch.window``).
+    """
 
     def __init__(
         self,
@@ -42,19 +48,28 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        window_layers: frozenset[int] = frozenset(),
+        num_window_slots: int = 0,
     ) -> None:
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.dtype = dtype
+        self.window_layers = window_layers
+        self.num_window_slots = num_window_slots
+        self.window_page_map: torch.Tensor | None = None
+        self.window_page_size = 1
         # Left unwritten (torch.empty): the OS commits a page of a CPU pool when a token is
         # first written to it, so a server takes memory as its cache grows, not at start.
         # Attention reads only the slots of a sequence's written positions (every kernel stops
         # at seq_lens; the triton ones mask the loads past it); a padded row reads the padding
         # slot after writing it. The padding slot is zeroed anyway, so that no read of it can
         # ever meet garbage (0 * NaN is NaN).
-        shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shapes = [
+            (num_window_slots if layer in window_layers else num_slots, num_kv_heads, head_dim)
+            for layer in range(num_layers)
+        ]
+        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
         if os.environ.get("ARBOR_KV_POISON") == "1" and dtype.is_floating_point:
             # Tests set this: every unwritten slot holds NaN, so a kernel or a batch that reads
             # one fails every time instead of on whatever the allocator left there.
@@ -68,10 +83,15 @@ class KVPool:
         self.k_buffers[layer][slots] = k.to(self.dtype)
         self.v_buffers[layer][slots] = v.to(self.dtype)
 
+    def attach_window_map(self, page_map: torch.Tensor, page_size: int) -> None:
+        """Translate the window layers' slots through ``page_map`` (a host tensor the
+        allocator updates in place: full page -> window page)."""
+        assert self.window_layers, "this pool keeps every layer's KV by full slots"
+        self.window_page_map, self.window_page_size = page_map, page_size
+
     @property
     def bytes(self) -> int:
-        per_buffer = self.k_buffers[0].numel() * self.k_buffers[0].element_size()
-        return 2 * self.num_layers * per_buffer
+        return sum(buffer.numel() * buffer.element_size() for buffer in self.k_buffers) * 2
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

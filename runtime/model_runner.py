@@ -73,7 +73,10 @@ class RunnerConfig:
     weights run (``model_loader.QUANTIZATIONS``): ``gguf`` keeps a GGUF file's blocks and runs
     them in the quantized kernels (CPU, one rank); ``none`` dequantizes them to ``dtype`` at
     load; ``auto`` is ``gguf`` for a GGUF file on CPU on one rank, else ``none``
-    (``model_loader.resolve_quantization``).
+    (``model_loader.resolve_quantization``). window_kv_ratio: for a model with sliding-window
+    layers, give those layers a pool of this fraction of the full pool's slots, holding only
+    each sequence's window (radix_cache/swa.py; the scheduler's ``HybridSlotAllocator`` runs
+    it); None keeps every layer's KV by full slots, with ``window_kv_off`` saying why (logged).
     """
 
     model_path: str
@@ -91,6 +94,8 @@ class RunnerConfig:
     disable_cuda_graph: bool = False
     kernel_backend: str | None = None
     quantization: str = "auto"
+    window_kv_ratio: float | None = None
+    window_kv_off: str = "not asked for"
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
@@ -99,6 +104,7 @@ class RunnerConfig:
         pages = (
             None if args.max_total_tokens is None else -(-args.max_total_tokens // args.page_size)
         )
+        off = _window_kv_off(args)
         return cls(
             args.model_path,
             dtype=args.dtype,
@@ -115,6 +121,8 @@ class RunnerConfig:
             disable_cuda_graph=args.disable_cuda_graph,
             kernel_backend=args.kernel_backend,
             quantization=args.quantization,
+            window_kv_ratio=None if off else args.swa_full_tokens_ratio,
+            window_kv_off=off or "",
         )
 
 
@@ -154,7 +162,15 @@ class ModelRunner:
         self.context_len = spec.context_len or self.config.max_position_embeddings
         self.max_requests = spec.max_requests
         self.page_size = spec.page_size
+        windows = [self.config.window(layer) for layer in range(self.config.num_layers)]
+        # The widest window, when the window layers keep their KV in a pool of their own.
+        self.window = max(windows) if spec.window_kv_ratio is not None and tp.size == 1 else 0
+        self.window_kv_ratio = spec.window_kv_ratio or 0.0
+        if any(windows) and not self.window:
+            reason = spec.window_kv_off if tp.size == 1 else "tensor parallelism"
+            logger.info("window KV memory off (%s): window layers keep every token", reason)
         self.kv_slots = spec.kv_slots or self._default_kv_slots(spec.mem_fraction)
+        self.window_slots = self._window_slots() if self.window else 0
         if self.device.type == "cpu":
             pool_bytes = self.kv_slots * self.kv_bytes_per_token * tp.size
             kv_budget.check_pool_fits(self.kv_slots, pool_bytes)
@@ -165,6 +181,8 @@ class ModelRunner:
             self.config.head_dim,
             self.kv_dtype,
             self.device,
+            frozenset(layer for layer, w in enumerate(windows) if w and self.window),
+            self.window_slots,
         )
         # A tensor-parallel leader's writes to the table are replayed on its workers' tables.
         self.req_to_token_pool = ReqToTokenPool(
@@ -180,6 +198,10 @@ class ModelRunner:
             phases.lap("pack weights")
         self.graph_runner: CudaGraphRunner | None = None
         factory = None if spec.disable_cuda_graph else self._graph_factory()
+        if factory is not None and self.window:
+            # The window slots are per batch tensors no graph captures (not built yet).
+            logger.warning("CUDA graphs are off with window KV memory")
+            factory = None
         if factory is not None and tp.size > 1:
             # Capturing collectives in CUDA graphs has not been run here (no multi-GPU machine).
             logger.warning("CUDA graphs are off under tensor parallelism")
@@ -197,9 +219,25 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V over all layers for one token in this rank's pool."""
+        """Bytes of K and V per full slot in this rank's pool: every layer's, or with window KV
+        memory the full layers' plus the window layers' times ``window_kv_ratio`` (their pool
+        holds that fraction of the slots)."""
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        return 2 * self.config.num_layers * self.heads.num_kv_heads * self.config.head_dim * elem
+        per_layer = 2 * self.heads.num_kv_heads * self.config.head_dim * elem
+        layers = float(self.config.num_layers)
+        if self.window:
+            windowed = sum(1 for w in self.config.layer_windows if w)
+            layers -= windowed * (1.0 - self.window_kv_ratio)
+        return int(per_layer * layers)
+
+    def _window_slots(self) -> int:
+        """The window pool's slots: ``window_kv_ratio`` of the full pool's, and at least what
+        one request needs to go on: a full window and a chunk of 64 tokens or two pages (and
+        the padding page). A pool that small prefills in chunks that small."""
+        page = self.page_size
+        least = self.window + max(64, 2 * page) + page
+        slots = max(int(self.kv_slots * self.window_kv_ratio), least)
+        return -(-slots // page) * page
 
     @property
     def worker_pids(self) -> list[int]:
@@ -271,3 +309,14 @@ class ModelRunner:
         # More slots than every request row could fill would never be used.
         slots = min(slots, self.context_len * self.max_requests)
         return slots - slots % self.page_size
+
+
+def _window_kv_off(args: ServerArgs) -> str:
+    """Why ``args`` keep window layers' KV by full slots ("": they need not)."""
+    if args.disable_hybrid_swa_memory:
+        return "--disable-hybrid-swa-memory"
+    if args.kv_disk_path is not None:
+        return "the disk tier (--kv-disk-path) saves every layer's KV of each token"
+    if args.speculative_algorithm is not None:
+        return "speculative decoding"
+    return ""

@@ -199,7 +199,7 @@ class ServerArgs:
         0.5,
         "the most of the KV pool that pinned prefixes (cache hints, tool waits) may hold; a "
         "new pin over it drops the oldest pins first, and pins always give way to running "
-        "requests (docs/radix_cache.md, \"Pins\")",
+        'requests (docs/radix_cache.md, "Pins")',
         low=0.0,
         high=1.0,
     )
@@ -212,6 +212,20 @@ class ServerArgs:
         "radix cache when it stops (as one ending in tool calls does), so the next turn, "
         "sent with the tools' results, reuses it; 0: no such pin",
         low=0.0,
+    )
+    swa_full_tokens_ratio: float = _flag(
+        0.25,
+        "a model with sliding-window layers (Gemma 3): the window layers' KV pool holds this "
+        "fraction of the full layers' tokens; those layers keep only each sequence's last "
+        'window, so long contexts take far less memory (docs/architecture.md, "Window KV '
+        'memory")',
+        low=0.01,
+        high=1.0,
+    )
+    disable_hybrid_swa_memory: bool = _flag(
+        False,
+        "keep every token's KV in the sliding-window layers too (a full-size window cache, as "
+        "llama.cpp does when it reuses prompts)",
     )
     kv_disk_path: str | None = _flag(
         None,

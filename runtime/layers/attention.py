@@ -38,9 +38,10 @@ class PagedAttention(torch.nn.Module):
     ) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] (already rotated). Returns [T, H * D]."""
         pool = batch.kv_pool
-        pool.write(self.layer_id, batch.out_cache_loc, k, v)
+        out_cache_loc, table, rows = self._slots(batch)
+        pool.write(self.layer_id, out_cache_loc, k, v)
         k_buffer, v_buffer = pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id]
-        table, rows, seq_lens = batch.req_to_token, batch.req_pool_indices, batch.seq_lens
+        seq_lens = batch.seq_lens
         if batch.mode is ForwardMode.DECODE:
             out = self._decode(q, k_buffer, v_buffer, batch, rows, seq_lens)
         elif batch.mode is ForwardMode.EXTEND:
@@ -57,6 +58,13 @@ class PagedAttention(torch.nn.Module):
             decode_out = self._decode(q[t:], k_buffer, v_buffer, batch, rows[e:], seq_lens[e:])
             out = torch.cat([extend_out, decode_out])
         return out.reshape(q.shape[0], -1)
+
+    def _slots(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the new tokens' slots, the slot table, the batch's rows in it) for this layer: the
+        window slots when it keeps its KV in a window pool (``batch.window``)."""
+        if self.window and batch.window is not None:
+            return batch.window.out_cache_loc, batch.window.table, batch.window.rows
+        return batch.out_cache_loc, batch.req_to_token, batch.req_pool_indices
 
     def fuses(self, batch: ForwardBatch) -> bool:
         """Whether ``forward_decode`` runs ``batch``: a decode batch on the CPU without a
@@ -84,10 +92,11 @@ class PagedAttention(torch.nn.Module):
             eps = 0.0
         else:
             q_weight, k_weight, eps = q_norm.weight, k_norm.weight, q_norm.eps
+        out_cache_loc, table, rows = self._slots(batch)
         return kernels.decode_self_attention(
             qkv, *cos_sin, q_weight, k_weight, eps,
-            pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id], batch.out_cache_loc,
-            batch.req_to_token, batch.req_pool_indices, batch.seq_lens, self.scale, self.window,
+            pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id], out_cache_loc,
+            table, rows, batch.seq_lens, self.scale, self.window,
         )  # fmt: skip
 
     def forward_last_rows(
@@ -98,12 +107,12 @@ class PagedAttention(torch.nn.Module):
         sequence, as a decode query does. Returns [N, H * D]."""
         assert batch.logit_reqs is not None
         pool = batch.kv_pool
-        pool.write(self.layer_id, batch.out_cache_loc, k, v)
+        out_cache_loc, table, rows = self._slots(batch)
+        pool.write(self.layer_id, out_cache_loc, k, v)
         reqs = batch.logit_reqs
         out = kernels.decode_attention(
             q, pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id],
-            batch.req_to_token, batch.req_pool_indices[reqs], batch.seq_lens[reqs], self.scale,
-            self.window,
+            table, rows[reqs], batch.seq_lens[reqs], self.scale, self.window,
         )  # fmt: skip
         return out.reshape(q.shape[0], -1)
 
@@ -119,7 +128,8 @@ class PagedAttention(torch.nn.Module):
         """Decode attention of the batch's one-token requests, q: [Bd, H, D]; with a cascade
         plan (ignored by a windowed layer), sharers attend to their own suffix alone and to the
         shared prefix together."""
-        table, plan = batch.req_to_token, batch.cascade
+        plan = batch.cascade
+        _, table, _ = self._slots(batch)
         if plan is None or self.window:
             return kernels.decode_attention(
                 q, k_buffer, v_buffer, table, rows, seq_lens, self.scale, self.window

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from radix_cache import KVSlotAllocator, RadixCache
+from radix_cache import KVSlotAllocator, RadixCache, TreeNode
 from radix_cache.tree import MatchResult
 from runtime.kv_accounting import KVAccounting
 from runtime.memory_pool import ReqToTokenPool
@@ -84,6 +84,13 @@ class KVCacheManager(KVAccounting):
             if pin is not None:
                 return self.tree.match_from(pin.node, min(pin.length, step.reuse_len), key, salt)
         return self.tree.match_prefix(key, salt)
+
+    def _window_anchors(self, with_pins: bool = True) -> list[tuple[TreeNode, int, int]]:
+        """Also the compiled programs' pins: their next step reads through its window."""
+        anchors = super()._window_anchors(with_pins)
+        if with_pins:
+            anchors += [(pin.node, pin.length, pin.length) for pin in self.pins.all_pins()]
+        return anchors
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a table row and its cached prefix, locked. False if no row is free."""

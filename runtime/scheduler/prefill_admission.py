@@ -49,7 +49,7 @@ class PrefillAdmission:
         chunks: list[tuple[Req, int]] = []
         for req in running:
             if req.pending_len > 1 and budget > 0:
-                n = min(req.pending_len, budget, self.chunk_size)
+                n = self.kv.chunk_limit(min(req.pending_len, budget, self.chunk_size))
                 if not self.kv.alloc_extend(req, n):
                     break
                 chunks.append((req, n))
@@ -70,7 +70,7 @@ class PrefillAdmission:
             if need > kv_budget and (running or admitted):
                 self.kv.release(req, keep_in_cache=False)
                 break
-            n = min(req.pending_len, budget, self.chunk_size)
+            n = self.kv.chunk_limit(min(req.pending_len, budget, self.chunk_size))
             if not self.kv.alloc_extend(req, n):
                 self.kv.release(req, keep_in_cache=False)
                 break

@@ -61,6 +61,10 @@ class ProgramPins:
         if old is not None:
             self.tree.unlock(old.node)
 
+    def all_pins(self) -> list[Pin]:
+        """Every branch's pin, of every program."""
+        return [pin for entry in self._programs.values() for pin in entry.pins.values()]
+
     def release(self, program: str, branches: list[str] | None = None) -> int:
         """Unpin ``branches`` of ``program`` (all when None); returns how many were pinned."""
         entry = self._programs.get(program)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
+from radix_cache.swa import HybridSlotAllocator
 from runtime.channels import Receiver, Sender, drain
 from runtime.chat_templates import template_stop_ids
 from runtime.cpu_features import cpu_flags
@@ -141,7 +142,7 @@ class Scheduler:
                 args.model_path, args.tokenizer_path, args.chat_template
             )
         self.context_len = self.runner.context_len
-        allocator = KVSlotAllocator(self.runner.kv_slots, args.page_size)
+        allocator = slot_allocator(self.runner, args.page_size)
         tree = None
         if not args.disable_radix_cache:
             tree = RadixCache(
@@ -616,6 +617,16 @@ class Scheduler:
             return {"ok": False, "error": str(exc)}
         return {"ok": True}
 
+    def _window_info(self) -> dict[str, int]:
+        hybrid = self.kv.hybrid
+        if hybrid is None:
+            return {"kv_window_slots": 0, "kv_window_free_tokens": 0, "kv_window_peak_tokens": 0}
+        return {
+            "kv_window_slots": hybrid.window_capacity,
+            "kv_window_free_tokens": hybrid.window_available(),
+            "kv_window_peak_tokens": hybrid.window_peak,
+        }
+
     def server_info(self) -> dict[str, Any]:
         tree = self.kv.tree
         private = self.kv.private_slots(self.running).numel()
@@ -633,6 +644,10 @@ class Scheduler:
             "kv_pinned_tokens": tree.pinned_size() if tree else 0,
             "num_kv_pins": tree.stats().pins if tree else 0,
             "kv_usage": (protected + private) / self.kv.capacity,
+            # The pool's K/V bytes over its full slots (less than a token's K/V in every layer
+            # with window KV memory), and that memory's window pool (0 slots: none).
+            "kv_bytes_per_token": self.runner.kv_pool.bytes / self.runner.kv_slots,
+            **self._window_info(),
             # What is not free: running requests and the radix cache's slots (evictable too).
             "kv_cache_utilization": 1.0 - self.kv.allocator.available() / self.kv.capacity,
             "cache_hit_rate": self.stats.cached_tokens / prompt if prompt else 0.0,
@@ -710,3 +725,13 @@ def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConf
             f"({runner.config.vocab_size}); speculation needs the same tokenizer"
         )
     return config, worker
+
+
+def slot_allocator(runner: ModelRunner, page_size: int) -> KVSlotAllocator:
+    """The KV slot allocator of ``runner``'s pool: with window KV memory, one that also hands
+    out the window layers' slots (radix_cache/swa.py), their map shared with the pool."""
+    if not runner.window:
+        return KVSlotAllocator(runner.kv_slots, page_size)
+    allocator = HybridSlotAllocator(runner.kv_slots, runner.window_slots, runner.window, page_size)
+    runner.kv_pool.attach_window_map(allocator.window_page_map, page_size)
+    return allocator

@@ -24,6 +24,7 @@ from runtime.layers.quantized import QuantizedEmbedding, QuantizedLinear
 from runtime.model_config import ModelConfig
 from runtime.model_files import locate_model
 from runtime.model_runner import ModelRunner, RunnerConfig
+from runtime.server_args import ServerArgs
 from tests.runtime.paged_driver import PagedDriver
 
 NEW_TOKENS = 32
@@ -313,3 +314,82 @@ def test_a_prefix_longer_than_the_window_is_shared_exactly(
         alone = engine.generate(input_ids=prefix + second, sampling_params=params)
     assert alone["meta_info"]["cached_tokens"] == 0
     assert shared["output_ids"] == alone["output_ids"]
+
+
+# Window KV memory (radix_cache/swa.py) --------------------------------------------------------
+
+
+def _tiny_engine_folder(tiny_gemma_path: Path, tiny_model_path: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_gemma_path, folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # ids below 512 decode alike
+        shutil.copy(tiny_model_path / name, folder / name)
+    return folder
+
+
+def test_window_kv_memory_runs_long_sequences_in_a_window_sized_pool(
+    tiny_gemma_path: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Three requests of 300 tokens (nearly 19 windows) run one after another through a window
+    pool of 16 + 64 slots: greedy output equals a run where every layer keeps every token,
+    the window layers never held more than their pool, and a cached prefix is matched only
+    where its window survived (the third request shares 280 tokens with the first, whose
+    window KV the second evicted)."""
+    folder = _tiny_engine_folder(tiny_gemma_path, tiny_model_path, tmp_path)
+    prefix, first, second, third = _random_prompts((280, 20, 300, 20), seed=11)
+    prompts = [prefix + first, second, prefix + third]
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    common = {"dtype": "float32", "max_total_tokens": 2048, "chunked_prefill_size": 32}
+    with Engine(folder, swa_full_tokens_ratio=0.01, debug_invariants=True, **common) as engine:
+        windowed = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompts]
+        info = engine.get_server_info()
+    assert info["kv_window_slots"] == TINY_WINDOW + 64
+    assert info["kv_window_peak_tokens"] <= TINY_WINDOW + 64
+    full_bytes = 2 * 6 * 2 * 32 * 4  # 6 layers x K and V x 2 KV heads x 32 x float32
+    assert info["kv_bytes_per_token"] < full_bytes * (1 + 5 * 0.05) / 6
+    with Engine(folder, disable_hybrid_swa_memory=True, **common) as engine:
+        full = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompts]
+        assert engine.get_server_info()["kv_window_slots"] == 0
+    assert [out["output_ids"] for out in windowed] == [out["output_ids"] for out in full]
+    # Every layer kept the prefix in the full-size run; the window run's second request
+    # matched only up to where the first request's window KV had not been evicted.
+    assert full[2]["meta_info"]["cached_tokens"] == 280
+    assert windowed[2]["meta_info"]["cached_tokens"] < 280
+
+
+def test_a_prefix_over_the_window_is_reused_with_window_kv_memory(
+    tiny_gemma_path: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """With room in the window pool, the whole 200-token prefix (12 windows) is reused, and the
+    output equals a run without the radix cache."""
+    folder = _tiny_engine_folder(tiny_gemma_path, tiny_model_path, tmp_path)
+    prefix, first, second = _random_prompts((200, 5, 6), seed=3)
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    common = {"dtype": "float32", "max_total_tokens": 2048, "chunked_prefill_size": 64}
+    with Engine(folder, **common) as engine:
+        engine.generate(input_ids=prefix + first, sampling_params=params)
+        shared = engine.generate(input_ids=prefix + second, sampling_params=params)
+        assert engine.get_server_info()["kv_window_slots"] == 511  # 0.25 of 2048, less page 0
+    assert shared["meta_info"]["cached_tokens"] == 200
+    with Engine(folder, disable_radix_cache=True, **common) as engine:
+        alone = engine.generate(input_ids=prefix + second, sampling_params=params)
+    assert shared["output_ids"] == alone["output_ids"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ({"disable_hybrid_swa_memory": True}, "--disable-hybrid-swa-memory"),
+        ({"kv_disk_path": "/tmp/unused-tier"}, "disk tier"),
+        ({"speculative_algorithm": "ngram"}, "speculative decoding"),
+    ],
+)
+def test_what_window_kv_memory_does_not_serve_turns_it_off_with_a_reason(
+    flags: dict[str, Any], reason: str
+) -> None:
+    """The disk tier saves every layer's K/V per token and speculation's draft rollback was
+    not built over window slots: with either, the window layers keep every token."""
+    config = RunnerConfig.from_server_args(ServerArgs(**flags))
+    assert config.window_kv_ratio is None
+    assert reason in config.window_kv_off
+    assert RunnerConfig.from_server_args(ServerArgs()).window_kv_ratio == 0.25
