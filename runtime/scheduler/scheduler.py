@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
+from runtime.api_keys import salt_tenant
 from runtime.channels import Receiver, Sender, drain
 from runtime.chat_templates import template_stop_ids
 from runtime.cpu_features import cpu_flags
@@ -149,6 +150,8 @@ class Scheduler:
                 policy=args.eviction_policy,
                 max_pinned_fraction=args.max_pinned_fraction,
                 max_pin_s=args.max_pin_seconds,
+                # Fair eviction between tenants; without tenants every request is one's.
+                tenant_of=salt_tenant if args.api_keys_file is not None else None,
             )
         self.kv = KVCacheManager(
             allocator, tree, self.runner.req_to_token_pool, args.program_pin_timeout_s
@@ -616,6 +619,19 @@ class Scheduler:
             return {"ok": False, "error": str(exc)}
         return {"ok": True}
 
+    def _tenant_info(self) -> dict[str, dict[str, int]]:
+        stats = self.kv.tree.stats() if self.kv.tree is not None else None
+        if stats is None or self.args.api_keys_file is None:
+            return {}
+        return {
+            "tenant_kv_cached_tokens": {
+                t: n for t, n in stats.tenant_tokens.items() if isinstance(t, str)
+            },
+            "tenant_kv_evicted_tokens": {
+                t: n for t, n in stats.tenant_evicted_tokens.items() if isinstance(t, str)
+            },
+        }
+
     def server_info(self) -> dict[str, Any]:
         tree = self.kv.tree
         private = self.kv.private_slots(self.running).numel()
@@ -632,6 +648,8 @@ class Scheduler:
             # Cached tokens pinned by cache hints (docs/radix_cache.md, "Pins"), and the pins.
             "kv_pinned_tokens": tree.pinned_size() if tree else 0,
             "num_kv_pins": tree.stats().pins if tree else 0,
+            # By tenant label (runtime.api_keys.salt_tenant): cached and evicted tokens.
+            **self._tenant_info(),
             "kv_usage": (protected + private) / self.kv.capacity,
             # What is not free: running requests and the radix cache's slots (evictable too).
             "kv_cache_utilization": 1.0 - self.kv.allocator.available() / self.kv.capacity,

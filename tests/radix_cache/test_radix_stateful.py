@@ -1,8 +1,8 @@
 """Stateful property test: RadixCache against a trivially correct reference model.
 
 The model maps every cached page-aligned prefix (per namespace) to the slots of its last page.
-Hypothesis drives requests the way the scheduler will (match, lock, allocate, insert chunks, re-
-match, swap locks, finish) plus bare inserts, matches, pins (with a clock that moves) and
+Hypothesis drives requests the way the scheduler will (match, lock, allocate, insert chunks,
+re-match, swap locks, finish) plus bare inserts, matches, pins (with a clock that moves) and
 evictions under memory pressure, with one tenant or two (fair eviction). After every step the
 tree must hold exactly the model's prefixes with exactly their slots, every locked prefix must
 still be cached, every live pin must survive an eviction that unpinned KV could satisfy, pins
