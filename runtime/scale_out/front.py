@@ -34,6 +34,7 @@ from runtime.ipc import (
     ControlCommand,
     ControlRequest,
     GenerateRequest,
+    PinPrefix,
     ProgramRelease,
     TextOutput,
 )
@@ -223,6 +224,13 @@ class RoutedTokenizerManager(TokenizerManager):
             entry = self.inflight.get(message.rid)
             if entry is not None:
                 self._send(entry.replica, message)
+        elif isinstance(message, PinPrefix):
+            # To the live replica the router saw the longest prefix of these tokens on: the
+            # one that ran the turn, unless it died since.
+            live = self.router.live()
+            if live:
+                trees, ids, salt = self.router.trees, message.token_ids, message.cache_salt
+                self._send(max(live, key=lambda r: trees[r].match(ids, salt)), message)
         elif isinstance(message, ProgramRelease):
             replica = self.program_replicas.get(message.program)
             if message.branches is None:

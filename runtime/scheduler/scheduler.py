@@ -48,6 +48,7 @@ from runtime.ipc import (
     ControlRequest,
     FinishReason,
     GenerateRequest,
+    PinPrefix,
     ProgramRelease,
     SchedulerFailed,
     SchedulerReady,
@@ -504,6 +505,8 @@ class Scheduler:
             self._abort(message.rid)
         elif isinstance(message, ProgramRelease):
             self.kv.pins.release(message.program, message.branches)
+        elif isinstance(message, PinPrefix):
+            self.kv.pin_prefix(message)
         elif isinstance(message, ControlRequest):
             try:
                 reply = self._control(message)
