@@ -66,7 +66,7 @@ REPLICA_KEYS = (
     "cache_hit_rate", "kv_usage", "kv_cache_utilization", "kv_used_tokens", "kv_cached_tokens",
     "kv_free_tokens", "num_running_reqs", "num_waiting_reqs", "prompt_tokens", "cached_tokens",
     "generated_tokens", "requests_finished", "gen_throughput", "prefix_cache_queries_tokens",
-    "prefix_cache_hits_tokens",
+    "prefix_cache_hits_tokens", "num_kv_pins", "kv_pinned_tokens",
 )  # fmt: skip
 
 
