@@ -623,6 +623,8 @@ class Scheduler:
         return {"ok": True}
 
     def _tenant_info(self) -> dict[str, dict[str, int]]:
+        """The radix cache's cached and evicted tokens by tenant label, with tenants (the
+        default tenant of requests without one left out); empty without."""
         stats = self.kv.tree.stats() if self.kv.tree is not None else None
         if stats is None or self.args.api_keys_file is None:
             return {}
