@@ -1,21 +1,26 @@
 """Agent sessions beside a flood: do pins keep a tool-waiting conversation cached? (issue 55)
 
 Agent loops (chat completions, tools on, ``tool_choice`` required, the whole conversation re-sent
-each turn) wait a seeded 1-5 s "tool time" between turns while a concurrent client floods the
-server with long unique prompts, on a KV pool (``--max-total-tokens``) a quarter of the loops'
-working set. Rows, each a fresh server with the same seed:
+each turn) wait a seeded 1-5 s "tool time" between turns, and while each waits a flood of long
+unique prompts (``flood_per_wait`` of them) goes to the server beside the other loops' turns, on
+a KV pool (``--max-total-tokens``) a quarter of the run's working set: the loops' conversations
+plus the flood's prompts. So between two turns of a loop about a pool's worth of other KV goes
+through the cache (what evicts the waiting conversation under LRU), while the conversations
+waiting at once fit the pins' share of the pool (``--max-pinned-fraction``, half). Rows, each
+a fresh server with the same seed:
 
 - ``lru``: ``--tool-wait-ttl 0``, no hints (plain LRU);
 - ``hints``: ``--tool-wait-ttl 0``, every agent request carries
   ``prompt_cache_retention: "in-memory"``;
 - ``tool-wait``: the default ``--tool-wait-ttl``, no hints.
 
-For the turns that follow a tool result it reports TTFT (streamed; time to the first content or
-tool-call chunk) p50/p90, cached / prompt tokens, and throughput (agent turns + flood requests
-per second). Two checks ride on those servers: on ``lru``'s, a Messages request with a
-``cache_control`` breakpoint (ttl 5m) and one without, a flood of 10x the pool, then both again;
-on ``tool-wait``'s, two tenants (``--api-keys-file``): ``quiet`` repeats a few prompts that fit
-the pool, alone and then beside ``flood`` sending unique prompts.
+For the turns that follow a tool result it reports TTFT (streamed; time to the first chunk, which
+the server sends with the first token) p50/p90, the p50 time to the first tool-call chunk, cached /
+prompt tokens, and throughput (agent turns + flood requests per second). Two checks ride on those
+servers: on ``lru``'s, a Messages request with a ``cache_control`` breakpoint (ttl 5m) and one
+without, a flood of 10x the pool, then both again; on ``tool-wait``'s, two tenants
+(``--api-keys-file``): ``quiet`` repeats a few prompts that fit the pool, alone and then with
+``flood`` sending a pool's worth of unique prompts before each round.
 
     python -m benchmarks.agent_session_bench [--quick | --smoke] [--model-path DIR]
 """
@@ -60,14 +65,15 @@ class Sizes:
     tool_s: tuple[float, float]
     tool_result_words: int  # each tool result's length: what makes the conversation grow
     flood_words: int
+    flood_per_wait: int  # unique prompts flooded while each loop waits on its tool
     quiet_prompts: int
     quiet_rounds: int
 
 
 SIZES = {
-    "full": Sizes(8, 6, (1.0, 5.0), 150, 300, 3, 8),
-    "quick": Sizes(6, 4, (0.2, 1.0), 120, 200, 3, 5),
-    "smoke": Sizes(5, 2, (0.05, 0.05), 40, 60, 2, 2),
+    "full": Sizes(8, 3, (1.0, 5.0), 150, 300, 3, 3, 8),
+    "quick": Sizes(6, 3, (0.2, 1.0), 60, 200, 2, 3, 5),
+    "smoke": Sizes(5, 2, (0.05, 0.05), 40, 60, 1, 2, 2),
 }
 
 
@@ -101,10 +107,6 @@ class Flood:
         self.prompt_tokens += reply.raise_for_status().json()["usage"]["prompt_tokens"]
         self.completed += 1
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.send()
-
     async def until_tokens(self, tokens: int) -> None:
         while self.prompt_tokens < tokens:
             await self.send()
@@ -113,7 +115,9 @@ class Flood:
 async def _turn(
     client: httpx.AsyncClient, model: str, messages: list[dict[str, Any]], hint: bool
 ) -> dict[str, Any]:
-    """One streamed turn: TTFT, usage, and the assistant message with its tool calls."""
+    """One streamed turn: TTFT (to the first chunk, which the server sends with the first
+    token), the time to the first content or tool-call chunk (the call's name, some tokens
+    later), usage, and the assistant message with its tool calls."""
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -129,7 +133,7 @@ async def _turn(
         body["prompt_cache_retention"] = "in-memory"
     headers = {"Authorization": f"Bearer {KEYS['agent']}"}
     start = time.perf_counter()
-    ttft = None
+    ttft = first_call = None
     calls: dict[int, dict[str, str]] = {}  # index -> the call's id, name, arguments so far
     usage: dict[str, Any] = {}
     async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
@@ -141,8 +145,9 @@ async def _turn(
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices", []):
                 delta = choice.get("delta", {})
-                if ttft is None and (delta.get("content") or delta.get("tool_calls")):
-                    ttft = time.perf_counter() - start
+                ttft = ttft if ttft is not None else time.perf_counter() - start
+                if first_call is None and (delta.get("content") or delta.get("tool_calls")):
+                    first_call = time.perf_counter() - start
                 for call in delta.get("tool_calls") or []:
                     held = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
                     function = call.get("function") or {}
@@ -158,8 +163,10 @@ async def _turn(
         for c in calls.values()
     ]
     message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    end = time.perf_counter() - start
     return {
-        "ttft_s": ttft if ttft is not None else time.perf_counter() - start,
+        "ttft_s": ttft if ttft is not None else end,
+        "first_call_s": first_call if first_call is not None else end,
         "prompt": usage["prompt_tokens"],
         "cached": usage["prompt_tokens_details"]["cached_tokens"],
         "output": usage["completion_tokens"],
@@ -168,7 +175,7 @@ async def _turn(
 
 
 async def _agent_loop(
-    client: httpx.AsyncClient, model: str, sizes: Sizes, seed: int, hint: bool
+    client: httpx.AsyncClient, model: str, sizes: Sizes, seed: int, hint: bool, flood: Flood
 ) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = [
@@ -180,7 +187,8 @@ async def _agent_loop(
         turn = await _turn(client, model, messages, hint)
         messages.append(turn.pop("message"))
         turns.append(turn)
-        await asyncio.sleep(rng.uniform(*sizes.tool_s))
+        tool_time = asyncio.sleep(rng.uniform(*sizes.tool_s))
+        await asyncio.gather(tool_time, *(flood.send() for _ in range(sizes.flood_per_wait)))
         call_id = messages[-1]["tool_calls"][0]["id"] if messages[-1]["tool_calls"] else "call"
         content = _words(rng, sizes.tool_result_words)
         messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
@@ -189,21 +197,22 @@ async def _agent_loop(
 
 async def _agents_row(url: str, model: str, sizes: Sizes, seed: int, hint: bool) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        # The flood shares the agents' key: one tenant, so each row's eviction is its policy's.
         flood = Flood(client, model, sizes.flood_words, seed + 10_000, KEYS["agent"])
-        stop = asyncio.Event()
         start = time.perf_counter()
-        flooding = asyncio.create_task(flood.run(stop))
-        loops = [_agent_loop(client, model, sizes, seed + i, hint) for i in range(sizes.loops)]
+        loops = [
+            _agent_loop(client, model, sizes, seed + i, hint, flood) for i in range(sizes.loops)
+        ]
         sessions = await asyncio.gather(*loops)
-        stop.set()
-        await flooding
         seconds = time.perf_counter() - start
     after_tool = [turn for turns in sessions for turn in turns[1:]]
     ttfts = [turn["ttft_s"] for turn in after_tool]
+    first_calls = [turn["first_call_s"] for turn in after_tool]
     prompt = sum(turn["prompt"] for turn in after_tool)
     return {
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p90_s": _percentile(ttfts, 0.9),
+        "first_call_p50_s": statistics.median(first_calls),
         "hit_rate": sum(turn["cached"] for turn in after_tool) / prompt,
         "throughput_rps": (sum(map(len, sessions)) + flood.completed) / seconds,
         "agent_turns": sum(map(len, sessions)),
@@ -227,7 +236,8 @@ async def _messages(client: httpx.AsyncClient, model: str, prefix: str, mark: bo
     reply = await client.post("/v1/messages", json=body, headers={"x-api-key": KEYS["agent"]})
     usage = reply.raise_for_status().json()["usage"]
     cached = usage["cache_read_input_tokens"]
-    return {"prompt": usage["input_tokens"] + cached, "cached": cached}
+    prompt = usage["input_tokens"] + cached + usage["cache_creation_input_tokens"]
+    return {"prompt": prompt, "cached": cached}
 
 
 async def _cache_control_check(url: str, model: str, sizes: Sizes, pool: int, seed: int) -> dict:
@@ -249,9 +259,20 @@ async def _cache_control_check(url: str, model: str, sizes: Sizes, pool: int, se
     }
 
 
-async def _quiet_rounds(client: httpx.AsyncClient, model: str, prompts: list[str], rounds: int):
+async def _quiet_rounds(
+    client: httpx.AsyncClient,
+    model: str,
+    prompts: list[str],
+    rounds: int,
+    flooding: tuple[Flood, int] | None,
+) -> float:
+    """The quiet tenant's hit rate over ``rounds`` of ``prompts`` (the first round fills the
+    cache); ``flooding``: a flood that sends the given tokens (a pool) before each round."""
     prompt = cached = 0
     for round_ in range(rounds):
+        if flooding is not None:
+            flood, tokens = flooding
+            await flood.until_tokens(flood.prompt_tokens + tokens)
         for text in prompts:
             body = {
                 "model": model,
@@ -268,34 +289,37 @@ async def _quiet_rounds(client: httpx.AsyncClient, model: str, prompts: list[str
     return cached / prompt if prompt else 0.0
 
 
-async def _tenants_check(url: str, model: str, sizes: Sizes, seed: int) -> dict:
+async def _tenants_check(url: str, model: str, sizes: Sizes, pool: int, seed: int) -> dict:
     rng = random.Random(seed + 40_000)
     prompts = [_words(rng, sizes.flood_words // 2) for _ in range(sizes.quiet_prompts)]
     admin = {"Authorization": f"Bearer {KEYS['agent']}"}
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await client.post("/flush_cache", headers=admin)
-        solo = await _quiet_rounds(client, model, prompts, sizes.quiet_rounds)
+        solo = await _quiet_rounds(client, model, prompts, sizes.quiet_rounds, None)
         await client.post("/flush_cache", headers=admin)
         flood = Flood(client, model, sizes.flood_words, seed + 50_000, KEYS["flood"])
-        stop = asyncio.Event()
-        flooding = asyncio.create_task(flood.run(stop))
-        await asyncio.sleep(0.5)  # the flood is under way before the quiet tenant starts
-        shared = await _quiet_rounds(client, model, prompts, sizes.quiet_rounds)
-        stop.set()
-        await flooding
-    return {"quiet_solo_hit_rate": solo, "quiet_flood_hit_rate": shared, "ratio": shared / solo}
+        shared = await _quiet_rounds(client, model, prompts, sizes.quiet_rounds, (flood, pool))
+    return {
+        "quiet_solo_hit_rate": solo,
+        "quiet_flood_hit_rate": shared,
+        "ratio": shared / solo,
+        "flood_tenant_tokens": flood.prompt_tokens,
+    }
 
 
-def _working_set(model_path: str, sizes: Sizes) -> int:
-    """The loops' KV tokens, estimated with the tokenizer: each loop's last prompt (every tool
-    result but the last, which is never sent) plus its last output."""
+def _working_set(model_path: str, sizes: Sizes) -> tuple[int, int]:
+    """The run's KV tokens, estimated with the tokenizer: the loops' (each loop's last prompt,
+    every tool result but the last, which is never sent, plus its last output) and the
+    flood's (every prompt it sends while the loops wait)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rng = random.Random(0)
     per_word = len(tokenizer(_words(rng, 1000))["input_ids"]) / 1000
     words = len(SYSTEM.split()) + 25 + (sizes.turns - 1) * sizes.tool_result_words
     per_turn = MAX_TOKENS + TURN_OVERHEAD_TOKENS
     per_loop = per_word * words + TOOLS_PROMPT_TOKENS + sizes.turns * per_turn
-    return int(sizes.loops * per_loop)
+    floods = sizes.loops * sizes.turns * sizes.flood_per_wait
+    flood = floods * (per_word * sizes.flood_words + TURN_OVERHEAD_TOKENS)
+    return int(sizes.loops * per_loop), int(flood)
 
 
 def _server(model_path: str, row: str, pool: int, keys_file: Path) -> ServerProcess:
@@ -331,10 +355,11 @@ def main() -> None:
     args = parser.parse_args()
     sizes = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     model_path = args.model_path or str(cached_test_model("tiny", "llama", chat_template="chatml"))
-    working_set = _working_set(model_path, sizes)
+    loops_tokens, flood_tokens = _working_set(model_path, sizes)
+    working_set = loops_tokens + flood_tokens
     pool = working_set // 4
-    print(f"working set ~{working_set} tokens ({sizes.loops} loops x {sizes.turns} turns), "
-          f"pool --max-total-tokens {pool}")  # fmt: skip
+    print(f"working set ~{working_set} tokens: {sizes.loops} loops x {sizes.turns} turns "
+          f"~{loops_tokens}, flood ~{flood_tokens}; pool --max-total-tokens {pool}")  # fmt: skip
     keys_file = Path(tempfile.mkdtemp(prefix="arbor-bench-")) / "keys"
     keys_file.write_text("".join(f"{key} {tenant}\n" for tenant, key in KEYS.items()))
     rows: dict[str, Any] = {}
@@ -357,13 +382,29 @@ def main() -> None:
                         _cache_control_check(server.url, model, sizes, pool, args.seed)
                     )
                 if name == "tool-wait":
-                    tenants = asyncio.run(_tenants_check(server.url, model, sizes, args.seed))
+                    tenants = asyncio.run(_tenants_check(server.url, model, sizes, pool, args.seed))
     for row in rows.values():
         row["ttft_p50_vs_lru"] = row["ttft_p50_s"] / rows["lru"]["ttft_p50_s"]
     print_table(
-        ["row", "TTFT p50 s", "TTFT p90 s", "hit rate", "req/s", "p50 vs lru", "turns", "flood"],
         [
-            [name, *(r[c] for c in COLUMNS), r["agent_turns"], r["flood_requests"]]
+            "row",
+            "TTFT p50 s",
+            "TTFT p90 s",
+            "hit rate",
+            "req/s",
+            "p50 vs lru",
+            "call p50 s",
+            "turns",
+            "flood",
+        ],
+        [
+            [
+                name,
+                *(r[c] for c in COLUMNS),
+                r["first_call_p50_s"],
+                r["agent_turns"],
+                r["flood_requests"],
+            ]
             for name, r in rows.items()
         ],
     )
@@ -376,6 +417,7 @@ def main() -> None:
         "sizes": asdict(sizes),
         "seed": args.seed,
         "working_set_tokens": working_set,
+        "loops_tokens": loops_tokens,
         "max_total_tokens": pool,
         "rows": rows,
         "cache_control": cache_control,

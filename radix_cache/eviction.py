@@ -110,6 +110,16 @@ class EvictionQueue:
                 return node
         return None
 
+    def peek_priority(self) -> tuple[int, ...] | None:
+        """The priority ``pop`` would return a leaf of now (None: no leaf), dropping the stale
+        entries on top."""
+        while self._heap:
+            priority, stamp, node = self._heap[0]
+            if stamp == node.heap_stamp and node.is_evictable_leaf:
+                return priority
+            heapq.heappop(self._heap)
+        return None
+
     def rebuild(self, leaves: Iterable[TreeNode]) -> None:
         """Drop every entry and queue exactly ``leaves`` (to shed stale entries)."""
         self._heap = []

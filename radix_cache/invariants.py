@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,8 +32,17 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
             root.key.size == 0 and root.lock_ref == 1 and root.parent is None,
             f"root of namespace {namespace!r} is damaged: {root!r}",
         )
+        tenant = cache.tenant_of(namespace) if cache.tenant_of is not None else None
+        _require(
+            root.tenant == tenant,
+            f"root of namespace {namespace!r} has tenant {root.tenant!r}, not {tenant!r}",
+        )
     nodes = list(cache._iter_nodes())
-    queued = {id(node) for node in cache._queue.live_nodes()}
+    queued = set()
+    for tenant, node in cache._queue.live_nodes():
+        _require(node.tenant == tenant, f"{node!r} of {node.tenant!r} is in {tenant!r}'s queue")
+        queued.add(id(node))
+    tenant_tokens: dict[Hashable, int] = {}
     evictable = protected = pinned_only = pinned = 0
     for node in nodes:
         size = node.key.size
@@ -42,6 +52,11 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
         )
         _require(not node.evicted, f"evicted {node!r} is still in the tree")
         parent = node.parent
+        _require(
+            parent is not None and node.tenant == parent.tenant,
+            f"{node!r} has tenant {node.tenant!r}, its parent another",
+        )
+        tenant_tokens[node.tenant] = tenant_tokens.get(node.tenant, 0) + size
         _require(
             parent is not None and parent.children.get(child_key(node.key, page_size)) is node,
             f"{node!r} is not filed under its first page in its parent",
@@ -71,6 +86,10 @@ def check_cache_invariants(cache: RadixCache, private_slots: int | SlotsLike) ->
         f"tree holds evictable={evictable}, pinned only={pinned_only}, protected={protected}, "
         f"pinned={pinned} but the cache reports evictable={cache.evictable_size()}, "
         f"protected={cache.protected_size()}, pinned={cache.pinned_size()}",
+    )
+    _require(
+        tenant_tokens == cache._queue.tokens,
+        f"tenants hold {tenant_tokens} tokens but the cache counts {cache._queue.tokens}",
     )
     _check_pin_counts(cache)
     _require(len(nodes) == cache.stats().nodes, f"{len(nodes)} nodes but stats count differs")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +81,7 @@ class TreeNode:
     ``evict`` may unpin it when nothing else is left to free. ``last_access``,
     ``hit_count`` and ``created_at`` are logical-clock readings that eviction policies rank by.
     ``heap_stamp`` identifies the node's live entry in the eviction queue (0: none).
+    ``tenant`` is who owns the node's namespace (its root's, ``RadixCache(tenant_of=...)``).
     ``subtree_tokens`` is the number of tokens in this node and all its descendants (the tree
     keeps it up to date, so snapshots can rank subtrees without walking them); ``uid`` names
     the node for its lifetime (a split keeps it on the tail, the part that keeps the node).
@@ -96,6 +97,7 @@ class TreeNode:
     hit_count: int = 0
     created_at: int = 0
     heap_stamp: int = 0
+    tenant: Hashable = None
     evicted: bool = False
     subtree_tokens: int = field(init=False)
     uid: int = field(init=False, default_factory=lambda: next(_node_uids))
@@ -104,10 +106,11 @@ class TreeNode:
         self.subtree_tokens = self.key.size
 
     @classmethod
-    def new_root(cls) -> TreeNode:
-        """A root: empty run, permanently locked so it is never evicted."""
+    def new_root(cls, tenant: Hashable = None) -> TreeNode:
+        """A root of ``tenant``'s namespace: empty run, permanently locked so it is never
+        evicted."""
         root = cls(np.empty(0, dtype=KEY_DTYPE), np.empty(0, dtype=KEY_DTYPE), None)
-        root.lock_ref = 1
+        root.lock_ref, root.tenant = 1, tenant
         return root
 
     @property

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from radix_cache.allocator import KVSlotAllocator, SlotsLike, as_slot_array
-from radix_cache.eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
+from radix_cache.eviction import EvictionPolicy, make_eviction_policy
 from radix_cache.invariants import check_cache_invariants
 from radix_cache.node import (
     KEY_DTYPE,
@@ -23,6 +23,7 @@ from radix_cache.node import (
 )
 from radix_cache.pins import PinTable
 from radix_cache.swa import HybridSlotAllocator, evict_window_kv
+from radix_cache.tenants import TenantQueues
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class CacheStats:
     nodes: int  # excluding roots
     pinned_tokens: int  # on pinned paths (some may also be locked by requests)
     pins: int
+    tenant_tokens: dict[Hashable, int]  # cached, by tenant (those holding none left out)
+    tenant_evicted_tokens: dict[Hashable, int]  # evicted, by the tenant that held them
 
 
 class RadixCache:
@@ -73,6 +76,9 @@ class RadixCache:
     page boundaries and a partial trailing page is never inserted.
     ``pin`` keeps a cached prefix for a while; pins hold at most ``max_pinned_fraction`` of
     the pool, for at most ``max_pin_s`` seconds each, and give way to requests (``evict``).
+    ``tenant_of(namespace)`` names the tenant that owns a namespace (None: every namespace is
+    one tenant's); eviction is fair between tenants (``radix_cache.tenants``): the tenant
+    holding most above an equal share of the pool gives way first.
     Not thread-safe: one scheduler thread owns the cache.
     """
 
@@ -83,6 +89,7 @@ class RadixCache:
         policy: str | EvictionPolicy = "lru",
         max_pinned_fraction: float = 0.5,
         max_pin_s: float = 3600.0,
+        tenant_of: Callable[[Hashable], Hashable] | None = None,
     ) -> None:
         """``page_size`` defaults to the allocator's and must equal it if given."""
         if not 0.0 <= max_pinned_fraction <= 1.0:
@@ -96,6 +103,7 @@ class RadixCache:
         self.policy = make_eviction_policy(policy) if isinstance(policy, str) else policy
         self.max_pinned_tokens = int(max_pinned_fraction * allocator.capacity)
         self.max_pin_s = max_pin_s
+        self.tenant_of = tenant_of
         # Told of every node ``evict`` drops, before its slots are freed (a lower tier keeps
         # them); None: nobody is.
         self.evict_hook: EvictHook | None = None
@@ -103,7 +111,8 @@ class RadixCache:
 
     def _init_state(self) -> None:
         self._roots: dict[Hashable, TreeNode] = {}
-        self._queue = EvictionQueue(self.policy)
+        self._queue = TenantQueues(self.policy, self.allocator.capacity)
+        self._tenant_evicted: dict[Hashable, int] = {}
         self._clock = 0
         self._evictable = 0
         self._protected = 0  # locked tokens, pinned-only ones included
@@ -474,6 +483,9 @@ class RadixCache:
             leaf.parent, leaf.evicted = None, True
             freed_slots.append(leaf.slots)
             freed += leaf.key.size
+            self._queue.add_tokens(leaf.tenant, -leaf.key.size)
+            evicted = self._tenant_evicted
+            evicted[leaf.tenant] = evicted.get(leaf.tenant, 0) + leaf.key.size
             # Its subtree_tokens still counts its children evicted before it.
             gone_below[parent] = gone_below.get(parent, 0) + leaf.subtree_tokens
             self._num_nodes -= 1
@@ -559,6 +571,8 @@ class RadixCache:
             nodes=self._num_nodes,
             pinned_tokens=self._pinned,
             pins=len(self._pins),
+            tenant_tokens=dict(self._queue.tokens),
+            tenant_evicted_tokens=dict(self._tenant_evicted),
         )
 
     def check_invariants(self, private_slots: int | SlotsLike = 0) -> None:
@@ -574,8 +588,8 @@ class RadixCache:
 
     def nbytes(self) -> int:
         """Approximate host memory of the tree: nodes, child dicts, key/slot arrays, queue."""
-        total = sys.getsizeof(self._roots) + sys.getsizeof(self._queue._heap)
-        total += len(self._queue) * 120  # entry tuple, priority tuple, stamp int
+        total = sys.getsizeof(self._roots)
+        total += len(self._queue) * 128  # heap slot, entry tuple, priority tuple, stamp int
         for node in self._iter_nodes(include_roots=True):
             total += sys.getsizeof(node) + sys.getsizeof(node.children)
             total += sys.getsizeof(node.key) + sys.getsizeof(node.slots)  # arrays own their data
@@ -585,7 +599,8 @@ class RadixCache:
     def _root(self, namespace: Hashable) -> TreeNode:
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = TreeNode.new_root()
+            tenant = self.tenant_of(namespace) if self.tenant_of is not None else None
+            root = self._roots[namespace] = TreeNode.new_root(tenant)
         return root
 
     def _iter_nodes(self, include_roots: bool = False) -> Iterator[TreeNode]:
@@ -611,8 +626,9 @@ class RadixCache:
 
     def _add_leaf(self, parent: TreeNode, key: np.ndarray, slots: np.ndarray) -> None:
         self._check_new_slots(slots)
-        leaf = TreeNode(key, slots.astype(KEY_DTYPE), parent)
+        leaf = TreeNode(key, slots.astype(KEY_DTYPE), parent, tenant=parent.tenant)
         leaf.created_at = self._clock
+        self._queue.add_tokens(leaf.tenant, key.size)
         parent.children[child_key(key, self.page_size)] = leaf
         _add_to_path(parent, key.size)
         self._num_nodes += 1
@@ -627,7 +643,7 @@ class RadixCache:
         """
         parent = node.parent
         assert parent is not None and 0 < k < node.key.size
-        head = TreeNode(node.key[:k].copy(), node.slots[:k].copy(), parent)
+        head = TreeNode(node.key[:k].copy(), node.slots[:k].copy(), parent, tenant=node.tenant)
         head.lock_ref, head.pin_ref = node.lock_ref, node.pin_ref
         head.last_access, head.hit_count = node.last_access, node.hit_count
         head.created_at = node.created_at

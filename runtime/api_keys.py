@@ -9,10 +9,13 @@ a name that does not reveal the key. Several keys may name one tenant (a key bei
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Hashable
 from pathlib import Path
 
 # The tenant of ``--api-key`` on a server that also reads a keys file.
 DEFAULT_TENANT = "default"
+# How a tenant's cache salts begin: ``tenant-<tenant_label>-<hash of tenant and salt>``.
+TENANT_SALT_PREFIX = "tenant-"
 
 
 def derived_tenant(key: str) -> str:
@@ -23,6 +26,26 @@ def derived_tenant(key: str) -> str:
 def tenant_label(tenant: str) -> str:
     """The short hash that stands for ``tenant`` where others may read it (``/metrics``)."""
     return hashlib.sha256(tenant.encode()).hexdigest()[:12]
+
+
+def tenant_cache_salt(tenant: str, salt: str | None) -> str:
+    """The cache salt (the scheduler's namespace) of ``tenant``'s requests with ``salt``: the
+    tenant's label, then a hash of the tenant and the salt (no salt included), so tenants never
+    share cached KV or request ids whatever salts they send, and the scheduler can tell whose a
+    namespace is (``salt_tenant``) without learning the name. Printable ASCII, 84 characters."""
+    scoped = hashlib.sha256(f"{tenant}\x1f{salt or ''}".encode()).hexdigest()
+    return f"{TENANT_SALT_PREFIX}{tenant_label(tenant)}-{scoped}"
+
+
+def salt_tenant(namespace: Hashable) -> str | None:
+    """The tenant label (``tenant_label``) of a namespace that ``tenant_cache_salt`` made; None
+    for any other namespace (requests without a tenant: the default tenant of the radix cache's
+    fair eviction). A caller without a tenant (the admin) could send such a salt itself; its
+    KV then counts as that tenant's."""
+    if not isinstance(namespace, str) or not namespace.startswith(TENANT_SALT_PREFIX):
+        return None
+    label, _, scoped = namespace[len(TENANT_SALT_PREFIX) :].partition("-")
+    return label if scoped else None
 
 
 def read_api_keys(path: str, reserved: dict[str, str] | None = None) -> dict[str, str]:

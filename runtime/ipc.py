@@ -48,14 +48,24 @@ class ProgramRelease:
 class CachePin:
     """Keep a request's KV cached after it finishes (``RadixCache.pin``): the first
     ``prompt_tokens`` tokens of its prompt (None: its whole prompt and output) for ``ttl_s``
-    seconds (0: not), and, if it stops of itself (``FinishReason`` "stop": a turn that may
-    end in tool calls, whose results come back in the next turn), its whole prompt and output
-    for ``tool_wait_s`` seconds (0: not). The scheduler caps both at ``--max-pin-seconds``.
-    Pins give way to running requests, so a pin saves recomputation but never refuses work."""
+    seconds, capped at ``--max-pin-seconds``. Pins give way to running requests, so a pin
+    saves recomputation but never refuses work."""
 
     ttl_s: float
     prompt_tokens: int | None = None
-    tool_wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PinPrefix:
+    """Pin the cached prefix of ``token_ids`` in ``cache_salt``'s namespace for ``ttl_s``
+    seconds (``RadixCache.pin``, capped at ``--max-pin-seconds``): the server's word, once it
+    has read a finished turn's tool calls (only it parses them), that the turn (its prompt and
+    output, which the scheduler cached as the request finished) waits on tools whose results
+    come back in the next turn (``--tool-wait-ttl``). A prefix evicted meanwhile is not pinned."""
+
+    token_ids: list[int]
+    ttl_s: float
+    cache_salt: str | None = None
 
 
 @dataclass

@@ -208,9 +208,9 @@ class ServerArgs:
     )
     tool_wait_ttl: float = _flag(
         30.0,
-        "seconds a chat turn that may call tools keeps its prompt and output pinned in the "
-        "radix cache when it stops (as one ending in tool calls does), so the next turn, "
-        "sent with the tools' results, reuses it; 0: no such pin",
+        "seconds a chat turn that ended in tool calls keeps its prompt and output pinned in "
+        "the radix cache, so the next turn, sent with the tools' results, reuses it; 0: no "
+        "such pin",
         low=0.0,
     )
     swa_full_tokens_ratio: float = _flag(

@@ -37,6 +37,7 @@ from runtime.ipc import (
     FinishReason,
     GenerateRequest,
     PhaseTimes,
+    PinPrefix,
     ProgramRelease,
     ProgramStep,
     SchedulerFailed,
@@ -177,6 +178,11 @@ class TokenizerManager:
         self._prefix = uuid.uuid4().hex[:12]
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+
+    def pin_prefix(self, pin: PinPrefix) -> None:
+        """Pin a cached prefix in the scheduler (``PinPrefix``: a turn waiting on tools)."""
+        if not self.dead:
+            self.to_scheduler.send(pin)
 
     def release_program(self, release: ProgramRelease) -> None:
         """Unpin a compiled program's KV in the scheduler (its branches joined, or it ended)."""

@@ -42,11 +42,11 @@ from runtime.chat.turn_reader import TurnReader
 from runtime.chat.turn_spec import TurnSpec
 from runtime.errors import RequestError
 from runtime.generate_input import LogprobOptions, SubRequest, expand
-from runtime.ipc import CachePin
+from runtime.ipc import CachePin, PinPrefix
 from runtime.request_checks import InvalidRequestValue, check_output_room
 from runtime.sampling_params import GRAMMAR_FIELDS, InvalidSamplingParams, SamplingParams
 from runtime.server_args import ServerArgs
-from runtime.tokenizer_manager import TokenizerManager
+from runtime.tokenizer_manager import RequestOutput, TokenizerManager
 
 
 class RenderedPrompt(Protocol):
@@ -101,6 +101,9 @@ class TurnPlan(Generic[P]):
     turns: GeneratedTurns
     envelope: ReplyEnvelope | None = None
     tool_wait_s: float = 0.0  # --tool-wait-ttl
+    # Where a turn that ended in tool calls asks for its tool-wait pin (the tokenizer
+    # manager's ``pin_prefix``); None: nowhere.
+    pin_prefix: Callable[[PinPrefix], None] | None = None
 
     def reader(self, turn_id: Callable[[str], str] = str) -> TurnReader:
         """A fresh reader of one output (one per choice); ``turn_id``: the id a call's turn
@@ -114,20 +117,27 @@ class TurnPlan(Generic[P]):
         reasoning = None
         if self.reasoning_parser is not None:
             reasoning = make_reasoning_parser(self.reasoning_parser, self.prompt.text)
-        return TurnReader(tools, reasoning, self.turns, self.reasoning_end_token_id, turn_id)
+        on_calls = self._pin_for_tools if self.tool_wait_s > 0 and tools is not None else None
+        return TurnReader(
+            tools, reasoning, self.turns, self.reasoning_end_token_id, turn_id, on_calls
+        )
+
+    def _pin_for_tools(self, final: RequestOutput) -> None:
+        """The tool wait: a choice that ended in tool calls keeps its prompt and output
+        pinned for ``tool_wait_s``, so the next turn (this conversation and the tools'
+        results) finds them cached however long the tools run. The server decides it, as only
+        it reads the calls (``PinPrefix``); a turn that answered in text pins nothing."""
+        if self.pin_prefix is not None:
+            ids = [*self.prompt.ids, *final.output_ids]
+            self.pin_prefix(PinPrefix(ids, self.tool_wait_s, self.spec.cache_salt))
 
     @property
     def pin(self) -> CachePin | None:
         """What of the turn's KV stays pinned after it: for the cache hint's
-        ``spec.pin_ttl_s``, the whole prompt (which holds every part the client marked); and
-        when tools are on, the prompt and output for ``tool_wait_s`` if the turn stops of
-        itself, as one that ends in tool calls does, so the next turn (the same conversation
-        and the tools' results) finds it cached however long the tools run. None: neither."""
+        ``spec.pin_ttl_s``, the whole prompt (which holds every part the client marked); None
+        without a hint. (The tool wait is pinned once the calls are read: ``reader``.)"""
         ttl_s = self.spec.pin_ttl_s or 0.0
-        tool_wait_s = self.tool_wait_s if self.spec.tools_on else 0.0
-        if not ttl_s and not tool_wait_s:
-            return None
-        return CachePin(ttl_s, len(self.prompt.ids), tool_wait_s)
+        return CachePin(ttl_s, len(self.prompt.ids)) if ttl_s else None
 
     def sub_requests(self, logprobs: LogprobOptions) -> list[SubRequest]:
         """The turn's runs: one per sample (``sampling.n``), under the turn's cache salt,
@@ -179,6 +189,7 @@ async def plan_turn(spec: TurnSpec, host: TurnHost, render: Render[P]) -> TurnPl
         host.generated_turns,
         envelope,
         host.args.tool_wait_ttl,
+        host.tokenizer_manager.pin_prefix,
     )
 
 

@@ -84,7 +84,8 @@ class TurnReader:
     """Reads one output of a turn. ``tools``: the tool-call parser (None: tools off);
     ``reasoning``: the reasoning parser (None: no reasoning); ``turns``: where a turn that
     made calls is remembered, under ``turn_id(call.id)`` for each whole call;
-    ``reasoning_end_token_id``: the end tag's token, to count reasoning tokens."""
+    ``reasoning_end_token_id``: the end tag's token, to count reasoning tokens; ``on_calls``:
+    told of the final output when it ended in whole tool calls (``TurnPlan`` pins it)."""
 
     def __init__(
         self,
@@ -93,12 +94,14 @@ class TurnReader:
         turns: GeneratedTurns | None = None,
         reasoning_end_token_id: int | None = None,
         turn_id: Callable[[str], str] = str,
+        on_calls: Callable[[RequestOutput], None] | None = None,
     ) -> None:
         self.tools = tools
         self.reasoning = reasoning
         self._turns = turns
         self._end_token = reasoning_end_token_id
         self._turn_id = turn_id
+        self._on_calls = on_calls
         self.thinking = ""  # the reasoning so far
         self.text = ""  # the answer's content so far
         self.done: Done | None = None
@@ -164,6 +167,8 @@ class TurnReader:
         if self._turns is not None and done.calls:
             ids = [self._turn_id(call.id) for call in done.calls]
             self._turns.remember(ids, final, [call.arguments for call in done.calls])
+        if self._on_calls is not None and done.calls:
+            self._on_calls(final)
         self.done = done
         return done
 

@@ -34,6 +34,7 @@ from runtime.ipc import (
     ControlCommand,
     ControlRequest,
     GenerateRequest,
+    PinPrefix,
     ProgramRelease,
     TextOutput,
 )
@@ -65,7 +66,7 @@ REPLICA_KEYS = (
     "cache_hit_rate", "kv_usage", "kv_cache_utilization", "kv_used_tokens", "kv_cached_tokens",
     "kv_free_tokens", "num_running_reqs", "num_waiting_reqs", "prompt_tokens", "cached_tokens",
     "generated_tokens", "requests_finished", "gen_throughput", "prefix_cache_queries_tokens",
-    "prefix_cache_hits_tokens",
+    "prefix_cache_hits_tokens", "num_kv_pins", "kv_pinned_tokens",
 )  # fmt: skip
 
 
@@ -223,6 +224,13 @@ class RoutedTokenizerManager(TokenizerManager):
             entry = self.inflight.get(message.rid)
             if entry is not None:
                 self._send(entry.replica, message)
+        elif isinstance(message, PinPrefix):
+            # To the live replica the router saw the longest prefix of these tokens on: the
+            # one that ran the turn, unless it died since.
+            live = self.router.live()
+            if live:
+                trees, ids, salt = self.router.trees, message.token_ids, message.cache_salt
+                self._send(max(live, key=lambda r: trees[r].match(ids, salt)), message)
         elif isinstance(message, ProgramRelease):
             replica = self.program_replicas.get(message.program)
             if message.branches is None:

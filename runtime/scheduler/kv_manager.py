@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from radix_cache import KVSlotAllocator, RadixCache, TreeNode
 from radix_cache.tree import MatchResult
+from runtime.ipc import PinPrefix
 from runtime.kv_accounting import KVAccounting
 from runtime.memory_pool import ReqToTokenPool
 from runtime.scheduler.program_pins import ProgramPins
@@ -206,10 +207,14 @@ class KVCacheManager(KVAccounting):
         if self.tree is not None and pin is not None and finished and keep_in_cache:
             length = len(key) if pin.prompt_tokens is None else min(pin.prompt_tokens, len(key))
             self.tree.pin(key[:length], pin.ttl_s, namespace=salt)
-            reason = req.finished_reason
-            if pin.tool_wait_s > 0 and reason is not None and reason.type == "stop":
-                self.tree.pin(key, pin.tool_wait_s, namespace=salt)
         self._unplace(req)
+
+    def pin_prefix(self, pin: PinPrefix) -> int:
+        """Pin what the tree holds of ``pin.token_ids`` (``PinPrefix``); returns the tokens
+        pinned (0 without a tree)."""
+        if self.tree is None:
+            return 0
+        return self.tree.pin(pin.token_ids, pin.ttl_s, namespace=pin.cache_salt)
 
     def retract(self, req: Req) -> None:
         """Release ``req``'s KV into the cache for its return to the queue: its placement

@@ -34,6 +34,7 @@ import torch
 
 from radix_cache import KVSlotAllocator, RadixCache
 from radix_cache.swa import HybridSlotAllocator
+from runtime.api_keys import salt_tenant
 from runtime.channels import Receiver, Sender, drain
 from runtime.chat_templates import template_stop_ids
 from runtime.cpu_features import cpu_flags
@@ -48,6 +49,7 @@ from runtime.ipc import (
     ControlRequest,
     FinishReason,
     GenerateRequest,
+    PinPrefix,
     ProgramRelease,
     SchedulerFailed,
     SchedulerReady,
@@ -150,6 +152,8 @@ class Scheduler:
                 policy=args.eviction_policy,
                 max_pinned_fraction=args.max_pinned_fraction,
                 max_pin_s=args.max_pin_seconds,
+                # Fair eviction between tenants; without tenants every request is one's.
+                tenant_of=salt_tenant if args.api_keys_file is not None else None,
             )
         self.kv = KVCacheManager(
             allocator, tree, self.runner.req_to_token_pool, args.program_pin_timeout_s
@@ -502,6 +506,8 @@ class Scheduler:
             self._abort(message.rid)
         elif isinstance(message, ProgramRelease):
             self.kv.pins.release(message.program, message.branches)
+        elif isinstance(message, PinPrefix):
+            self.kv.pin_prefix(message)
         elif isinstance(message, ControlRequest):
             try:
                 reply = self._control(message)
@@ -627,6 +633,21 @@ class Scheduler:
             "kv_window_peak_tokens": hybrid.window_peak,
         }
 
+    def _tenant_info(self) -> dict[str, dict[str, int]]:
+        """The radix cache's cached and evicted tokens by tenant label, with tenants (the
+        default tenant of requests without one left out); empty without."""
+        stats = self.kv.tree.stats() if self.kv.tree is not None else None
+        if stats is None or self.args.api_keys_file is None:
+            return {}
+        return {
+            "tenant_kv_cached_tokens": {
+                t: n for t, n in stats.tenant_tokens.items() if isinstance(t, str)
+            },
+            "tenant_kv_evicted_tokens": {
+                t: n for t, n in stats.tenant_evicted_tokens.items() if isinstance(t, str)
+            },
+        }
+
     def server_info(self) -> dict[str, Any]:
         tree = self.kv.tree
         private = self.kv.private_slots(self.running).numel()
@@ -643,6 +664,8 @@ class Scheduler:
             # Cached tokens pinned by cache hints (docs/radix_cache.md, "Pins"), and the pins.
             "kv_pinned_tokens": tree.pinned_size() if tree else 0,
             "num_kv_pins": tree.stats().pins if tree else 0,
+            # By tenant label (runtime.api_keys.salt_tenant): cached and evicted tokens.
+            **self._tenant_info(),
             "kv_usage": (protected + private) / self.kv.capacity,
             # The pool's K/V bytes over its full slots (less than a token's K/V in every layer
             # with window KV memory), and that memory's window pool (0 slots: none).

@@ -39,6 +39,7 @@ from runtime.server.messages_protocol import (
     cache_pin_seconds,
 )
 from runtime.server.messages_run import MessageRun, new_message, stream_message
+from runtime.server.messages_usage import breakpoint_tokens
 from runtime.server.openai_api import (
     SHARED_SAMPLING_FIELDS,
     chat_render,
@@ -72,7 +73,11 @@ async def create_message(request: Request) -> Response:
     state, body = await read_request(request, MessagesRequest)
     spec = _turn(state, body)
     plan = await plan_turn(spec, state, chat_render(state, spec))
-    run = MessageRun(new_message(state.args.model_name), plan.reader(tool_use_id))
+    marked = 0
+    if spec.pin_ttl_s is not None:  # some part has cache_control
+        prompt = plan.prompt
+        marked = breakpoint_tokens(body, prompt.text, len(prompt.ids), state.tokenizer)
+    run = MessageRun(new_message(state.args.model_name), plan.reader(tool_use_id), marked)
     msg_id, model = run.message["id"], run.message["model"]
     trace_request(request, "chat", model=model, sampling=plan.sampling, response_id=msg_id)
     sub = SubRequest(plan.prompt.ids, plan.sampling, cache_salt=spec.cache_salt, pin=plan.pin)

@@ -9,10 +9,9 @@ event (``{"type": "error", "error": {...}}``) and ends the stream.
 
 ``stop_reason``: ``tool_use`` when a call completed (and none was cut off), ``max_tokens``
 when the output hit ``max_tokens``, ``stop_sequence`` when one of ``stop_sequences`` ended it
-(``stop_sequence`` names it), else ``end_turn``. ``usage`` counts the prompt tokens the radix
-cache held as ``cache_read_input_tokens`` and the rest as ``input_tokens`` (Anthropic's
-reading: the three input counts add up to the prompt); nothing is written to a cache on
-request, so ``cache_creation_input_tokens`` is 0.
+(``stop_sequence`` names it), else ``end_turn``. ``usage`` splits the prompt as Anthropic
+does (``messages_usage``): read from the cache, written to it up to the last ``cache_control``
+breakpoint, and the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from runtime.chat.turn_reader import Done, Text, Thinking, TurnReader
 from runtime.errors import RequestError, SchedulerDied
 from runtime.server.errors import ClientGone, anthropic_error_body
 from runtime.server.messages_output import ContentBuilder
+from runtime.server.messages_usage import split_usage
 from runtime.server.responses_output import new_id
 from runtime.server.streams import Events
 from runtime.tokenizer_manager import RequestOutput
@@ -64,6 +64,8 @@ class MessageRun:
 
     message: dict[str, Any]
     reader: TurnReader = field(default_factory=TurnReader)
+    # Prompt tokens up to the last cache_control breakpoint (``messages_usage``).
+    breakpoint_tokens: int = 0
     builder: ContentBuilder = field(default_factory=ContentBuilder)
     final: RequestOutput | None = None
     _started: bool = False
@@ -93,11 +95,12 @@ class MessageRun:
         return {**copy.deepcopy(self.message), "content": [], "stop_reason": None}
 
     def _count(self, chunk: RequestOutput, output_tokens: int) -> None:
+        split = split_usage(chunk.prompt_tokens, chunk.cached_tokens, self.breakpoint_tokens)
         self.message["usage"] = {
-            "input_tokens": chunk.prompt_tokens - chunk.cached_tokens,
+            "input_tokens": split["input_tokens"],
             "output_tokens": output_tokens,
-            "cache_read_input_tokens": chunk.cached_tokens,
-            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": split["cache_read_input_tokens"],
+            "cache_creation_input_tokens": split["cache_creation_input_tokens"],
         }
 
     def _complete(self, done: Done) -> None:

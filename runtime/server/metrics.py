@@ -194,6 +194,7 @@ class ServerMetrics:
             lines += [f"# HELP {p}{name} {help_text}", f"# TYPE {p}{name} counter"]
             lines.append(f"{p}{name} {value}")
         lines += self._tenant_lines()
+        lines += _tenant_cache_lines(scheduler_info or {})
         lines += self.ttft.render(f"{p}time_to_first_token_seconds", "Time to first token.")
         lines += self.itl.render(f"{p}inter_token_latency_seconds", "Time between tokens.")
         lines += self.e2e.render(f"{p}e2e_request_latency_seconds", "Request latency.")
@@ -243,6 +244,32 @@ class ServerMetrics:
             for label in sorted(self.tenant_requests):
                 lines.append(f'{p}{name}{{tenant="{label}"}} {counts[label]}')
         return lines
+
+
+# The scheduler's per-tenant readings of its radix cache (``server_info``): (key, metric name,
+# kind, help).
+TENANT_CACHE_METRICS = (
+    ("tenant_kv_cached_tokens", "tenant_kv_cached_tokens", "gauge", "KV tokens cached."),
+    (
+        "tenant_kv_evicted_tokens",
+        "tenant_evicted_tokens_total",
+        "counter",
+        "Cached KV tokens evicted from the radix cache (back to 0 when the cache is flushed).",
+    ),
+)
+
+
+def _tenant_cache_lines(scheduler_info: Mapping[str, Any]) -> list[str]:
+    """The radix cache's tokens by tenant label, cached and evicted (none without tenants)."""
+    p, lines = PREFIX, []
+    for key, name, kind, help_text in TENANT_CACHE_METRICS:
+        counts = scheduler_info.get(key)
+        if not isinstance(counts, dict):
+            continue
+        lines += [f"# HELP {p}{name} {help_text} By tenant.", f"# TYPE {p}{name} {kind}"]
+        for label in sorted(counts):
+            lines.append(f'{p}{name}{{tenant="{label}"}} {counts[label]}')
+    return lines
 
 
 def _routed_lines(replicas: Any, router: Any) -> list[str]:

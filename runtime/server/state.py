@@ -7,7 +7,6 @@ through the metrics.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
+from runtime.api_keys import tenant_cache_salt
 from runtime.chat.generated_turns import GeneratedTurns
 from runtime.chat.generic_tools import template_renders_tools
 from runtime.chat.tool_call_formats import resolve_format
@@ -147,14 +147,11 @@ def caller_of(request: Request) -> str:
 
 def tenant_salt(request: Request, salt: str | None) -> str | None:
     """The cache salt the scheduler sees for the caller's ``salt`` (checked already): the salt
-    itself for a caller without a tenant; for a tenant's, a hash of the tenant and the salt
-    (no salt included), so that tenants never share cached KV or request ids, whatever salts
-    they send. The hash is a valid salt (printable ASCII)."""
+    itself for a caller without a tenant; for a tenant's, ``tenant_cache_salt`` (the tenant's
+    label and a hash of the tenant and the salt), so that tenants never share cached KV or
+    request ids, whatever salts they send."""
     tenant = tenant_of(request)
-    if tenant is None:
-        return salt
-    scoped = hashlib.sha256(f"{tenant}\x1f{salt or ''}".encode()).hexdigest()
-    return f"tenant-{scoped}"
+    return salt if tenant is None else tenant_cache_salt(tenant, salt)
 
 
 def tenant_body(request: Request, body: Body) -> Body:

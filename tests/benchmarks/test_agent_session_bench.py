@@ -31,5 +31,10 @@ def test_smoke_run_reports_every_row_and_column(tmp_path: Path) -> None:
     cache_control = payload["cache_control"]
     assert cache_control["flood_tokens"] >= 10 * payload["max_total_tokens"]
     assert 0 <= cache_control["cached_with_cache_control"] <= cache_control["prefix_tokens"]
-    assert set(payload["tenants"]) == {"quiet_solo_hit_rate", "quiet_flood_hit_rate", "ratio"}
+    tenants = payload["tenants"]
+    names = {"quiet_solo_hit_rate", "quiet_flood_hit_rate", "ratio", "flood_tenant_tokens"}
+    assert set(tenants) == names
+    rounds = payload["sizes"]["quiet_rounds"]
+    assert tenants["flood_tenant_tokens"] >= rounds * payload["max_total_tokens"]  # a pool a round
+    assert payload["loops_tokens"] < payload["working_set_tokens"]  # the flood counts too
     assert [type(target["pass"]) for target in payload["targets"]] == [bool] * 4

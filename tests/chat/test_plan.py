@@ -14,9 +14,13 @@ from runtime.chat.generic_tools import ReplyEnvelope
 from runtime.chat.plan import Prompt, plan_turn, turn_envelope
 from runtime.chat.turn_spec import ToolChoice, TurnSpec
 from runtime.errors import RequestError
+from runtime.ipc import FinishReason, PinPrefix
 from runtime.request_checks import InvalidRequestValue
 from runtime.sampling_params import RequestLimits
+from runtime.tokenizer_manager import RequestOutput
 
+# What the stand-in host's tokenizer manager was asked to pin (``PinPrefix``).
+PINNED: list[PinPrefix] = []
 WEATHER = {"name": "get_weather", "parameters": {"type": "object"}}
 TIME = {"name": "get_time", "parameters": {"type": "object"}}
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
@@ -35,7 +39,9 @@ class Decider:
 def _host(fmt: str = "hermes", branch: str | None = None, context: int = 100) -> Any:
     return SimpleNamespace(
         tokenizer=None,
-        tokenizer_manager=SimpleNamespace(limits=RequestLimits(vocab_size=1000)),
+        tokenizer_manager=SimpleNamespace(
+            limits=RequestLimits(vocab_size=1000), pin_prefix=PINNED.append
+        ),
         tool_call_format=fmt,
         tool_decider=Decider(branch),
         generated_turns=GeneratedTurns(None),
@@ -107,3 +113,32 @@ def test_errors_name_the_apis_fields() -> None:
     with pytest.raises(RequestError) as free:
         _plan(_spec("auto", answer={"json_object": True}, reply_envelope="free"), _host("generic"))
     assert free.value.param == "reply_envelope"
+
+
+def _finish(plan: Any, text: str) -> None:
+    """Read ``text`` as the whole output of one choice of ``plan``'s turn."""
+    final = RequestOutput("r", text, text, [7, 8, 9], 10, 3, 0, FinishReason.stop(None), 0.0)
+    plan.reader().read_whole(final)
+
+
+def test_only_a_turn_that_ended_in_tool_calls_is_pinned_for_the_tool_wait() -> None:
+    plan, _ = _plan(_spec("auto", cache_salt="s"), _host())
+    assert plan.pin is None  # nothing is pinned as the request finishes
+    PINNED.clear()
+    _finish(plan, "It is sunny in Paris.")
+    assert PINNED == []  # a plain-text answer
+    _finish(plan, '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>')
+    assert PINNED == [PinPrefix([*range(10), 7, 8, 9], 30.0, "s")]
+    PINNED.clear()
+    _finish(plan, '<tool_call>{"name": "get_weath')  # a call cut off: no whole call
+    assert PINNED == []
+
+
+def test_no_tool_wait_without_tools_or_with_a_zero_ttl() -> None:
+    host = _host()
+    host.args.tool_wait_ttl = 0.0
+    call = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    for plan in (_plan(_spec("auto"), host)[0], _plan(_spec("none"), _host())[0]):
+        PINNED.clear()
+        _finish(plan, call)
+        assert PINNED == []

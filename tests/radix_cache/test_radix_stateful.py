@@ -3,10 +3,10 @@
 The model maps every cached page-aligned prefix (per namespace) to the slots of its last page.
 Hypothesis drives requests the way the scheduler will (match, lock, allocate, insert chunks,
 re-match, swap locks, finish) plus bare inserts, matches, pins (with a clock that moves) and
-evictions under memory pressure. After every step the tree must hold exactly the model's
-prefixes with exactly their slots, every locked prefix must still be cached, every live pin
-must survive an eviction that unpinned KV could satisfy, pins must stay under their cap, and
-``check_invariants`` must pass.
+evictions under memory pressure, with one tenant or two (fair eviction). After every step the
+tree must hold exactly the model's prefixes with exactly their slots, every locked prefix must
+still be cached, every live pin must survive an eviction that unpinned KV could satisfy, pins
+must stay under their cap, and ``check_invariants`` must pass.
 """
 
 from __future__ import annotations
@@ -28,7 +28,12 @@ from hypothesis.stateful import (
 from radix_cache import KVSlotAllocator, RadixCache, TreeNode
 
 PageKey = tuple[Hashable, tuple[int, ...]]  # (namespace, page-aligned token prefix)
-NAMESPACES = [None, "adapter-b"]
+NAMESPACES = [None, "adapter-b", "tenant-c"]
+
+
+def tenant_of(namespace: Hashable) -> Hashable:
+    """Namespaces "tenant-..." are one tenant's; the rest the default tenant's."""
+    return "c" if namespace == "tenant-c" else None
 
 
 class ReferenceCache:
@@ -101,11 +106,17 @@ class RadixCacheMachine(RuleBasedStateMachine):
         page_size=st.sampled_from([1, 2, 4]),
         policy=st.sampled_from(["lru", "lfu", "fifo"]),
         pool_pages=st.integers(4, 24),
+        tenants=st.booleans(),
     )
-    def setup(self, page_size: int, policy: str, pool_pages: int) -> None:
+    def setup(self, page_size: int, policy: str, pool_pages: int, tenants: bool) -> None:
         self.page_size = page_size
         self.allocator = KVSlotAllocator((pool_pages + 1) * page_size, page_size)
-        self.cache = RadixCache(self.allocator, policy=policy, max_pinned_fraction=0.5)
+        self.cache = RadixCache(
+            self.allocator,
+            policy=policy,
+            max_pinned_fraction=0.5,
+            tenant_of=tenant_of if tenants else None,
+        )
         self.now = 0.0
         self.model = ReferenceCache(page_size)
         self.requests: list[Request] = []

@@ -7,12 +7,14 @@ names each field a request gets wrong."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from runtime.server import ServerProcess
 from tests.tool_fixtures import time_tool, weather_tool
@@ -118,6 +120,27 @@ def test_a_turn_that_calls_a_tool_stays_pinned_for_the_tool_wait(
     info = server.server_info()
     assert info["num_kv_pins"] >= 1
     assert info["kv_pinned_tokens"] >= reply.usage.total_tokens - 2
+
+
+def test_a_turn_that_answers_in_text_is_not_pinned_for_the_tool_wait(
+    server: ServerProcess, client: openai.OpenAI, model: str, tiny_model_path: Path
+) -> None:
+    """With tools on, a turn that stops of itself without a tool call (here: at its first
+    token, the end of text) waits on no tool: nothing is pinned for it."""
+    eos = AutoTokenizer.from_pretrained(tiny_model_path).eos_token_id
+    tools = [{"type": "function", "function": TIME_FUNCTION}]
+    before = server.server_info()["num_kv_pins"]
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say nothing at all, a turn never seen before."}],
+        tools=tools,
+        tool_choice="auto",
+        max_tokens=8,
+        temperature=0,
+        logit_bias={str(eos): 100},
+    )
+    assert reply.choices[0].finish_reason == "stop" and not reply.choices[0].message.tool_calls
+    assert server.server_info()["num_kv_pins"] <= before
 
 
 BAD_FIELDS = [

@@ -32,6 +32,7 @@ from runtime.ipc import FinishReason
 from runtime.server import ServerProcess
 from runtime.server.http_app import ApiKeyMiddleware
 from runtime.server.messages_run import MessageRun, new_message, stream_message
+from runtime.server.messages_usage import split_usage
 from runtime.server.state import caller_is_admin
 from runtime.server.streams import Events
 from runtime.tokenizer_manager import RequestOutput
@@ -504,5 +505,60 @@ def test_cache_control_pins_the_prompt(
     ]
     reply = client.messages.create(model=model, max_tokens=1, messages=marked, extra_body=GREEDY)
     info = server.server_info()
-    assert info["kv_pinned_tokens"] >= reply.usage.input_tokens - 1
+    usage = reply.usage
+    prompt = usage.input_tokens + usage.cache_read_input_tokens
+    assert info["kv_pinned_tokens"] >= prompt + (usage.cache_creation_input_tokens or 0) - 1
     assert info["num_kv_pins"] >= 1
+
+
+def _marked_request(prefix: str, question: str) -> dict[str, Any]:
+    """A request whose system prompt ``prefix`` is marked for caching (a breakpoint at its
+    end), then an unmarked question."""
+    return {
+        "max_tokens": 1,
+        "system": [{"type": "text", "text": prefix, "cache_control": _CACHE}],
+        "messages": [{"role": "user", "content": question}],
+        "extra_body": GREEDY,
+    }
+
+
+def test_usage_counts_the_marked_prefix_as_written_then_as_read(
+    client: anthropic.Anthropic, model: str
+) -> None:
+    """Anthropic's usage: the first request writes the marked prefix
+    (``cache_creation_input_tokens``), the next one with the same prefix reads it
+    (``cache_read_input_tokens``); what follows the breakpoint is ``input_tokens``; the three
+    add up to the prompt (``count_tokens``)."""
+    prefix = "Notes on marked prefixes, never sent before by any test: " + "kiwi lime " * 40
+    first_request = _marked_request(prefix, "First question?")
+    first = client.messages.create(model=model, **first_request).usage
+    counted = client.messages.count_tokens(
+        model=model, system=first_request["system"], messages=first_request["messages"]
+    ).input_tokens
+    created = first.cache_creation_input_tokens or 0
+    read = first.cache_read_input_tokens or 0
+    assert created + read + first.input_tokens == counted
+    assert created > 80 and read < created  # the system turn's shared start may be cached
+    assert 0 < first.input_tokens < 30  # the question and the turn's markup
+    second = client.messages.create(model=model, **_marked_request(prefix, "Another one?")).usage
+    assert (second.cache_read_input_tokens or 0) >= created + read - 1
+    assert (second.cache_creation_input_tokens or 0) <= 1
+    plain = client.messages.create(
+        model=model,
+        max_tokens=1,
+        system="An unmarked system prompt, never sent before: " + "fig plum " * 40,
+        messages=[{"role": "user", "content": "First question?"}],
+        extra_body=GREEDY,
+    ).usage
+    assert (plain.cache_creation_input_tokens or 0) == 0
+
+
+def test_usage_split_adds_up_and_puts_the_breakpoint_first() -> None:
+    assert split_usage(100, 0, 60) == {
+        "input_tokens": 40, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 60
+    }  # fmt: skip
+    assert split_usage(100, 60, 60)["cache_creation_input_tokens"] == 0
+    assert split_usage(100, 80, 60) == {
+        "input_tokens": 20, "cache_read_input_tokens": 80, "cache_creation_input_tokens": 0
+    }  # fmt: skip
+    assert split_usage(100, 10, 0)["input_tokens"] == 90

@@ -19,6 +19,7 @@ import pytest
 import frontend_lang as fl
 from runtime.server import ServerProcess
 from tests.server.server_process import POOL, pid_alive, sse_payloads
+from tests.tool_fixtures import time_tool
 
 pytest.importorskip("ray")
 
@@ -140,6 +141,33 @@ def test_the_router_and_the_replicas_keep_cache_salts_apart(routed: ServerProces
     assert after.get("cache_miss", 0) == before.get("cache_miss", 0) + 1
     assert cached("dp-tenant-a") > 0  # back to the replica holding its own prefix
     assert decisions().get("cache_hit", 0) == after.get("cache_hit", 0) + 1
+
+
+def test_a_tool_calling_turn_is_pinned_on_the_replica_that_ran_it(routed: ServerProcess) -> None:
+    """The tool-wait pin, which the server asks for after reading the calls (``PinPrefix``),
+    reaches the replica whose cache holds the turn."""
+    model = httpx.get(f"{routed.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    tools = [time_tool({"type": "string", "maxLength": 4})]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "What time is it in Lima, on a routed server?"}],
+        "tools": tools,
+        "tool_choice": "required",
+        "max_tokens": 160,
+        "temperature": 0,
+    }
+    before = [replica["num_kv_pins"] for replica in _info(routed)["replicas"]]
+    reply = httpx.post(f"{routed.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    total = reply["usage"]["total_tokens"]
+    deadline = time.monotonic() + 10  # the pin follows the reply by a message
+    while time.monotonic() < deadline:
+        replicas = _info(routed)["replicas"]
+        grown = [r for r, was in zip(replicas, before, strict=True) if r["num_kv_pins"] > was]
+        if grown:
+            break
+        time.sleep(0.2)
+    assert len(grown) == 1 and grown[0]["kv_pinned_tokens"] >= total - 2
 
 
 def test_a_prompt_cache_key_keeps_its_chats_on_one_replica(routed: ServerProcess) -> None:

@@ -24,6 +24,7 @@ from runtime.server import ServerProcess
 from runtime.server.http_app import ApiKeyMiddleware
 from runtime.server.state import caller_is_admin, caller_of, tenant_salt
 from runtime.server_args import ServerArgs
+from tests.runtime.helpers import random_prompts
 from tests.server.server_process import ADMIN_KEY, POOL, sse_payloads
 
 pytestmark = pytest.mark.timeout(300)
@@ -266,3 +267,23 @@ def test_metrics_count_each_tenant_under_a_hash_of_its_name(
             assert float(line.split()[-1]) > 0, line
     for secret in (KEY_A, KEY_B, ADMIN_KEY, "alice", derived_tenant(KEY_B)):
         assert secret not in text
+
+
+def test_a_flooding_tenant_evicts_its_own_cache_not_anothers(
+    server: ServerProcess, alice: httpx.Client, bob: httpx.Client, admin: httpx.Client
+) -> None:
+    assert admin.post("/flush_cache").status_code == 200
+    quiet = list(range(100, 1100))  # 1000 tokens, well under an equal share of the pool
+    alice.post("/generate", json={"input_ids": quiet, "sampling_params": ONE_TOKEN})
+    for ids in random_prompts([1000] * 20, seed=55):  # 2.5 pools of bob's unique prompts
+        answer = bob.post("/generate", json={"input_ids": ids, "sampling_params": ONE_TOKEN})
+        assert answer.status_code == 200, answer.text
+    again = alice.post("/generate", json={"input_ids": quiet, "sampling_params": ONE_TOKEN})
+    assert again.json()["meta_info"]["cached_tokens"] >= 999
+    info = admin.get("/get_server_info").json()
+    evicted = info["tenant_kv_evicted_tokens"]
+    flood, quiet_label = tenant_label(derived_tenant(KEY_B)), tenant_label("alice")
+    assert evicted[flood] >= 10_000 and quiet_label not in evicted
+    assert info["tenant_kv_cached_tokens"][quiet_label] >= 1000
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert f'arbor_tenant_evicted_tokens_total{{tenant="{flood}"}} {evicted[flood]}' in metrics
