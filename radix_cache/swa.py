@@ -12,7 +12,7 @@ still has its full half: a cached prefix keeps serving the full layers, and a ma
 end where the window before it is whole (``window_valid_length``).
 
 ``evict_window_kv`` frees the window half of cached nodes, least recently used first, sparing
-the nodes a running request or a pin may still read through its window.
+the positions a running request or a pin may still read through its window.
 
 Invariant: every window page but page 0 is either free or the image of exactly one allocated
 full page.
@@ -163,21 +163,42 @@ def window_valid_length(has_window: np.ndarray, length: int, window: int, page_s
     return end
 
 
+# droppable[node]: how many of a node's leading tokens may lose their window half (a multiple
+# of the page size; a node not in it: all of them). The rest some query still reads.
+Droppable = dict[TreeNode, int]
+
+
+def droppable_slots(node: TreeNode, droppable: Droppable) -> np.ndarray:
+    """The slots of ``node`` whose window half may be dropped."""
+    return node.slots[: droppable.get(node, node.key.size)]
+
+
+def window_held(
+    nodes: Iterable[TreeNode], allocator: HybridSlotAllocator, droppable: Droppable
+) -> int:
+    """Window slots the droppable part of ``nodes`` holds (``evict_window_kv`` can free them)."""
+    page = allocator.page_size
+    return page * sum(
+        int(allocator.has_window(droppable_slots(node, droppable)[::page]).sum()) for node in nodes
+    )
+
+
 def evict_window_kv(
     nodes: Iterable[TreeNode], allocator: HybridSlotAllocator, num_tokens: int,
-    spared: set[TreeNode],
+    droppable: Droppable,
 ) -> int:  # fmt: skip
-    """Drop the window half of cached ``nodes`` (least recently used first, skipping
-    ``spared``) until ``num_tokens`` window slots are free or nothing is left. Returns the
-    window slots freed."""
+    """Drop the window half of the droppable part of cached ``nodes``, least recently used
+    first, until ``num_tokens`` window slots are free or nothing is left. Returns the window
+    slots freed."""
+    page = allocator.page_size
     candidates = [
         node for node in nodes
-        if node not in spared and allocator.has_window(node.slots[:: allocator.page_size]).any()
+        if allocator.has_window(droppable_slots(node, droppable)[::page]).any()
     ]  # fmt: skip
     candidates.sort(key=lambda node: node.last_access)
     freed = 0
     for node in candidates:
         if freed >= num_tokens:
             break
-        freed += allocator.drop_window(node.slots)
+        freed += allocator.drop_window(droppable_slots(node, droppable))
     return freed

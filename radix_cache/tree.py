@@ -22,7 +22,7 @@ from radix_cache.node import (
     matching_child,
 )
 from radix_cache.pins import PinTable
-from radix_cache.swa import HybridSlotAllocator, evict_window_kv
+from radix_cache.swa import Droppable, HybridSlotAllocator, evict_window_kv, window_held
 from radix_cache.tenants import TenantQueues
 
 
@@ -207,24 +207,19 @@ class RadixCache:
         """Each pinned node with its depth (the pinned prefix's length), oldest pin first."""
         return [(node, node_depth(node)) for node in self._pins.nodes()]
 
-    def window_held(self, spared: set[TreeNode]) -> int:
-        """Window slots held by cached nodes other than ``spared`` (``evict_window`` could free
-        them all). O(nodes)."""
+    def window_held(self, droppable: Droppable) -> int:
+        """Window slots held by the ``droppable`` part of cached nodes (``evict_window`` could
+        free them all). O(nodes)."""
         assert isinstance(self.allocator, HybridSlotAllocator)
-        allocator, page = self.allocator, self.page_size
-        return sum(
-            int(allocator.has_window(node.slots[::page]).sum()) * page
-            for node in self._iter_nodes()
-            if node not in spared
-        )
+        return window_held(self._iter_nodes(), self.allocator, droppable)
 
-    def evict_window(self, num_tokens: int, spared: set[TreeNode]) -> int:
+    def evict_window(self, num_tokens: int, droppable: Droppable) -> int:
         """With a ``HybridSlotAllocator``: free at least ``num_tokens`` window slots (or all
         there are) by dropping the window half of cached nodes, least recently used first,
-        never of ``spared`` ones. The nodes stay: their full layers' KV still serves. Returns
-        the window slots freed."""
+        only of their ``droppable`` part. The nodes stay: their full layers' KV still serves.
+        Returns the window slots freed."""
         assert isinstance(self.allocator, HybridSlotAllocator)
-        return evict_window_kv(self._iter_nodes(), self.allocator, num_tokens, spared)
+        return evict_window_kv(self._iter_nodes(), self.allocator, num_tokens, droppable)
 
     def _match_below(
         self, node: TreeNode, length: int, path_slots: list[np.ndarray], key: np.ndarray

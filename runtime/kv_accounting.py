@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from radix_cache import KVSlotAllocator, RadixCache, TreeNode
-from radix_cache.swa import HybridSlotAllocator, window_valid_length
+from radix_cache.swa import Droppable, HybridSlotAllocator, window_valid_length
 from radix_cache.tree import MatchResult
 from runtime.memory_pool import ReqToTokenPool
 
@@ -150,7 +150,7 @@ class KVAccounting:
             short = n + self.page_size - self.hybrid.window_available()
             if short <= 0 or self.tree is None:
                 return
-            self.tree.evict_window(short, self._window_spared(with_pins))
+            self.tree.evict_window(short, self._window_droppable(with_pins))
 
     def _window_anchors(self, with_pins: bool = True) -> list[tuple[TreeNode, int, int]]:
         """(node, its depth, the position of the next query) of every cached path something
@@ -166,19 +166,23 @@ class KVAccounting:
             anchors += [(node, depth, depth) for node, depth in self.tree.pinned_prefixes()]
         return anchors
 
-    def _window_spared(self, with_pins: bool = True) -> set[TreeNode]:
-        """The cached nodes whose window KV some anchor (``_window_anchors``) still reads: a
-        query at position p reads back to p - window + 1."""
+    def _window_droppable(self, with_pins: bool = True) -> Droppable:
+        """How much of each cached node some anchor (``_window_anchors``) reads through its
+        window, as ``Droppable``: a query at position p reads back to p - window + 1, so a
+        node on an anchor's path keeps its window half from there on."""
         assert self.hybrid is not None
-        spared: set[TreeNode] = set()
+        droppable: Droppable = {}
         for node, depth, reader in self._window_anchors(with_pins):
             horizon = reader - self.hybrid.window + 1
             cursor: TreeNode | None = node
             while cursor is not None and cursor.parent is not None and depth > horizon:
-                spared.add(cursor)
-                depth -= cursor.key.size
+                start = depth - cursor.key.size
+                head = max(0, horizon - start)
+                head -= head % self.page_size
+                droppable[cursor] = min(head, droppable.get(cursor, head))
+                depth = start
                 cursor = cursor.parent
-        return spared
+        return droppable
 
     def window_evictable(self) -> int:
         """Window slots an allocation can get: free, or held by cached nodes no placement
@@ -187,7 +191,7 @@ class KVAccounting:
         free = self.hybrid.window_available()
         if self.tree is None:
             return free
-        return free + self.tree.window_held(self._window_spared(with_pins=False))
+        return free + self.tree.window_held(self._window_droppable(with_pins=False))
 
     def chunk_limit(self, n: int) -> int:
         """``n`` new positions for one placement, cut to what the window pool can still take

@@ -150,7 +150,7 @@ def test_window_eviction_spares_what_running_requests_read() -> None:
     kv, tree = _setup(window_slots=40)
     first = _run(kv, np.arange(0, 24, dtype=np.int32), step=4)  # cached as 4-token nodes
     # A second request needs 20 window slots, more than are free: only what the first
-    # cannot see again may go (whole nodes: those ending before its window, less a page).
+    # cannot see again may go.
     second = _run(kv, np.arange(500, 520, dtype=np.int32), step=20)
     assert kv.hybrid.window_available() < 20
     slots = kv.req_to_token_pool.host[first.kv.row, :24]
@@ -167,7 +167,7 @@ def test_the_tree_copy_takes_the_window_half_of_a_recomputed_duplicate() -> None
     first = _run(kv, ids, step=20)
     kv._keep(first, ids, None, in_cache=True)
     kv._unplace(first)
-    tree.evict_window(100, set())
+    tree.evict_window(100, {})
     cached = tree.match_prefix(ids).slots
     assert not kv.hybrid.has_window(cached).any()
     second = _run(kv, np.concatenate([ids, np.arange(90, 94, dtype=np.int32)]), step=24)
@@ -176,3 +176,24 @@ def test_the_tree_copy_takes_the_window_half_of_a_recomputed_duplicate() -> None
     assert torch.equal(slots[:20], cached)
     assert kv.hybrid.has_window(slots)[24 - 7 :].all()
     kv.check_invariants([second])
+
+
+def test_chunks_cut_to_the_window_pool_always_make_progress() -> None:
+    """A window pool of one window and 5 slots, and chunks of 16 asked for: each chunk is cut
+    to what the pool can give (``chunk_limit``), the request's own cached chunks lose their
+    window half up to its window (inside a node too), and the prompt gets through."""
+    kv, tree = _setup(window_slots=8 + 5 + 1)
+    ids = np.arange(0, 100, dtype=np.int32)
+    holder = Holder()
+    assert kv._place(holder, lambda: tree.match_prefix(ids))
+    for _ in range(200):
+        if holder.kv.kv_len == len(ids):
+            break
+        n = kv.chunk_limit(min(16, len(ids) - holder.kv.kv_len))
+        assert 1 <= n <= 16
+        assert kv.alloc_extend(holder, n)
+        kv._cache(holder, ids[: holder.kv.kv_len], None)
+        kv.check_invariants([holder])
+    assert holder.kv.kv_len == len(ids)
+    slots = kv.req_to_token_pool.host[holder.kv.row, :100]
+    assert kv.hybrid.has_window(slots)[100 - 7 :].all()
