@@ -167,6 +167,9 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     locate_model(model_path)  # builds a GGUF file's converted folder once, before any timing
     gguf = str(llama_cpp_file(model_path))
     spec = _spec(args, model_path, gguf, batches)
+    systems = tuple(s for s in SYSTEMS if s in args.systems.split(","))
+    if systems[:1] != ("arbor",) or len(systems) < 2:
+        raise SystemExit(f"--systems: arbor and at least one of {', '.join(SYSTEMS[1:])}")
     load_before = os.getloadavg()
     try:
         find_or_build(None)  # once: a failed build is not retried every round
@@ -175,16 +178,18 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
         no_server = f"llama-server unavailable: {exc}"
     rounds: list[dict[str, dict[str, Any]]] = []
     for number in range(args.rounds):
-        rounds.append({system: _run_worker(system, spec) for system in SYSTEMS})
-        rounds[-1]["llama.cpp"].update(_server_rates(gguf, spec, batches, args.steps, no_server))
+        rounds.append({system: _run_worker(system, spec) for system in systems})
+        if "llama.cpp" in systems:
+            server = _server_rates(gguf, spec, batches, args.steps, no_server)
+            rounds[-1]["llama.cpp"].update(server)
         print(f"round {number + 1}:", json.dumps(rounds[-1]), flush=True)
-    best = {system: _best([r[system] for r in rounds]) for system in SYSTEMS}
+    best = {system: _best([r[system] for r in rounds]) for system in systems}
     load_after = os.getloadavg()
-    rows = _table_rows(best, batches)
+    rows = _table_rows(best, batches, systems)
     print(f"\n{model_path}: {args.rounds} round(s), best of each, {spec['threads']} threads; "
           f"arbor --dtype {args.dtype} --quantization {args.quantization}; load average "
           f"before {_load(load_before)}, after {_load(load_after)}\n")  # fmt: skip
-    print_table(["", *SYSTEMS, "arbor / transformers", "arbor / llama.cpp"], rows)
+    print_table(["", *systems, *(f"arbor / {other}" for other in systems[1:])], rows)
     for system, result in best.items():
         for key, value in result.items():
             if isinstance(value, str):
@@ -276,7 +281,9 @@ def _best(results: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def _table_rows(best: dict[str, dict[str, Any]], batches: list[int]) -> list[list[Any]]:
+def _table_rows(
+    best: dict[str, dict[str, Any]], batches: list[int], systems: tuple[str, ...] = SYSTEMS
+) -> list[list[Any]]:
     labels = {
         "load_s": "load s", "rss_load_mb": "RSS after load, MB",
         "rss_peak_mb": "peak RSS of load, MB", "rss_run_mb": "RSS after 1-stream runs, MB",
@@ -286,7 +293,7 @@ def _table_rows(best: dict[str, dict[str, Any]], batches: list[int]) -> list[lis
     }  # fmt: skip
     rows = []
     for key, label in labels.items():
-        values = [best[s].get(key, "-") for s in SYSTEMS]
+        values = [best[s].get(key, "-") for s in systems]
         cells = [v if isinstance(v, float) else "n/a" if isinstance(v, str) else v for v in values]
         if key == "others_cpu_share":
             cells = [f"{v:.0%}" if isinstance(v, float) else v for v in cells]
@@ -295,7 +302,7 @@ def _table_rows(best: dict[str, dict[str, Any]], batches: list[int]) -> list[lis
             f"{ours / v:.2f}x" if isinstance(ours, float) and isinstance(v, float) and v else "-"
             for v in values[1:]
         ]
-        rows.append([label, *cells, *(ratios if key != "others_cpu_share" else ["", ""])])
+        rows.append([label, *cells, *(ratios if key != "others_cpu_share" else [""] * len(ratios))])
     return rows
 
 
@@ -315,6 +322,11 @@ def main() -> None:
     parser.add_argument("--batch-context", type=int, default=128, help="model: batch prompts")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1, help="model: rounds, best kept")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="model: which systems run, comma-separated (arbor and at least one other)",
+    )
     parser.add_argument(
         "--quantization", default="auto", choices=("auto", "none", "gguf"),
         help="model: Arbor's --quantization (none: dequantized to --dtype; gguf: the blocks)",
