@@ -119,18 +119,42 @@ def arbor_logits(
     return logits.float().numpy()
 
 
-def llama_cpp_logits(gguf: str, ids: list[int], text: str) -> tuple[np.ndarray, bool]:
+# llama.cpp against itself: configurations other than its default whose agreement with its
+# default run is the bar Arbor's agreement is held to (issue 38's measure).
+LLAMA_CPP_VARIANTS: dict[str, dict[str, Any]] = {
+    "K/V cached in float32 (type_k/type_v F32)": {"type_k": 0, "type_v": 0},
+    "flash attention on": {"flash_attn": True},
+}
+
+
+def llama_cpp_logits(
+    gguf: str, ids: list[int], text: str, **options: Any
+) -> tuple[np.ndarray, bool]:
     """llama.cpp's logits at every position of ``ids`` ([len(ids), n_vocab]), and whether its
-    own tokenization of ``text`` gives ``ids``."""
+    own tokenization of ``text`` gives ``ids``; ``options``: more ``Llama`` arguments."""
     threads = torch.get_num_threads()
     llm = open_llama(
         gguf, n_ctx=len(ids) + 8, n_batch=512, logits_all=True, n_threads=threads,
-        n_threads_batch=threads, verbose=False,
+        n_threads_batch=threads, verbose=False, **options,
     )  # fmt: skip
     # add_bos=True adds BOS where the file says the model wants one, as the tokenizer does
     tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
     llm.eval(ids)
     return np.array(llm.scores[: len(ids)], dtype=np.float32), tokens == ids
+
+
+def llama_cpp_self_agreement(
+    model_path: str | None = None, text: str | None = None
+) -> dict[str, Agreement]:
+    """llama.cpp's default run against each of ``LLAMA_CPP_VARIANTS``, on the same ids."""
+    path = resolve_model_path(model_path)
+    text = ENGLISH_PASSAGE.read_text() if text is None else text
+    ids = list(load_tokenizer(path)(text).input_ids)
+    default, _ = llama_cpp_logits(path, ids, text)
+    return {
+        name: compare(llama_cpp_logits(path, ids, text, **options)[0], default, ids)
+        for name, options in LLAMA_CPP_VARIANTS.items()
+    }
 
 
 def measure(
@@ -165,6 +189,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--text", help=f"a UTF-8 text file (default {ENGLISH_PASSAGE.name})")
     parser.add_argument("--out", help="JSON results path")
+    parser.add_argument(
+        "--llama-cpp-self", action="store_true",
+        help="also llama.cpp's default run against its other configurations (the bar)",
+    )  # fmt: skip
     args = parser.parse_args()
     text = Path(args.text).read_text() if args.text else None
     result = measure(args.model_path, text, args.quantization)
@@ -182,7 +210,18 @@ def main() -> None:
     if gaps:
         print(f"\n{len(gaps)} disagreements; Arbor's logit gap between the two candidates: "
               f"median {gaps[len(gaps) // 2]:.3f}, max {gaps[-1]:.3f}")  # fmt: skip
+    own = llama_cpp_self_agreement(args.model_path, text) if args.llama_cpp_self else {}
+    if own:
+        print("\nllama.cpp against its own default run")
+        print_table(
+            ["configuration", "positions", "top-1 agreement", "max |logit diff|"],
+            [[name, a.positions, f"{a.rate:.2%}", a.max_abs_logit_diff] for name, a in own.items()],
+        )
     payload: dict[str, Any] = {
+        "llama_cpp_self": {
+            name: {"agreed": a.agreed, "positions": a.positions, "rate": a.rate}
+            for name, a in own.items()
+        },  # fmt: skip
         "model_path": resolve_model_path(args.model_path),
         "quantization": args.quantization,
         "llama_cpp_extra_buffers_off": extra_buffers_crash(resolve_model_path(args.model_path)),

@@ -59,7 +59,7 @@ class MultiTurn(Workload):
 
     def run_arbor(self, engine: Engine) -> SystemRun:
         tokenizer = engine.tokenizer
-        template = fl.ChatTemplate.from_tokenizer(tokenizer)
+        template = turn_format(tokenizer)
         system = (
             template.prefix["system"] + "You are a helpful assistant." + template.suffix["system"]
         )
@@ -82,3 +82,21 @@ class MultiTurn(Workload):
             return [session(g, turns, clock, bar) for g, turns in enumerate(chats)]
 
         return measure(engine, clients, sum(len(t) for t in chats))
+
+
+# Gemma's turn format: what a base model without a chat template (gemma3-270m) is given here.
+GEMMA_TURNS = fl.ChatTemplate(
+    "",
+    {"system": "<start_of_turn>user\n", "user": "<start_of_turn>user\n",
+     "assistant": "<start_of_turn>model\n"},
+    {role: "<end_of_turn>\n" for role in ("system", "user", "assistant")},
+)  # fmt: skip
+
+
+def turn_format(tokenizer: object) -> fl.ChatTemplate:
+    """The tokenizer's chat template as role blocks; for a base model without one, Gemma's turn
+    format (the calls are token ids either way, and every system replays the same ones)."""
+    try:
+        return fl.ChatTemplate.from_tokenizer(tokenizer)
+    except fl.ChatTemplateError:
+        return GEMMA_TURNS
