@@ -213,6 +213,12 @@ class ServerArgs:
         "such pin",
         low=0.0,
     )
+    skip_server_warmup: bool = _flag(
+        False,
+        "say ready without the warm-up's chat and grammar requests: the first requests then pay "
+        "for the first grammar compile and forwards (tool calibration still runs, or is read "
+        "back from the cache folder)",
+    )
     swa_full_tokens_ratio: float = _flag(
         0.25,
         "a model with sliding-window layers (Gemma 3): the window layers' KV pool holds this "

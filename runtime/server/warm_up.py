@@ -11,8 +11,9 @@ server says ready, with requests of its own through the same tokenizer manager:
 3. the tool decision's thresholds, read back from the cache folder or calibrated and kept
    there (``ToolDecider.prepare``; only for the generic tool-call format);
 
-then it empties the radix cache, so a user's first request finds it as a fresh server's (the
-scheduler's counters do count the warm-up's requests). A failure is logged and the server
+(``--skip-server-warmup`` leaves out 1 and 2), then it empties the radix cache, so a user's
+first request finds it as a fresh server's (the scheduler's counters do count the warm-up's
+requests). A failure is logged and the server
 serves without the rest of the warm-up. Its phases join the startup log
 (``runtime.startup_phases``).
 """
@@ -54,7 +55,9 @@ class WarmUp:
         """Run each step once the scheduler is ready, then call ``finished`` (which logs the
         startup) before ``done`` turns true; never raises."""
         try:
-            if not has_chat_template(state.tokenizer):  # a base model: no chat APIs to warm
+            if state.args.skip_server_warmup:
+                pass
+            elif not has_chat_template(state.tokenizer):  # a base model: no chat APIs to warm
                 with self.phases.phase("warm-up: text"):
                     await _text_turn(state, None)
                 with self.phases.phase("warm-up: grammar"):

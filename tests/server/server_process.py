@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Every test server gets the same KV pool.
-POOL = ("--max-total-tokens", "8192")
+# Every test server gets the same KV pool, and says ready without the warm-up's chat and
+# grammar requests (seconds of CPU a start; tests/server/test_cold_start.py runs them).
+POOL = ("--max-total-tokens", "8192", "--skip-server-warmup")
 # The key of the shared keyed server (tests/server/conftest.py).
 API_KEY = "arbor-test-key"
 # The operator key of servers started with --admin-api-key (the `admin` fixture holds it).

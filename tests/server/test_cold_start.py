@@ -16,7 +16,9 @@ from tests.tool_fixtures import function_tool
 pytestmark = pytest.mark.timeout(300)
 
 # The generic format: the one whose tool_choice "auto" is decided by the calibrated threshold.
-SERVE = (*POOL, "--tool-call-parser", "generic", "--log-level", "info")
+# With the whole warm-up (POOL skips its chat and grammar requests).
+WARM = ("--max-total-tokens", "8192")
+SERVE = (*WARM, "--tool-call-parser", "generic", "--log-level", "info")
 TOOL = function_tool(
     "get_weather", {"city": {"type": "string"}}, "Get the current weather in a city.", closed=False
 )
@@ -74,3 +76,17 @@ def test_calibration_at_startup_kept_and_read_back(
         assert restarted[read_back] == 2 and calibrated not in restarted
         _tools_auto(server, "Is it raining in Lima?")
         assert on_demand not in _metrics(server)
+
+
+def test_skip_server_warmup_says_ready_without_the_warm_up_requests(tiny_model_path: Path):
+    """--skip-server-warmup (every other test server's): no warm-up chat or grammar request
+    ran before ready, and the first request still works."""
+    assert "--skip-server-warmup" in POOL
+    with ServerProcess(tiny_model_path, *POOL, "--log-level", "info") as server:
+        compiles = _metrics(server)["arbor_grammar_compile_seconds_count"]
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 2, "regex": "[a-z]+"}}
+        httpx.post(f"{server.url}/generate", json=body, timeout=60.0).raise_for_status()
+        log = server.log_path.read_text()
+        assert _metrics(server)["arbor_grammar_compile_seconds_count"] == compiles + 1
+    assert compiles == 0
+    assert "startup: warm-up" not in log and "startup: total" in log
