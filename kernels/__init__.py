@@ -28,9 +28,11 @@ else:
     from arbor_kernels import reference  # noqa: F401  (registers the torch implementations)
     from arbor_kernels.dispatch import (
         BACKENDS,
+        deterministic,
         graph_safe,
         kernel_backend,
         native_available,
+        set_deterministic,
         set_kernel_backend,
     )
     from arbor_kernels.ops import (
@@ -40,6 +42,7 @@ else:
         decode_attention_with_lse,
         decode_self_attention,
         extend_attention,
+        fixed_order_linear,
         fused_add_rms_norm,
         gather_kv_chunks,
         merge_attention_states,
@@ -60,8 +63,10 @@ else:
         "decode_attention",
         "decode_attention_with_lse",
         "decode_self_attention",
+        "deterministic",
         "extend_attention",
         "filter_probs",
+        "fixed_order_linear",
         "fused_add_rms_norm",
         "gather_kv_chunks",
         "graph_safe",
@@ -74,6 +79,7 @@ else:
         "row_max_argmax",
         "row_uniform",
         "sample_from_probs",
+        "set_deterministic",
         "set_kernel_backend",
         "shared_prefix_attention",
         "silu_and_mul",
