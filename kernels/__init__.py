@@ -32,6 +32,7 @@ else:
         graph_safe,
         kernel_backend,
         native_available,
+        runs_natively,
         set_deterministic,
         set_kernel_backend,
     )
@@ -78,6 +79,7 @@ else:
         "rms_norm",
         "row_max_argmax",
         "row_uniform",
+        "runs_natively",
         "sample_from_probs",
         "set_deterministic",
         "set_kernel_backend",

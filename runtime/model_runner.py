@@ -150,6 +150,12 @@ class ModelRunner:
         kernels.set_deterministic(spec.deterministic)
         if torch.device(spec.device).type == "cpu" and kernels.kernel_backend() != "torch":
             kernels.native_available()  # loaded now, not inside the first op that runs
+        cpu = torch.device("cpu")
+        if spec.deterministic and not kernels.runs_natively("extend_attention", cpu):
+            raise ValueError(
+                "--deterministic needs the native CPU kernels (build them: make install; "
+                "not --kernel-backend torch)"
+            )
         phases.lap("kernels")
         self.config = config = ModelConfig.from_pretrained(spec.model_path)
         check_tp_size(tp.size, config.num_heads, config.num_kv_heads, config.intermediate_size)

@@ -89,6 +89,20 @@ def test_logits_are_the_same_bits_however_the_token_is_computed(
         assert torch.equal(got, expected), f"{name}: {float((got - expected).abs().max())}"
 
 
+def test_refused_where_its_order_is_not_kept(tiny_model_path: Path) -> None:
+    before = kernels.kernel_backend()
+    try:
+        with pytest.raises(ValueError, match="native CPU kernels"):
+            ModelRunner(RunnerConfig(
+                str(tiny_model_path), kv_slots=256, max_requests=2, kernel_backend="torch",
+                deterministic=True,
+            ))  # fmt: skip
+    finally:
+        kernels.set_kernel_backend(before)
+    with pytest.raises(ValueError, match="one rank"):
+        ModelRunner(RunnerConfig(str(tiny_model_path), device="meta", deterministic=True))
+
+
 def _greedy(engine: Engine, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
     results = engine.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True)
     return [
