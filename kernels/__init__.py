@@ -28,9 +28,12 @@ else:
     from arbor_kernels import reference  # noqa: F401  (registers the torch implementations)
     from arbor_kernels.dispatch import (
         BACKENDS,
+        deterministic,
         graph_safe,
         kernel_backend,
         native_available,
+        runs_natively,
+        set_deterministic,
         set_kernel_backend,
     )
     from arbor_kernels.ops import (
@@ -40,6 +43,7 @@ else:
         decode_attention_with_lse,
         decode_self_attention,
         extend_attention,
+        fixed_order_linear,
         fused_add_rms_norm,
         gather_kv_chunks,
         merge_attention_states,
@@ -60,8 +64,10 @@ else:
         "decode_attention",
         "decode_attention_with_lse",
         "decode_self_attention",
+        "deterministic",
         "extend_attention",
         "filter_probs",
+        "fixed_order_linear",
         "fused_add_rms_norm",
         "gather_kv_chunks",
         "graph_safe",
@@ -73,7 +79,9 @@ else:
         "rms_norm",
         "row_max_argmax",
         "row_uniform",
+        "runs_natively",
         "sample_from_probs",
+        "set_deterministic",
         "set_kernel_backend",
         "shared_prefix_attention",
         "silu_and_mul",

@@ -7,6 +7,11 @@ and has the op, and the torch reference otherwise. A missing triton or native bu
 the CPU path: "auto" warns once and runs the reference. The ARBOR_KERNEL_BACKEND environment
 variable, read at import, sets the starting choice.
 
+``set_deterministic`` turns on deterministic mode for the process (``--deterministic``): the
+native CPU kernels then sum in one fixed order, so that a token's result does not depend on
+the batch it runs in, on how its prompt was chunked, or on whether its prefix came from the
+cache (kernels/cpu_native/common.h); float projections go through ``fixed_order_linear``.
+
 Implementations registered with ``graph_safe=True`` promise to be capturable in a CUDA graph:
 no host sync (no ``.item()``, ``.tolist()``, ``.cpu()``, no Python branching on tensor values)
 and launch shapes that depend only on tensor shapes, so a replay with new values in the same
@@ -44,6 +49,7 @@ _load_errors: dict[str, BaseException | None] = {}  # per backend tried: why it 
 # hundred times, and picking anew each time was a measurable part of its host overhead.
 # Emptied whenever the choice could change (a registration, a forced backend).
 _resolved: dict[tuple[str, str], Callable[..., Any]] = {}
+_deterministic = False
 
 
 def register(
@@ -105,6 +111,20 @@ def set_kernel_backend(name: str) -> None:
 
 def kernel_backend() -> str:
     return _forced
+
+
+def set_deterministic(on: bool) -> None:
+    """Deterministic mode on or off for the whole process (module docstring); the native
+    kernels, when they load later, start in it."""
+    global _deterministic
+    _deterministic = on
+    if "native" in _load_errors and _load_errors["native"] is None:
+        importlib.import_module(_MODULES["native"]).ext.set_deterministic(on)
+
+
+def deterministic() -> bool:
+    """Whether deterministic mode is on (``set_deterministic``)."""
+    return _deterministic
 
 
 def resolve(op: str, device: torch.device) -> Callable[..., Any]:

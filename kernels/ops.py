@@ -5,7 +5,15 @@ implementation ``dispatch.resolve`` picks for its first argument's device."""
 from __future__ import annotations
 
 from arbor_kernels.dispatch import dispatched
-from arbor_kernels.reference import attention, cascade, elementwise, kv_chunks, quantized, sampling
+from arbor_kernels.reference import (
+    attention,
+    cascade,
+    elementwise,
+    kv_chunks,
+    linear,
+    quantized,
+    sampling,
+)
 
 extend_attention = dispatched(attention.extend_attention)
 decode_attention = dispatched(attention.decode_attention)
@@ -19,6 +27,7 @@ apply_rotary_emb = dispatched(elementwise.apply_rotary_emb)
 silu_and_mul = dispatched(elementwise.silu_and_mul)
 quantized_linear = dispatched(quantized.quantized_linear)
 quantized_rows = dispatched(quantized.quantized_rows)
+fixed_order_linear = dispatched(linear.fixed_order_linear)
 apply_token_bitmask = dispatched(sampling.apply_token_bitmask)
 row_max_argmax = dispatched(sampling.row_max_argmax)
 sample_from_probs = dispatched(sampling.sample_from_probs)

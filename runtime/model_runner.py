@@ -65,9 +65,12 @@ class RunnerConfig:
     cascade_min_prefix: decode requests sharing at least this many tokens
     attend to them in one shared-prefix pass (runtime/cascade.py); None turns that off.
     pack_weights: move the projection weights into oneDNN's layout on CPU, float32 or bfloat16
-    (``CausalLM.pack_weights``). cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches
-    of up to ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs
-    captured at start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other
+    (``CausalLM.pack_weights``). deterministic: the kernels sum in one fixed order, whatever the
+    batch, chunking or cache (``kernels.set_deterministic``; CPU, one rank); it turns off
+    cascade attention and weight packing, whose orders depend on the batch.
+    cuda_graph_max_bs, disable_cuda_graph: on CUDA, decode batches of up to
+    ``cuda_graph_max_bs`` requests (None: min(max_requests, 160)) replay graphs captured at
+    start-up (runtime/cuda_graph_runner.py), unless ``disable_cuda_graph``; other
     devices never capture. kernel_backend: the kernels' backend for this process
     (``kernels.set_kernel_backend``; None leaves it as it is). quantization: how quantized
     weights run (``model_loader.QUANTIZATIONS``): ``gguf`` keeps a GGUF file's blocks and runs
@@ -96,6 +99,7 @@ class RunnerConfig:
     quantization: str = "auto"
     window_kv_ratio: float | None = None
     window_kv_off: str = "not asked for"
+    deterministic: bool = False
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
@@ -123,6 +127,7 @@ class RunnerConfig:
             quantization=args.quantization,
             window_kv_ratio=None if off else args.swa_full_tokens_ratio,
             window_kv_off=off or "",
+            deterministic=args.deterministic,
         )
 
 
@@ -140,14 +145,23 @@ class ModelRunner:
         self.startup_phases = phases = StartupPhases()
         if spec.kernel_backend is not None:  # before loading: the model and graphs use them
             kernels.set_kernel_backend(spec.kernel_backend)
+        if spec.deterministic and (torch.device(spec.device).type != "cpu" or tp.size > 1):
+            raise ValueError("--deterministic runs on CPU on one rank only (no --tp-size)")
+        kernels.set_deterministic(spec.deterministic)
         if torch.device(spec.device).type == "cpu" and kernels.kernel_backend() != "torch":
             kernels.native_available()  # loaded now, not inside the first op that runs
+        cpu = torch.device("cpu")
+        if spec.deterministic and not kernels.runs_natively("extend_attention", cpu):
+            raise ValueError(
+                "--deterministic needs the native CPU kernels (build them: make install; "
+                "not --kernel-backend torch)"
+            )
         phases.lap("kernels")
         self.config = config = ModelConfig.from_pretrained(spec.model_path)
         check_tp_size(tp.size, config.num_heads, config.num_kv_heads, config.intermediate_size)
         self.tp = tp
         self.heads = HeadPartition.of_rank(config.num_heads, config.num_kv_heads, tp.rank, tp.size)
-        self.cascade_min_prefix = spec.cascade_min_prefix
+        self.cascade_min_prefix = None if spec.deterministic else spec.cascade_min_prefix
         self.device = torch.device(spec.device)
         self.dtype = resolve_dtype(spec.dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(spec.kv_cache_dtype, self.dtype)
@@ -192,7 +206,7 @@ class ModelRunner:
             record_writes=tp.size > 1 and tp.is_leader,
         )
         phases.lap("cache pool")
-        if spec.pack_weights:  # after sizing the KV pool, which counts the plain weights
+        if spec.pack_weights and not spec.deterministic:  # after sizing the KV pool
             with one_thread():
                 self.model.pack_weights()
             phases.lap("pack weights")

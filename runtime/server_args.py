@@ -330,6 +330,12 @@ class ServerArgs:
     disable_weight_packing: bool = _flag(
         False, "on CPU, keep the projection weights in torch's layout instead of oneDNN's"
     )
+    deterministic: bool = _flag(
+        False,
+        "on CPU, make a request's output independent of its batch, of prefill chunking and of "
+        "prefix caching: the kernels sum in one fixed order (no cascade attention, no oneDNN "
+        "packing; docs/serving.md gives the cost)",
+    )
     disable_cuda_graph: bool = _flag(
         False, "on CUDA, run every decode step eagerly instead of replaying captured graphs"
     )

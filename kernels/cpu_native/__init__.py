@@ -30,6 +30,7 @@ SOURCES = (
     "quantized.cpp",
     "sampling.cpp",
     "kv_chunks.cpp",
+    "deterministic.cpp",
 )
 HEADERS = ("common.h", "spin_pool.h")
 # -march=native: AVX-512 where the building CPU has it, AVX2 or SSE where not. No -ffast-math:

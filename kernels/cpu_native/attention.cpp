@@ -5,6 +5,11 @@
 // queries of every query head sharing that KV head (GQA without repeating K/V) and runs an
 // online softmax over key blocks. Statistics and accumulators are float32 whatever the
 // storage dtype of q, K and V.
+//
+// In deterministic mode (common.h) a query's result depends only on its keys: key blocks are
+// aligned to absolute positions, every block is scored and summed one way (score_block, sums
+// over a whole block), extend reads its keys in one pass as decode does, and decode splits no
+// sequence over keys. Extend and decode, alone or batched, chunked or not, then agree bit for bit.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -210,7 +215,7 @@ struct SoftmaxState {
 };
 
 struct Scratch {
-  std::vector<float> q, scores, keys, keys_t, values;
+  std::vector<float> q, scores, keys, keys_t, values, zeros;
   std::vector<int64_t> visible, first_visible;
 };
 
@@ -234,23 +239,31 @@ void for_each_item(const std::vector<int64_t>& first_item, const Fn& fn) {
 // Attend `rows` scaled float32 queries (`q`, [rows, dim]) over key positions [lo, hi) of one
 // sequence (`slots` maps position -> pool slot) and KV head `head`, updating `st`. A query row
 // r sees key position p only when p <= visible[r] and p >= first_visible[r] (nullptr: no bound
-// on that side).
+// on that side). aligned (deterministic mode): blocks start at multiples of kKeyBlock, the
+// positions of the first one before lo unread (zero keys, masked), and each block is scored
+// and summed the same way whatever its rows and keys, so a row's result does not depend on lo,
+// on hi past its last visible key, or on the rows beside it.
 template <typename kv_t>
 void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k_buf,
             const kv_t* v_buf, int64_t k_stride, int64_t v_stride, int64_t head,
             const int64_t* slots, int64_t lo, int64_t hi, const int64_t* visible,
-            const int64_t* first_visible, SoftmaxState& st, Scratch& sc) {
+            const int64_t* first_visible, bool aligned, SoftmaxState& st, Scratch& sc) {
   sc.scores.resize(rows * kKeyBlock);
   sc.keys.resize(kKeyBlock * dim);
   sc.values.resize(kKeyBlock * dv);
-  if (rows >= kScoreRows) sc.keys_t.resize(dim * kKeyBlock);
+  const bool blocked = aligned || rows >= kScoreRows;  // scored by score_block
+  if (blocked) sc.keys_t.resize(dim * kKeyBlock);
+  if (aligned) sc.zeros.assign(std::max(dim, dv), 0.f);
   const float* krows[kKeyBlock];
   float* scores = sc.scores.data();
-  for (int64_t start = lo; start < hi; start += kKeyBlock) {
-    const int64_t n = std::min(kKeyBlock, hi - start);
-    for (int64_t j = 0; j < n; ++j)
-      krows[j] = kv_row(k_buf, slots[start + j], k_stride, head, dim, sc.keys.data() + j * dim);
-    if (rows >= kScoreRows) {
+  for (int64_t start = lo; start < hi;) {
+    const int64_t base = aligned ? start - start % kKeyBlock : start;  // the block's position 0
+    const int64_t skip = start - base;  // its positions before lo
+    const int64_t n = std::min(kKeyBlock, hi - base);
+    for (int64_t j = 0; j < skip; ++j) krows[j] = sc.zeros.data();
+    for (int64_t j = skip; j < n; ++j)
+      krows[j] = kv_row(k_buf, slots[base + j], k_stride, head, dim, sc.keys.data() + j * dim);
+    if (blocked) {
       score_block(q, rows, dim, krows, n, sc.keys_t.data(), scores);
     } else {
       for (int64_t r = 0; r < rows; ++r)
@@ -259,14 +272,16 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
     if (visible)  // causal: row r sees key positions up to visible[r]
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = scores + r * kKeyBlock;
-        for (int64_t j = std::max<int64_t>(0, visible[r] - start + 1); j < n; ++j) sr[j] = kNegInf;
+        for (int64_t j = std::max<int64_t>(0, visible[r] - base + 1); j < n; ++j) sr[j] = kNegInf;
       }
     if (first_visible)  // sliding window: row r sees key positions from first_visible[r] on
       for (int64_t r = 0; r < rows; ++r) {
         float* sr = scores + r * kKeyBlock;
-        const int64_t end = std::min(n, first_visible[r] - start);
+        const int64_t end = std::min(n, first_visible[r] - base);
         for (int64_t j = 0; j < end; ++j) sr[j] = kNegInf;
       }
+    for (int64_t r = 0; r < rows && skip > 0; ++r)
+      for (int64_t j = 0; j < skip; ++j) scores[r * kKeyBlock + j] = kNegInf;
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = scores + r * kKeyBlock;
@@ -279,10 +294,18 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
       const float new_max = std::max(st.max[r], block_max);
       const float alpha = std::exp(st.max[r] - new_max);  // exp(-inf) = 0 on the first block
       float block_sum = 0.f;
+      if (aligned) {  // summed over the whole block, zeros past n: one order for every n
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) sr[j] = exp_nonpositive(sr[j] - new_max);
+        for (int64_t j = n; j < kKeyBlock; ++j) sr[j] = 0.f;
 #pragma omp simd reduction(+ : block_sum)
-      for (int64_t j = 0; j < n; ++j) {
-        sr[j] = exp_nonpositive(sr[j] - new_max);
-        block_sum += sr[j];
+        for (int64_t j = 0; j < kKeyBlock; ++j) block_sum += sr[j];
+      } else {
+#pragma omp simd reduction(+ : block_sum)
+        for (int64_t j = 0; j < n; ++j) {
+          sr[j] = exp_nonpositive(sr[j] - new_max);
+          block_sum += sr[j];
+        }
       }
       st.sum[r] = st.sum[r] * alpha + block_sum;
       st.max[r] = new_max;
@@ -292,10 +315,12 @@ void attend(const float* q, int64_t rows, int64_t dim, int64_t dv, const kv_t* k
         for (int64_t i = 0; i < dv; ++i) ar[i] *= alpha;
       }
     }
+    start = base + n;
     if (!any) continue;
     const float* vrows[kKeyBlock];
-    for (int64_t j = 0; j < n; ++j)
-      vrows[j] = kv_row(v_buf, slots[start + j], v_stride, head, dv, sc.values.data() + j * dv);
+    for (int64_t j = 0; j < skip; ++j) vrows[j] = sc.zeros.data();
+    for (int64_t j = skip; j < n; ++j)
+      vrows[j] = kv_row(v_buf, slots[base + j], v_stride, head, dv, sc.values.data() + j * dv);
     accumulate_values(scores, rows, n, vrows, dv, st.acc.data());
   }
 }
@@ -388,11 +413,14 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
     return window > 0 ? std::max(lo, len_p[b] - window) : lo;
   };
 
-  // Split long sequences over keys when (request, KV head) pairs alone cannot fill the threads.
+  // Split long sequences over keys when (request, KV head) pairs alone cannot fill the threads;
+  // never in deterministic mode, where the split would depend on the batch and the threads.
+  const bool aligned = arbor_cpu::deterministic_mode();
   const int64_t threads = at::get_num_threads();
   const int64_t pairs = batch * g.kv_heads;
   int64_t max_splits = 1;
-  if (pairs < 4 * threads) max_splits = std::max<int64_t>(1, (4 * threads + pairs - 1) / pairs);
+  if (pairs < 4 * threads && !aligned)
+    max_splits = std::max<int64_t>(1, (4 * threads + pairs - 1) / pairs);
   std::vector<int64_t> splits(batch), first_item(batch + 1, 0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t keys = std::max<int64_t>(0, len_p[b] - first_key(b));
@@ -426,7 +454,7 @@ TensorPair decode_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tensor 
                    sc.q.data());
       st.reset(g.group, g.dv);
       attend(sc.q.data(), g.group, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-             table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, nullptr, st, sc);
+             table_p + row_p[b] * g.table_stride, s_lo, s_hi, nullptr, nullptr, aligned, st, sc);
       for (int64_t r = 0; r < g.group; ++r) {
         const int64_t h = head * g.group + r;
         if (splits[b] == 1) {
@@ -585,6 +613,7 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tens
   }
   TORCH_CHECK(token_start[batch] == q.size(0), "sum(extend_lens) must equal q's token count");
   const float scale = static_cast<float>(sm_scale);
+  const bool aligned = arbor_cpu::deterministic_mode();
 
   with_typed_buffers(q, out, k_buf, v_buf, [&](const auto* q_p, auto* out_p, const auto* k_p,
                                                const auto* v_p) {
@@ -611,13 +640,16 @@ torch::Tensor extend_attention(torch::Tensor q, torch::Tensor k_buf, torch::Tens
         for (int64_t r = 0; r < rows_n; ++r) first_visible[r] = visible[r] - window + 1;
         attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
                std::max<int64_t>(0, prefix + i0 - window + 1), prefix + i1, visible.data(),
-               first_visible.data(), st, sc);
+               first_visible.data(), aligned, st, sc);
+      } else if (aligned) {  // one pass, its blocks where decode's are
+        attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
+               0, prefix + i1, visible.data(), nullptr, true, st, sc);
       } else {
         // Keys every query of the block sees need no mask; the causal tail does.
         attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-               0, prefix + i0 + 1, nullptr, nullptr, st, sc);
+               0, prefix + i0 + 1, nullptr, nullptr, false, st, sc);
         attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head, slots,
-               prefix + i0 + 1, prefix + i1, visible.data(), nullptr, st, sc);
+               prefix + i0 + 1, prefix + i1, visible.data(), nullptr, false, st, sc);
       }
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t r = 0; r < g.group; ++r) {
@@ -681,7 +713,7 @@ TensorPair shared_prefix_attention(torch::Tensor q, torch::Tensor k_buf, torch::
                      sc.q.data() + (t - t0) * g.group * g.dim);
       st.reset(rows_n, g.dv);
       attend(sc.q.data(), rows_n, g.dim, g.dv, k_p, v_p, g.k_stride, g.v_stride, head,
-             table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, nullptr, st, sc);
+             table_p + row_p[b] * g.table_stride, 0, len_p[b], nullptr, nullptr, false, st, sc);
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t r = 0; r < g.group; ++r) {
           const int64_t h = head * g.group + r;

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,14 @@
 using TensorPair = std::tuple<torch::Tensor, torch::Tensor>;
 
 namespace arbor_cpu {
+
+// Deterministic mode (--deterministic, kernels/cpu_native/deterministic.cpp): the kernels whose
+// fastest order of summation depends on the batch, the chunking or the thread count take one
+// fixed order instead. Process-wide, set once when a model runner starts.
+inline std::atomic<bool>& deterministic_mode() {
+  static std::atomic<bool> on{false};
+  return on;
+}
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 from arbor_kernels import cpu_native
-from arbor_kernels.dispatch import register
+from arbor_kernels.dispatch import deterministic, register
 from arbor_kernels.quantized import ACTIVATION_FORMATS, QuantizedWeight
 
 _ext = cpu_native.load()
@@ -23,6 +23,7 @@ _SAME_ARGUMENTS = (
     "silu_and_mul",
     "row_max_argmax",
     "gather_kv_chunks",
+    "fixed_order_linear",
 )
 
 
@@ -33,6 +34,7 @@ def load_error() -> Exception | None:
 
 if _ext is not None:
     ext = _ext
+    ext.set_deterministic(deterministic())  # the mode chosen before the build loaded
     for _op in _SAME_ARGUMENTS:
         register(_op, "native")(getattr(ext, _op))
     # The extension's decode attention takes kv_start and returns the lse too.

@@ -6,6 +6,7 @@ from arbor_kernels.reference import (  # noqa: F401  (registers the ops)
     cascade,
     elementwise,
     kv_chunks,
+    linear,
     quantized,
     sampling,
 )

@@ -97,6 +97,8 @@ def resident_weight_bytes(model: torch.nn.Module) -> int:
 def _piece_linear(x: torch.Tensor, piece: Piece, bias: torch.Tensor | None) -> torch.Tensor:
     if isinstance(piece, QuantizedWeight):
         return kernels.quantized_linear(x, piece, bias)
+    if kernels.deterministic():
+        return kernels.fixed_order_linear(x, piece, bias)
     return F.linear(x, piece, bias)
 
 

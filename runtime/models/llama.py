@@ -229,6 +229,8 @@ class LlamaForCausalLM(CausalLM):
             local = embedding.logits(hidden)
         elif self._tied_head_packed is not None:
             local = packed_linear(hidden, self._tied_head_packed, None)
+        elif kernels.deterministic():
+            local = kernels.fixed_order_linear(hidden, embedding.weight, None)
         else:
             local = F.linear(hidden, embedding.weight)
         return gather_logits(self.tp, local.float(), self.config.vocab_size)

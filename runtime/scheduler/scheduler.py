@@ -740,6 +740,7 @@ def _speculation(args: ServerArgs, runner: ModelRunner) -> tuple[SpeculationConf
         kv_slots=runner.kv_slots,  # as many tokens as the target's pool: fewer layers' worth
         max_requests=args.max_running_requests,
         context_len=runner.context_len,
+        deterministic=args.deterministic,  # the mode is the process's: keep the target's
     )
     worker = DraftModelWorker(draft)
     if worker.vocab_size > runner.config.vocab_size + 1024:  # padding aside, not the same
