@@ -171,9 +171,10 @@ def real_model(args: argparse.Namespace, batches: list[int]) -> None:
     if systems[:1] != ("arbor",) or len(systems) < 2:
         raise SystemExit(f"--systems: arbor and at least one of {', '.join(SYSTEMS[1:])}")
     load_before = os.getloadavg()
+    no_server = ""
     try:
-        find_or_build(None)  # once: a failed build is not retried every round
-        no_server = ""
+        if "llama.cpp" in systems and any(b > 1 for b in batches):
+            find_or_build(None)  # once: a failed build is not retried every round
     except BuildError as exc:
         no_server = f"llama-server unavailable: {exc}"
     rounds: list[dict[str, dict[str, Any]]] = []
