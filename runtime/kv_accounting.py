@@ -196,8 +196,8 @@ class KVAccounting:
     def chunk_limit(self, n: int) -> int:
         """``n`` new positions for one placement, cut to what the window pool can still take
         (at least a page): all of ``n`` without window KV memory."""
-        if self.hybrid is None:
-            return n
+        if self.hybrid is None or n + self.page_size <= self.hybrid.window_available():
+            return n  # what is free is enough: no walk of the tree
         room = self.window_evictable() - self.page_size
         return min(n, max(room - room % self.page_size, self.page_size))
 
