@@ -43,6 +43,19 @@ SYSTEM = "You are a research agent. Look words up with the tool, one at a time."
 MAX_TOKENS = 60
 
 
+def tool_turn(model: str, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """A chat completion body for an agent turn that must call ``TOOL`` (once), greedy."""
+    return {
+        "model": model,
+        "messages": messages,
+        "tools": [{"type": "function", "function": TOOL}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
 def _chat_loop(client: httpx.Client, model: str, turns: int) -> list[dict[str, int]]:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
@@ -50,15 +63,7 @@ def _chat_loop(client: httpx.Client, model: str, turns: int) -> list[dict[str, i
     ]
     rows = []
     for _ in range(turns):
-        body = {
-            "model": model,
-            "messages": messages,
-            "tools": [{"type": "function", "function": TOOL}],
-            "tool_choice": "required",
-            "parallel_tool_calls": False,
-            "max_tokens": MAX_TOKENS,
-            "temperature": 0,
-        }
+        body = tool_turn(model, messages, MAX_TOKENS)
         reply = client.post("/v1/chat/completions", json=body).raise_for_status().json()
         usage = reply["usage"]
         rows.append(

@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
-from benchmarks.agent_cache_bench import TOOL  # the same lookup tool as the agent-loop bench
+from benchmarks.agent_cache_bench import tool_turn  # the agent-loop bench's lookup-tool turn
 from benchmarks.common import print_table, write_json
 from runtime.server import ServerProcess
 from runtime.test_model import cached_test_model
@@ -119,13 +119,7 @@ async def _turn(
     token), the time to the first content or tool-call chunk (the call's name, some tokens
     later), usage, and the assistant message with its tool calls."""
     body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "tools": [{"type": "function", "function": TOOL}],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
+        **tool_turn(model, messages, MAX_TOKENS),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

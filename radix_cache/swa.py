@@ -46,11 +46,12 @@ class HybridSlotAllocator(KVSlotAllocator):
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window  # the widest window of the model's windowed layers
         self.window_pool = KVSlotAllocator(num_window_slots, page_size)
-        super().__init__(num_slots, page_size)
         # swa_page[p]: the window page of full page p (0: none). Shared with the model runner
-        # as a tensor (``window_page_map``) on the CPU: no copy per forward.
-        self.swa_page = np.zeros(self.num_pages, dtype=np.int64)
+        # as a tensor (``window_page_map``) on the CPU: no copy per forward. (Made before the
+        # base class's constructor, whose reset clears it.)
+        self.swa_page = np.zeros(max(num_slots // max(page_size, 1), 1), dtype=np.int64)
         self.window_page_map = torch.from_numpy(self.swa_page)
+        super().__init__(num_slots, page_size)
         self.window_peak = 0  # the most window slots ever in use at once
 
     @property
@@ -62,9 +63,8 @@ class HybridSlotAllocator(KVSlotAllocator):
 
     def reset(self) -> None:
         super().reset()
-        if hasattr(self, "swa_page"):
-            self.swa_page[:] = 0
-            self.window_pool.reset()
+        self.swa_page[:] = 0
+        self.window_pool.reset()
 
     def _take_pages(self, n_pages: int) -> np.ndarray | None:
         if n_pages > self.window_pool._num_free_pages:

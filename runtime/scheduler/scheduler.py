@@ -193,9 +193,7 @@ class Scheduler:
             grammar_accept=self.grammar.backend.accept_tokens,
             dry_breakers=tokenizer_breakers(self.tokenizer, config.vocab_size),
         )
-        self.outputs = OutputProcessor(
-            StopChecker(self.tokenizer, eos_ids), args.stream_interval
-        )
+        self.outputs = OutputProcessor(StopChecker(self.tokenizer, eos_ids), args.stream_interval)
         speculation, draft_worker = _speculation(args, self.runner)
         self.drafts = DraftManager(
             DraftVerifier(self.sampler),
@@ -507,7 +505,10 @@ class Scheduler:
         elif isinstance(message, ProgramRelease):
             self.kv.pins.release(message.program, message.branches)
         elif isinstance(message, PinPrefix):
-            self.kv.pin_prefix(message)
+            try:  # a hint: one that cannot be kept is dropped, never the scheduler's loop
+                self.kv.pin_prefix(message)
+            except Exception:
+                logger.exception("pinning a tool-wait prefix failed; not pinned")
         elif isinstance(message, ControlRequest):
             try:
                 reply = self._control(message)

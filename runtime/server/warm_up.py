@@ -55,18 +55,8 @@ class WarmUp:
         """Run each step once the scheduler is ready, then call ``finished`` (which logs the
         startup) before ``done`` turns true; never raises."""
         try:
-            if state.args.skip_server_warmup:
-                pass
-            elif not has_chat_template(state.tokenizer):  # a base model: no chat APIs to warm
-                with self.phases.phase("warm-up: text"):
-                    await _text_turn(state, None)
-                with self.phases.phase("warm-up: grammar"):
-                    await _text_turn(state, r"[A-Z][a-z]+\.")
-            else:
-                with self.phases.phase("warm-up: chat"):
-                    await _chat_turn(state)
-                with self.phases.phase("warm-up: grammar"):
-                    await _constrained_turn(state)
+            if not state.args.skip_server_warmup:
+                await self._turns(state)
             if state.tool_call_format == GENERIC_FORMAT and has_chat_template(state.tokenizer):
                 with self.phases.phase("tool calibration"):
                     await state.tool_decider.prepare(state, self._store)
@@ -79,6 +69,20 @@ class WarmUp:
             finished()
         finally:
             self.done = True
+
+    async def _turns(self, state: ServerState) -> None:
+        """Steps 1 and 2: a plain turn (a chat turn, or text for a base model with no chat APIs
+        to warm) and a constrained one."""
+        if not has_chat_template(state.tokenizer):
+            with self.phases.phase("warm-up: text"):
+                await _text_turn(state, None)
+            with self.phases.phase("warm-up: grammar"):
+                await _text_turn(state, r"[A-Z][a-z]+\.")
+            return
+        with self.phases.phase("warm-up: chat"):
+            await _chat_turn(state)
+        with self.phases.phase("warm-up: grammar"):
+            await _constrained_turn(state)
 
 
 async def _chat_turn(state: ServerState) -> None:
